@@ -1,0 +1,208 @@
+"""The conversation model the policies work on: messages, Turns and safe cut points (R3.2).
+
+A `Message` wraps the OpenAI message exactly as it will be forwarded (`data`), plus what the
+gateway learned about it: its token count and the client's pin/priority/type marks. Steps never
+mutate a message; they build new ones.
+
+A Turn is a user message and everything after it up to the next user message (002). Cutting at
+a Turn boundary can never orphan a tool call from its results, because an assistant message with
+`tool_calls` and its `tool` results always sit inside one Turn. Messages before the first user
+message that are not system/developer form a leading partial Turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+PROTECTED_ROLES = frozenset({"system", "developer"})
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One chat message as it will be forwarded, with its count and the client's marks."""
+
+    data: Mapping[str, Any]
+    tokens: int
+    pin: bool = False
+    priority: int | None = None
+    kind: str | None = None
+    origin: int = -1  # index in the client's request; -1 for messages a step created
+
+    @property
+    def role(self) -> str:
+        return str(self.data.get("role", ""))
+
+    @property
+    def text(self) -> str:
+        """The message's textual content (text parts joined); '' when there is none."""
+        return content_text(self.data.get("content"))
+
+    @property
+    def tool_call_ids(self) -> tuple[str, ...]:
+        calls = self.data.get("tool_calls") or ()
+        return tuple(str(c.get("id", "")) for c in calls if isinstance(c, Mapping))
+
+    def with_data(self, data: Mapping[str, Any], tokens: int) -> Message:
+        """The same message (same marks and origin) with new content."""
+        return replace(self, data=data, tokens=tokens)
+
+
+def content_text(content: Any) -> str:
+    """Text of a message `content`: a string, or the text parts of a content array."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return "\n".join(parts)
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """Messages [start, end) of a conversation; `start` is a user message unless `leading`."""
+
+    start: int
+    end: int
+    leading: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """An ordered, immutable list of messages with the derived facts policies need."""
+
+    messages: tuple[Message, ...]
+    _turns: tuple[Turn, ...] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, messages: Iterable[Message]) -> Conversation:
+        return cls(tuple(messages))
+
+    @property
+    def tokens(self) -> int:
+        return sum(m.tokens for m in self.messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def data(self) -> list[Mapping[str, Any]]:
+        """The message dicts as they will be forwarded."""
+        return [m.data for m in self.messages]
+
+    def latest_user_index(self) -> int | None:
+        for i in range(len(self.messages) - 1, -1, -1):
+            if self.messages[i].role == "user":
+                return i
+        return None
+
+    def is_protected(self, index: int) -> bool:
+        """System/developer prompts, pinned messages and the latest user message (R3.1, R3.4, R3.5)."""
+        message = self.messages[index]
+        return (
+            message.role in PROTECTED_ROLES
+            or message.pin
+            or index == self.latest_user_index()
+        )
+
+    def head_end(self) -> int:
+        """Index after the leading system/developer messages (the untouchable head)."""
+        i = 0
+        while i < len(self.messages) and self.messages[i].role in PROTECTED_ROLES:
+            i += 1
+        return i
+
+    def turns(self) -> tuple[Turn, ...]:
+        """The Turns after the head, in order (parseTurnBoundaries)."""
+        return parse_turns(self.messages, self.head_end())
+
+
+def parse_turn_boundaries(messages: Sequence[Message], head_end: int = 0) -> list[int]:
+    """Start index of every Turn after `head_end` (002 parseTurnBoundaries)."""
+    starts = [i for i in range(head_end, len(messages)) if messages[i].role == "user"]
+    if head_end < len(messages) and (not starts or starts[0] != head_end):
+        starts.insert(0, head_end)
+    return starts
+
+
+def parse_turns(messages: Sequence[Message], head_end: int = 0) -> tuple[Turn, ...]:
+    starts = parse_turn_boundaries(messages, head_end)
+    ends = [*starts[1:], len(messages)]
+    return tuple(
+        Turn(s, e, leading=messages[s].role != "user") for s, e in zip(starts, ends, strict=True)
+    )
+
+
+def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int = 0) -> int:
+    """Snap a cut index to the nearest Turn boundary (002 findSafeBoundary).
+
+    Ties go to the earlier boundary (cut less). Returns `head_end` when there is no boundary.
+    """
+    starts = parse_turn_boundaries(messages, head_end)
+    if not starts:
+        return head_end
+    return min(starts, key=lambda s: (abs(s - target), s))
+
+
+def tool_group_ends(messages: Sequence[Message], start: int, end: int) -> list[int]:
+    """Indices inside [start, end) after which a cut keeps every tool call with its results.
+
+    Used where a Turn must be split (emergency on a single huge Turn): a cut after index i is
+    safe when no tool call opened before i is answered after it.
+    """
+    safe: list[int] = []
+    open_ids: set[str] = set()
+    for i in range(start, end):
+        message = messages[i]
+        if message.role == "assistant":
+            open_ids |= set(message.tool_call_ids)
+        elif message.role == "tool":
+            open_ids.discard(str(message.data.get("tool_call_id", "")))
+        if not open_ids:
+            safe.append(i + 1)
+    return safe
+
+
+def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversation, int]:
+    """The conversation without `indices`, never breaking an invariant; returns (result, dropped).
+
+    Protected messages (R3.1, R3.4, R3.5) are never dropped. Tool calls and their results are
+    kept or dropped together (R3.3): if any message of an assistant-with-tool_calls group is
+    kept, the whole group is kept. Order is kept (R3.6).
+    """
+    messages = conversation.messages
+    wanted = {i for i in indices if 0 <= i < len(messages) and not conversation.is_protected(i)}
+    if not wanted:
+        return conversation, 0
+    for group in tool_groups(messages):
+        if any(i not in wanted for i in group):
+            wanted.difference_update(group)
+    if not wanted:
+        return conversation, 0
+    kept = tuple(m for i, m in enumerate(messages) if i not in wanted)
+    return Conversation(kept), len(wanted)
+
+
+def tool_groups(messages: Sequence[Message]) -> list[list[int]]:
+    """Index groups that must stay together: an assistant message with tool_calls and its results.
+
+    Tool results follow their assistant message (OpenAI requires them immediately after it). A
+    tool result whose call is not found stays in a group of its own.
+    """
+    groups: list[list[int]] = []
+    owner: dict[str, int] = {}
+    for i, message in enumerate(messages):
+        if message.role == "assistant" and message.tool_call_ids:
+            groups.append([i])
+            for call_id in message.tool_call_ids:
+                owner[call_id] = len(groups) - 1
+        elif message.role == "tool":
+            group = owner.get(str(message.data.get("tool_call_id", "")))
+            if group is None:
+                groups.append([i])
+            else:
+                groups[group].append(i)
+    return [g for g in groups if len(g) > 1]

@@ -1,0 +1,112 @@
+"""The invariants every forwarded request keeps (R3), checked in one place.
+
+Used by the property tests and, cheaply, by the gateway before anything is forwarded: a
+compacted request that breaks one of these is never sent.
+
+- R3.1 system/developer prompts are kept, in order, unchanged (a summary may be appended to the
+  first one when placement is `system_append`: its original text must stay a prefix).
+- R3.3 every assistant tool call is answered by exactly one tool result that follows it before
+  the next assistant/user message, and every tool result answers such a call.
+- R3.4 the latest user message is kept unchanged (unless recovery truncated it: `allow_truncated`).
+- R3.5 pinned messages are kept.
+- R3.6 messages that come from the client keep their relative order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .conversation import PROTECTED_ROLES, Conversation, content_text
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    rule: str  # "R3.1", "R3.3", ...
+    message: str
+
+
+def check(
+    original: Conversation, result: Conversation, *, allow_truncated: bool = False
+) -> list[Violation]:
+    """Every invariant `result` breaks relative to `original`; empty when it is valid."""
+    violations = check_tool_pairs(result.data())
+    violations += _check_order(result)
+    violations += _check_system(original, result)
+    violations += _check_kept(original, result, allow_truncated)
+    return violations
+
+
+def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
+    """R3.3 by OpenAI's rules: results directly follow their call, one result per call id."""
+    violations: list[Violation] = []
+    open_ids: set[str] = set()
+    answered: set[str] = set()
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role == "tool":
+            call_id = str(message.get("tool_call_id", ""))
+            if call_id not in open_ids:
+                violations.append(Violation("R3.3", f"messages[{i}]: tool result {call_id!r} has no pending call"))
+            open_ids.discard(call_id)
+            answered.add(call_id)
+            continue
+        if open_ids:
+            violations.append(
+                Violation("R3.3", f"messages[{i}]: tool calls {sorted(open_ids)} left without results")
+            )
+            open_ids = set()
+        if role == "assistant":
+            for call in message.get("tool_calls") or ():
+                call_id = str(call.get("id", "")) if isinstance(call, Mapping) else ""
+                if call_id in answered or call_id in open_ids:
+                    violations.append(Violation("R3.3", f"messages[{i}]: duplicate tool call id {call_id!r}"))
+                open_ids.add(call_id)
+    if open_ids:
+        violations.append(Violation("R3.3", f"tool calls {sorted(open_ids)} at the end have no results"))
+    return violations
+
+
+def _check_order(result: Conversation) -> list[Violation]:
+    origins = [m.origin for m in result.messages if m.origin >= 0]
+    if any(b <= a for a, b in zip(origins, origins[1:], strict=False)):
+        return [Violation("R3.6", "client messages are out of order or duplicated")]
+    return []
+
+
+def _check_system(original: Conversation, result: Conversation) -> list[Violation]:
+    want = [m for m in original.messages if m.role in PROTECTED_ROLES]
+    have = {m.origin: m for m in result.messages if m.origin >= 0}
+    violations = []
+    for message in want:
+        kept = have.get(message.origin)
+        if kept is None:
+            violations.append(Violation("R3.1", f"{message.role} message {message.origin} was dropped"))
+            continue
+        if kept.data != message.data:
+            old, new = content_text(message.data.get("content")), content_text(kept.data.get("content"))
+            if not (new.startswith(old) and _same_but_content(message.data, kept.data)):
+                violations.append(Violation("R3.1", f"{message.role} message {message.origin} was changed"))
+    return violations
+
+
+def _check_kept(original: Conversation, result: Conversation, allow_truncated: bool) -> list[Violation]:
+    have = {m.origin: m for m in result.messages if m.origin >= 0}
+    violations = []
+    latest = original.latest_user_index()
+    if latest is not None:
+        message = original.messages[latest]
+        kept = have.get(message.origin)
+        if kept is None:
+            violations.append(Violation("R3.4", "the latest user message was dropped"))
+        elif kept.data != message.data and not allow_truncated:
+            violations.append(Violation("R3.4", "the latest user message was changed"))
+    for message in original.messages:
+        if message.pin and message.origin not in have:
+            violations.append(Violation("R3.5", f"pinned message {message.origin} was dropped"))
+    return violations
+
+
+def _same_but_content(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k != "content"} == {k: v for k, v in b.items() if k != "content"}

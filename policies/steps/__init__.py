@@ -1,0 +1,1 @@
+"""One module per step type; `policies/registry.py` lists them."""

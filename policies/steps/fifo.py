@@ -1,0 +1,50 @@
+"""`fifo` (R4.1, 000): drop the oldest whole Turns until the request is back under target.
+
+Keeps: the head (system/developer), pinned messages with their tool groups, the latest user
+message and the last `keep_last_turns` Turns. The cut goes through `stable_cut`, so across a
+growing conversation it only moves when the kept part crosses the trigger again (cache-stable).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from ..budget import Budget, stable_cut
+from ..conversation import Conversation, drop
+from ..step import Env, StepConfig, StepResult
+
+
+class FifoConfig(StepConfig):
+    TYPE: ClassVar[str] = "fifo"
+    type: Literal["fifo"] = "fifo"
+    keep_last_turns: int = Field(1, ge=1, description="Turns at the end that fifo never drops")
+
+
+class Fifo:
+    type: ClassVar[str] = "fifo"
+
+    def __init__(self, config: FifoConfig) -> None:
+        self.config = config
+
+    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
+        turns = conversation.turns()
+        droppable = turns[: max(0, len(turns) - self.config.keep_last_turns)]
+        if not droppable:
+            return StepResult.unchanged(conversation, reason="no droppable turns")
+        sizes = [
+            sum(
+                conversation.messages[i].tokens
+                for i in range(t.start, t.end)
+                if not conversation.is_protected(i)
+            )
+            for t in turns
+        ]
+        fixed = conversation.tokens - sum(sizes)
+        cut = min(stable_cut(sizes, fixed, budget.trigger, budget.target), len(droppable))
+        if cut == 0:
+            return StepResult.unchanged(conversation, reason="cut did not move")
+        indices = [i for t in turns[:cut] for i in range(t.start, t.end)]
+        result, removed = drop(conversation, indices)
+        return StepResult(result, removed=removed, detail={"turns_dropped": cut})
