@@ -336,7 +336,7 @@ def _load_hf(path_text: str) -> HuggingFaceTokenizer:
 # lower-cased). A dated or sized suffix ("-2024-08-06", "-mini", "-32k") is allowed after each.
 _END = r"(?=$|[-:@_])"  # end of the family name: end of string or a suffix separator
 _MODEL_ENCODINGS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(chatgpt-)?gpt-4o" + _END), "o200k_base"),
+    (re.compile(r"(chat)?gpt-4o" + _END), "o200k_base"),
     (re.compile(r"gpt-4\.[15]" + _END), "o200k_base"),
     (re.compile(r"gpt-5(?=$|[-:@_.])"), "o200k_base"),  # gpt-5, gpt-5-mini, gpt-5.1
     (re.compile(r"o[134]" + _END), "o200k_base"),  # o1, o1-mini, o3-pro, o4-mini

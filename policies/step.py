@@ -48,6 +48,9 @@ class Env:
     summaries: SummarySource = field(default_factory=NoSummaries)
     ref_for: Callable[[str], str] = _no_ref  # deterministic, unguessable ref for a tool output
     count_text: Callable[[str], int] | None = None  # tokens of bare text (defaults to len/4)
+    # Relevance of each text to a query (e.g. sentence-embedding cosine), for `scorer: embeddings`;
+    # None: the relevance steps fall back to BM25.
+    relevance: Callable[[Sequence[str], str], Sequence[float]] | None = None
 
     def text_tokens(self, text: str) -> int:
         if self.count_text is not None:

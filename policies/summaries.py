@@ -30,6 +30,7 @@ class SummaryRequest:
     max_tokens: int
     previous: str | None = None  # an earlier summary being extended with `messages`
     retain_instructions: str | None = None  # 001's <retain> section, when asked for
+    model: str | None = None  # the model to summarise with (001 2.6.2); None: the request's model
     _key: bytes | None = field(default=None, compare=False, repr=False)
 
     def canonical(self) -> bytes:
@@ -42,6 +43,7 @@ class SummaryRequest:
                 "max_tokens": self.max_tokens,
                 "previous": self.previous,
                 "retain": self.retain_instructions,
+                "model": self.model,
             },
             option=orjson.OPT_SORT_KEYS,
         )

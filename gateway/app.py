@@ -1,0 +1,527 @@
+"""The gateway's ASGI app. Read top to bottom, this is the request path.
+
+    POST /v1/chat/completions
+      1. read the body (413 past max_body_bytes, 408 if trickled), parse and validate it (400)
+      2. resolve the model to a Route (404 model_not_found)
+      3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
+         trigger, check the invariants, build the exact bytes to forward
+      4. send upstream (retrying 429/5xx/connection failures with backoff)
+      5. if the upstream says "context length exceeded": learn the real window, prepare again
+         from the client's original request against it, retry (at most max_retries)
+      6. relay the status, headers and body (stream chunks as they arrive), adding ours
+
+Everything else (models list, passthrough of other /v1/* paths, plan, health, metrics) is below
+the chat path. `build_app(config)` wires it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route as HttpRoute
+
+from .asgi import (
+    ClientDisconnected,
+    DisconnectWatcher,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_bytes,
+    send_error,
+    send_json,
+)
+from .chat_request import ChatRequest, parse_chat_request
+from .config import Config
+from .context_errors import ContextError, classify
+from .errors import GatewayError, InvalidRequestError, ModelNotFoundError, NotFoundError, UpstreamError
+from .metrics import Metrics
+from .pipeline import Pipeline, Prepared
+from .retry import send_with_retries
+from .routing import Route, Router
+from .upstream import UpstreamClient, UpstreamResponse, forward_headers
+
+log = logging.getLogger("compactgate")
+access_log = logging.getLogger("compactgate.access")
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Per-request facts that end up in headers, metrics and the access log line."""
+
+    request_id: str
+    started: float
+    model: str = "-"
+    status: int = 0
+    upstream_seconds: float = 0.0
+    retries: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    steps: str = "none"
+    observe: bool = False
+
+
+class Gateway:
+    """Everything the request path needs, created once per app."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.router = Router(config)
+        self.upstream = UpstreamClient(config.server)
+        self.pipeline = Pipeline(
+            self.metrics,
+            safety_margin=config.server.safety_margin_tokens,
+            clamp_max_tokens=config.server.clamp_max_tokens,
+            ref_secret=os.urandom(32),
+        )
+        self.learned_windows: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.upstream.start()
+        try:
+            yield
+        finally:
+            await self.upstream.close()
+
+    # -- helpers used along the path ---------------------------------------------------------
+
+    def effective_window(self, route: Route) -> int | None:
+        learned = self.learned_windows.get(route.name)
+        if learned is None:
+            return route.context_window
+        return learned if route.context_window is None else min(route.context_window, learned)
+
+    def tenant(self, scope: Scope) -> str:
+        """Who the request belongs to: a configured tenant header, else a hash of the credential."""
+        if self.config.tenant_header:
+            value = header(scope, self.config.tenant_header.lower().encode())
+            if value:
+                return "h:" + value.decode("latin-1")
+        credential = header(scope, b"authorization") or header(scope, b"api-key") or b""
+        return "k:" + hashlib.sha256(credential).hexdigest()[:32]
+
+    def learn_window(self, route: Route, error: ContextError) -> None:
+        """Lower the model's effective window from an upstream's stated limit; never raise it."""
+        if error.limit is None or error.limit <= 0:
+            return
+        current = self.effective_window(route)
+        if current is None or error.limit < current:
+            self.learned_windows[route.name] = error.limit
+            self.metrics.window_lowered.labels(self.metrics.model_label(route.name)).inc()
+            log.warning(
+                "model %s: upstream reports a %d-token context window (%s); was %s",
+                route.name, error.limit, error.signature, current,
+            )
+
+
+# -- POST /v1/chat/completions ---------------------------------------------------------------
+
+
+class ChatCompletions:
+    """The chat-completions endpoint as a plain ASGI app."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gw
+        incoming_id = header(scope, b"x-request-id")
+        exchange = Exchange(
+            request_id=incoming_id.decode("latin-1") if incoming_id else uuid.uuid4().hex,
+            started=time.perf_counter(),
+        )
+        gw.metrics.inflight.inc()
+        watcher = DisconnectWatcher(receive, send)
+        try:
+            server = gw.config.server
+            body = await read_body(receive, scope, server.max_body_bytes, server.body_read_timeout_s)
+            request = parse_chat_request(body, server.max_messages)
+            route = gw.router.resolve(request.model)
+            if route is None:
+                raise ModelNotFoundError(
+                    f"The model `{request.model}` does not exist or is not served by this gateway.",
+                    param="model",
+                )
+            exchange.model = gw.metrics.model_label(route.name)
+            watcher.start()
+            await self.serve(scope, watcher.send, request, route, exchange)
+        except GatewayError as error:
+            exchange.status = error.status
+            with contextlib.suppress(OSError):
+                await send_error(watcher.send, error, [(b"x-compactgate-request-id", exchange.request_id.encode())])
+        except ClientDisconnected:
+            exchange.status = 499
+        except asyncio.CancelledError:
+            if not watcher.disconnected:
+                raise
+            exchange.status = 499
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        finally:
+            watcher.stop()
+            gw.metrics.inflight.dec()
+            self.record(exchange)
+
+    async def serve(
+        self, scope: Scope, send: Send, request: ChatRequest, route: Route, exchange: Exchange
+    ) -> None:
+        gw = self.gw
+        tenant = gw.tenant(scope)
+        observe = route.mode == "observe"
+        prepared = await gw.pipeline.prepare(
+            request, route, tenant, window=gw.effective_window(route), observe=observe
+        )
+        url = _upstream_url(route, "/chat/completions")
+        headers = forward_headers(scope["headers"], route.upstream.api_key, route.upstream.headers)
+        while True:
+            up_started = time.perf_counter()
+            response = await send_with_retries(gw.upstream, route, url, headers, prepared.body, gw.metrics)
+            if response.status >= 400:
+                error_body = await response.read()
+                response.release()
+                context_error = classify(response.status, error_body)
+                if context_error is not None and await self.can_retry(route, exchange, context_error):
+                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe)
+                    continue
+                exchange.upstream_seconds += time.perf_counter() - up_started
+                self.note(exchange, prepared)
+                exchange.status = response.status
+                await send_bytes(send, response.status, error_body, [*response.relay_headers(), *self.headers(exchange)], None)
+                return
+            if request.stream:
+                first = await _first_chunk(response)
+                context_error = _stream_context_error(first)
+                if context_error is not None and await self.can_retry(route, exchange, context_error):
+                    response.close()
+                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe)
+                    continue
+                self.note(exchange, prepared)
+                exchange.status = response.status
+                await self.relay_stream(send, response, first, exchange)
+                exchange.upstream_seconds += time.perf_counter() - up_started
+                return
+            data = await response.read()
+            response.release()
+            exchange.upstream_seconds += time.perf_counter() - up_started
+            self.note(exchange, prepared)
+            exchange.status = response.status
+            await send_bytes(send, response.status, data, [*response.relay_headers(), *self.headers(exchange)], None)
+            return
+
+    async def can_retry(self, route: Route, exchange: Exchange, error: ContextError) -> bool:
+        self.gw.metrics.context_errors.labels(error.signature).inc()
+        self.gw.learn_window(route, error)
+        if exchange.retries >= route.max_retries:
+            return False
+        exchange.retries += 1
+        self.gw.metrics.emergency_retries.labels(exchange.model).inc()
+        return True
+
+    async def recompact(
+        self,
+        request: ChatRequest,
+        route: Route,
+        tenant: str,
+        previous: Prepared,
+        error: ContextError,
+        observe: bool,
+    ) -> Prepared:
+        """Prepare the client's original request again against a tighter window."""
+        window = _retry_window(self.gw.effective_window(route), previous, error)
+        return await self.gw.pipeline.prepare(request, route, tenant, window=window, force=True, observe=False)
+
+    async def relay_stream(
+        self, send: Send, response: UpstreamResponse, first: bytes, exchange: Exchange
+    ) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": [*response.relay_headers(), *self.headers(exchange)],
+            }
+        )
+        try:
+            if first:
+                await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for chunk in response.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except UpstreamError as error:
+            # Headers are gone: the only way to tell the client is an SSE error event.
+            log.warning("request %s: upstream stream failed: %s", exchange.request_id, error.message)
+            event = b"data: " + error.body() + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        finally:
+            response.close()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def note(self, exchange: Exchange, prepared: Prepared) -> None:
+        exchange.tokens_before = prepared.tokens_before
+        exchange.tokens_after = prepared.tokens_after
+        exchange.observe = prepared.observe
+        steps = prepared.changed_steps
+        exchange.steps = ",".join(steps) if steps else "none"
+
+    def headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
+        prefix = b"x-compactgate-would-" if exchange.observe else b"x-compactgate-"
+        return [
+            (b"x-compactgate-request-id", exchange.request_id.encode("latin-1", "replace")),
+            (prefix + b"tokens-before", str(exchange.tokens_before).encode()),
+            (prefix + b"tokens-after", str(exchange.tokens_after).encode()),
+            (prefix + b"steps", exchange.steps.encode()),
+            (prefix + b"retries", str(exchange.retries).encode()),
+        ]
+
+    def record(self, exchange: Exchange) -> None:
+        metrics = self.gw.metrics
+        total = time.perf_counter() - exchange.started
+        metrics.requests.labels(exchange.model, str(exchange.status)).inc()
+        metrics.request_seconds.labels(exchange.model).observe(total)
+        if exchange.upstream_seconds:
+            metrics.upstream_seconds.labels(exchange.model).observe(exchange.upstream_seconds)
+        metrics.overhead_seconds.labels(exchange.model).observe(max(0.0, total - exchange.upstream_seconds))
+        if exchange.tokens_before:
+            metrics.tokens_before.labels(exchange.model).inc(exchange.tokens_before)
+            metrics.tokens_after.labels(exchange.model).inc(exchange.tokens_after)
+            if not exchange.observe and exchange.tokens_after < exchange.tokens_before:
+                metrics.tokens_saved.labels(exchange.model).inc(exchange.tokens_before - exchange.tokens_after)
+            if not exchange.observe and exchange.steps != "none":
+                for step in exchange.steps.split(","):
+                    metrics.compactions.labels(step).inc()
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "request_id=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f tokens_before=%d "
+                "tokens_after=%d steps=%s retries=%d",
+                exchange.request_id, exchange.model, exchange.status, total * 1000,
+                exchange.upstream_seconds * 1000, exchange.tokens_before, exchange.tokens_after,
+                exchange.steps, exchange.retries,
+            )
+
+
+def _upstream_url(route: Route, path: str) -> str:
+    base = route.upstream.base_url
+    if base is None:
+        raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream for {path}.")
+    return base + path
+
+
+def _retry_window(current: int | None, previous: Prepared, error: ContextError) -> int:
+    """The window to compact against after a context error: tighter, in our own token units.
+
+    If the upstream said how many tokens the prompt had, scale its limit into our estimate's units
+    (our tokenizer may count differently); otherwise aim well below what we just sent.
+    """
+    budget = previous.budget
+    reserve_and_fixed = (budget.reserved_output + budget.fixed_tokens) if budget else 0
+    sent = previous.tokens_after
+    if error.limit is not None and error.requested is not None and error.requested > 0:
+        scaled = int(error.limit * sent / error.requested)
+        window = scaled if error.requested > sent else min(scaled, error.limit)
+    elif error.limit is not None:
+        window = error.limit
+    else:
+        window = reserve_and_fixed + int(max(0, sent - reserve_and_fixed) * 0.6)
+    window = min(window, reserve_and_fixed + int(max(1, sent - reserve_and_fixed) * 0.9))
+    if current is not None:
+        window = min(window, current)
+    return max(window, reserve_and_fixed + 1)
+
+
+async def _first_chunk(response: UpstreamResponse) -> bytes:
+    """The first body chunk of a stream (b'' if the stream is empty)."""
+    async for chunk in response.chunks():
+        if chunk:
+            return chunk
+    return b""
+
+
+def _stream_context_error(first: bytes) -> ContextError | None:
+    """A 200 stream that is empty, or opens with an error event, may be a context overflow."""
+    if not first:
+        # llama-cpp-python answers an overflowing streaming request with an empty 200 body.
+        return ContextError(signature="empty_stream", limit=None, requested=None)
+    head = first.lstrip()
+    if not head.startswith(b"data:") or b'"error"' not in head[:4096]:
+        return None
+    event = head[5:].split(b"\n\n", 1)[0].strip()
+    return classify(400, event)
+
+
+# -- GET /v1/models, other /v1/* paths -------------------------------------------------------
+
+
+async def list_models(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    routes = gw.router.routes()
+    if routes:
+        created = int(time.time())
+        data = [{"id": r.name, "object": "model", "created": created, "owned_by": "compactgate"} for r in routes]
+        return JSONResponse({"object": "list", "data": data})
+    return await passthrough(request)
+
+
+async def passthrough(request: Request) -> Response:
+    """Any other /v1/* path, forwarded unchanged to the model's (or the default) upstream."""
+    gw: Gateway = request.app.state.gateway
+    body = await request.body()
+    if len(body) > gw.config.server.max_body_bytes:
+        raise InvalidRequestError("The request body is too large.")
+    route = _route_for_passthrough(gw, body)
+    url = _upstream_url(route, request.url.path.removeprefix("/v1"))
+    if request.url.query:
+        url += "?" + request.url.query
+    headers = forward_headers(request.scope["headers"], route.upstream.api_key, route.upstream.headers)
+    response = await gw.upstream.open(request.method, url, headers, body or None)
+    try:
+        data = await response.read()
+    finally:
+        response.release()
+    return Response(data, status_code=response.status, headers=dict(
+        (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.relay_headers()
+    ))
+
+
+def _route_for_passthrough(gw: Gateway, body: bytes) -> Route:
+    model: Any = None
+    if body[:1] == b"{":
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(body)
+            model = parsed.get("model") if isinstance(parsed, dict) else None
+    if isinstance(model, str):
+        route = gw.router.resolve(model)
+        if route is not None and route.upstream.base_url:
+            return route
+    for route in gw.router.routes():
+        if route.upstream.base_url:
+            return route
+    route = gw.router.resolve(model if isinstance(model, str) else "default")
+    if route is None:
+        raise NotFoundError("No upstream is configured for this path.")
+    return route
+
+
+# -- plan, health, metrics -------------------------------------------------------------------
+
+
+async def plan(request: Request) -> Response:
+    """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (R5.2)."""
+    gw: Gateway = request.app.state.gateway
+    body = await request.body()
+    if len(body) > gw.config.server.max_body_bytes:
+        raise InvalidRequestError("The request body is too large.")
+    chat = parse_chat_request(body, gw.config.server.max_messages)
+    route = gw.router.resolve(chat.model)
+    if route is None:
+        raise ModelNotFoundError(f"The model `{chat.model}` is not served by this gateway.", param="model")
+    prepared = await gw.pipeline.prepare(
+        chat, route, gw.tenant(request.scope), window=gw.effective_window(route)
+    )
+    return JSONResponse(plan_report(prepared, gw.effective_window(route)))
+
+
+def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
+    budget = prepared.budget
+    return {
+        "model": prepared.route.name,
+        "upstream_model": prepared.route.upstream_model,
+        "tokenizer": prepared.route.tokenizer,
+        "policy": prepared.route.policy_name,
+        "context_window": window,
+        "window_source": prepared.route.window_source,
+        "reserved_output": budget.reserved_output if budget else None,
+        "budget": budget.limit if budget else None,
+        "trigger": budget.trigger if budget else None,
+        "target": budget.target if budget else None,
+        "tokens_before": prepared.tokens_before,
+        "tokens_after": prepared.tokens_after,
+        "fits": budget is None or prepared.tokens_after <= (budget.context_window - budget.reserved_output),
+        "counts_by_role": dict(prepared.counts_by_role),
+        "tokens_by_region": dict(prepared.tokens_by_region),
+        "steps": [s.as_dict() for s in prepared.steps],
+        "messages": prepared.messages,
+    }
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    return JSONResponse({"status": "ready"})
+
+
+async def metrics(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    return Response(gw.metrics.render(), media_type=gw.metrics.content_type)
+
+
+# -- wiring ----------------------------------------------------------------------------------
+
+
+async def _on_gateway_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, GatewayError)
+    return Response(error.body(), status_code=error.status, media_type="application/json", headers=error.headers)
+
+
+async def _on_http_error(request: Request, error: Exception) -> Response:
+    status = getattr(error, "status_code", 404)
+    message = "Not found." if status == 404 else str(getattr(error, "detail", "Bad request."))
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+class _Dispatch:
+    """The chat path skips Starlette's router; everything else goes through it."""
+
+    def __init__(self, chat: ChatCompletions, app: Starlette) -> None:
+        self.chat = chat
+        self.app = app
+        self.state = app.state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
+            await self.chat(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def build_app(config: Config) -> _Dispatch:
+    gateway = Gateway(config)
+    app = Starlette(
+        routes=[
+            HttpRoute("/v1/models", list_models, methods=["GET"]),
+            HttpRoute("/v1/compactgate/plan", plan, methods=["POST"]),
+            HttpRoute("/healthz", healthz, methods=["GET"]),
+            HttpRoute("/readyz", readyz, methods=["GET"]),
+            HttpRoute("/metrics", metrics, methods=["GET"]),
+            HttpRoute("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+        ],
+        exception_handlers={GatewayError: _on_gateway_error, 404: _on_http_error, 405: _on_http_error},
+        lifespan=gateway.lifespan,
+    )
+    app.state.gateway = gateway
+    return _Dispatch(ChatCompletions(gateway), app)
+
+
+def create_app() -> _Dispatch:
+    """App factory for `uvicorn --factory` / several workers: config from COMPACTGATE_CONFIG."""
+    from .config import default_config, load_config
+
+    path = os.environ.get("COMPACTGATE_CONFIG")
+    return build_app(load_config(path) if path else default_config())

@@ -1,0 +1,140 @@
+"""The `compactgate` command: serve, check-config, plan, demo (contract C)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from .config import Config, ConfigError, default_config, load_config
+
+CONFIG_ENV = "COMPACTGATE_CONFIG"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compactgate", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help=f"YAML/JSON config (default: ${CONFIG_ENV}, else built-in)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.add_argument("--log-level", default="info")
+
+    check = commands.add_parser("check-config", help="validate a config and summarise it")
+    check.add_argument("path")
+
+    plan = commands.add_parser("plan", help="show what the gateway would send for a request body")
+    plan.add_argument("file", help="a chat-completions request body (JSON)")
+    plan.add_argument("--config", help=f"config (default: ${CONFIG_ENV}, else built-in)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
+    demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
+    demo.add_argument("--turns", type=int, default=14)
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "check-config":
+        return _check(args.path)
+    if args.command == "plan":
+        from .plan_cli import run_plan
+
+        return run_plan(args.file, _config_or_exit(args.config), as_json=args.json)
+    from .demo import run_demo
+
+    return run_demo(llm=args.llm, turns=args.turns)
+
+
+def _config_or_exit(path: str | None) -> Config:
+    path = path or os.environ.get(CONFIG_ENV)
+    try:
+        return load_config(path) if path else default_config()
+    except ConfigError as error:
+        print(f"invalid config {path}:", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    path = args.config or os.environ.get(CONFIG_ENV)
+    config = _config_or_exit(path)  # fail fast, before any worker starts
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if path:
+        os.environ[CONFIG_ENV] = os.path.abspath(path)
+    options = dict(
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    if args.workers > 1:
+        _multiprocess_metrics_dir()
+        uvicorn.run("gateway.app:create_app", factory=True, workers=args.workers, **options)
+    else:
+        from .app import build_app
+
+        uvicorn.run(build_app(config), **options)
+    return 0
+
+
+def _multiprocess_metrics_dir() -> None:
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        import tempfile
+
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="compactgate-metrics-")
+
+
+def _check(path: str) -> int:
+    try:
+        config = load_config(path)
+    except ConfigError as error:
+        print(f"{path}: {len(error.problems)} problem(s)")
+        for problem in error.problems:
+            print(f"  {problem}")
+        return 1
+    print(summarise(config, path))
+    return 0
+
+
+def summarise(config: Config, path: str) -> str:
+    """One screen: models with their windows/tokenizers/policies, and each policy's chain."""
+    from .routing import Router
+
+    router = Router(config)
+    lines = [f"{path}: valid", "", "models:"]
+    for model in config.models:
+        route = router.resolve(model.name) if "*" not in model.name else None
+        window = f"{route.context_window} ({route.window_source})" if route else "from registry per name"
+        upstream = model.upstream.base_url or f"litellm:{model.upstream.model or model.name}"
+        lines.append(
+            f"  {model.name:<24} -> {upstream}  window={window}  "
+            f"tokenizer={(route.tokenizer if route else model.tokenizer) or 'auto'}  "
+            f"policy={model.policy}  mode={model.mode or config.mode}"
+        )
+    lines += ["", "policies:"]
+    names = sorted({*config.policies, "default"})
+    for name in names:
+        policy = router._policies[name]  # noqa: SLF001 - the summary shows the compiled chain
+        pc = config.policy(name)
+        chain = " -> ".join(step.type for step in policy.steps)
+        lines.append(
+            f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
+            f"recovery={pc.recovery_mode}: {chain}"
+        )
+    lines += ["", f"store: {config.store}   auth: {'on' if config.auth and config.auth.keys else 'off'}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

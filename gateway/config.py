@@ -1,0 +1,308 @@
+"""Configuration: YAML (or JSON) with `${VAR}` interpolation, validated once into typed objects.
+
+Nothing at request time reads raw config dicts: `load_config` returns a frozen `Config` or raises
+`ConfigError` listing every problem with its YAML path, e.g.
+`models[1].context_window: must be > 0`. `check-config` prints exactly these.
+
+With no config file the gateway runs `default_config()`: every model name forwarded to
+`COMPACTGATE_UPSTREAM` (default: OpenAI's public API), windows from litellm's model registry,
+the default policy chain.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.registry import STEPS
+
+DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Strict):
+    max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413")
+    max_messages: int = Field(20_000, gt=0, description="More messages get 400")
+    upstream_timeout_s: float = Field(600.0, gt=0, description="Whole upstream call, non-streaming")
+    connect_timeout_s: float = Field(10.0, gt=0)
+    first_byte_timeout_s: float | None = Field(None, gt=0, description="Default: upstream_timeout_s")
+    stream_idle_timeout_s: float = Field(120.0, gt=0, description="Longest gap inside a stream")
+    body_read_timeout_s: float = Field(30.0, gt=0, description="A client trickling its body is cut off")
+    max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
+    safety_margin_tokens: int = Field(32, ge=0, description="Kept free on top of the output reserve")
+    clamp_max_tokens: bool = Field(False, description="Lower max_tokens instead of failing")
+    stream_usage: Literal["inject", "passthrough"] = Field(
+        "inject", description="Ask streaming upstreams for usage (for calibration), strip it again"
+    )
+    admin_token: str | None = Field(None, description="Bearer token for /metrics, /ui, events, plan")
+    admin_port: int | None = Field(None, gt=0, lt=65536, description="Serve admin surfaces there only")
+
+
+class UpstreamConfig(_Strict):
+    base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://host/v1")
+    model: str | None = Field(None, description="Model name sent upstream (rename)")
+    api_key: str | None = Field(None, description="Gateway-held key; else the client's is passed")
+    provider: Literal["openai", "litellm"] = "openai"
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra headers to send")
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("api_key", "model")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
+
+    @model_validator(mode="after")
+    def _needs_url(self) -> UpstreamConfig:
+        if self.provider == "openai" and self.base_url is None:
+            raise ValueError("base_url is required for provider openai")
+        return self
+
+
+class RetryConfig(_Strict):
+    max_attempts: int = Field(3, ge=1, le=10, description="Tries per upstream call (429/5xx/connect)")
+    backoff_base_seconds: float = Field(0.5, ge=0)
+    max_delay_seconds: float = Field(10.0, ge=0)
+
+
+class ModelConfig(_Strict):
+    name: str = Field(min_length=1, description="What clients send as `model`; globs like gpt-4o* work")
+    upstream: UpstreamConfig
+    context_window: int | None = Field(None, gt=0)
+    max_output_tokens: int | None = Field(None, gt=0)
+    tokenizer: str | None = Field(None, description="tiktoken:<enc> | hf:<path> | chars:<n>")
+    policy: str = "default"
+    mode: Literal["enforce", "observe"] | None = None
+    max_retries: int = Field(2, ge=0, le=5, description="Emergency retries on context errors")
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        kind, _, arg = value.partition(":")
+        if kind not in ("tiktoken", "hf", "chars") or not arg:
+            raise ValueError("must be tiktoken:<encoding>, hf:<path to tokenizer.json> or chars:<n>")
+        if kind == "chars":
+            try:
+                if float(arg) <= 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError("chars:<n> needs a positive number of characters per token") from None
+        return value
+
+
+def _step_union() -> Any:
+    classes = tuple(cls for cls, _ in STEPS.values())
+    if len(classes) == 1:
+        return classes[0]
+    from typing import Union
+
+    return Annotated[Union[classes], Field(discriminator="type")]  # noqa: UP007
+
+
+StepItem = _step_union()
+
+
+class PinRule(_Strict):
+    role: str | None = None
+    tool_name: str | None = None
+    content_regex: str | None = None
+
+    @field_validator("content_regex")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression: {exc}") from None
+        return value
+
+
+class PolicyConfig(_Strict):
+    trigger_ratio: float = Field(0.8, gt=0, le=1)
+    target_ratio: float = Field(0.6, gt=0, le=1)
+    recovery_mode: Literal["truncate", "fresh_start", "error"] = "truncate"
+    max_iterations: int = Field(3, ge=1, le=10)
+    precompute_ratio: float = Field(0.6, gt=0, le=1)
+    steps: list[StepItem] | None = None  # type: ignore[valid-type]
+    pin_rules: list[PinRule] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _ratios(self) -> PolicyConfig:
+        if self.target_ratio > self.trigger_ratio:
+            raise ValueError("target_ratio must be <= trigger_ratio")
+        return self
+
+
+class AuthKey(_Strict):
+    key_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    tenant: str = Field(min_length=1)
+    models: list[str] = Field(default_factory=lambda: ["*"])
+
+
+class AuthConfig(_Strict):
+    keys: list[AuthKey] = Field(default_factory=list)
+
+
+class EventLogConfig(_Strict):
+    path: str | None = Field(None, description="JSON lines file; '-' for stdout; unset: off")
+    log_content: bool = False
+    keep: int = Field(200, ge=0, description="Latest events kept in memory for /ui")
+
+
+class Config(_Strict):
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    store: str = Field("memory://", description="memory:// or redis://host:port/db")
+    auth: AuthConfig | None = None
+    mode: Literal["enforce", "observe"] = "enforce"
+    tenant_header: str | None = Field(None, description="Header naming the tenant (else key hash)")
+    events: EventLogConfig = Field(default_factory=EventLogConfig)
+    models: list[ModelConfig] = Field(default_factory=list)
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, value: str) -> str:
+        if not value.startswith(("memory://", "redis://", "rediss://")):
+            raise ValueError("must be memory:// or redis://host:port/db")
+        return value
+
+    @model_validator(mode="after")
+    def _policies_exist(self) -> Config:
+        missing = [
+            f"models[{i}].policy: unknown policy {m.policy!r}"
+            for i, m in enumerate(self.models)
+            if m.policy != "default" and m.policy not in self.policies
+        ]
+        if missing:
+            raise ValueError("; ".join(missing))
+        return self
+
+    def policy(self, name: str) -> PolicyConfig:
+        return self.policies.get(name) or self.policies.get("default") or PolicyConfig()
+
+
+class ConfigError(Exception):
+    """The config is invalid; `problems` are `path: message` lines."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Config:
+    """Read, interpolate and validate a YAML/JSON config file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    return parse_config(raw if raw is not None else {}, environ)
+
+
+def parse_config(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(["(top level): must be a mapping"])
+    problems: list[str] = []
+    data = _interpolate(raw, os.environ if environ is None else environ, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def default_config(environ: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if environ is None else environ
+    upstream = env.get("COMPACTGATE_UPSTREAM") or DEFAULT_UPSTREAM
+    return parse_config({"models": [{"name": "*", "upstream": {"base_url": upstream}}]}, env)
+
+
+def _interpolate(value: Any, environ: Mapping[str, str], path: str, problems: list[str]) -> Any:
+    if isinstance(value, str):
+        def replace(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            found = environ.get(name)
+            if found is None or (found == "" and default is not None):
+                if default is None:
+                    problems.append(f"{path or '(top level)'}: environment variable {name} is not set")
+                    return ""
+                return default
+            return found
+
+        return _VAR.sub(replace, value)
+    if isinstance(value, Mapping):
+        return {
+            k: _interpolate(v, environ, f"{path}.{k}" if path else str(k), problems)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, environ, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    return value
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    """pydantic errors as `yaml.path: message` lines."""
+    lines = []
+    for error in exc.errors():
+        lines.append(f"{_format_loc(error['loc'])}: {_format_msg(error)}")
+    return lines
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif i > 0 and isinstance(loc[i - 1], int) and part in STEPS and i >= 2 and loc[i - 2] == "steps":
+            continue  # pydantic puts the discriminator tag in the path; YAML has no such level
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _format_msg(error: Mapping[str, Any]) -> str:
+    kind = error.get("type", "")
+    ctx = error.get("ctx") or {}
+    if kind == "greater_than":
+        return f"must be > {ctx.get('gt')}"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx.get('ge')}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx.get('le')}"
+    if kind == "less_than":
+        return f"must be < {ctx.get('lt')}"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required"
+    if kind == "union_tag_invalid":
+        return f"unknown step type {ctx.get('tag')!r} (known: {', '.join(sorted(STEPS))})"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    message = str(error.get("msg", "invalid"))
+    return message.removeprefix("Value error, ")

@@ -1,0 +1,226 @@
+"""From a validated request to the exact bytes to forward: count, budget, chain, check (R1.3).
+
+`Pipeline.prepare` is shared by the chat path, the reactive retry and the plan endpoint, so what
+`/v1/compactgate/plan` shows is what a real request would send. It always starts from the
+client's original request (a retry never compacts an already compacted body: envoy's rule).
+
+An unchanged request is forwarded as the client's own bytes. A compacted one is re-serialised
+once, after the invariant checker (R3) has passed it; a result that breaks an invariant is never
+sent (the original is, and a metric counts it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from policies import Budget, ChainResult, Conversation, Env, Message, StepReport, run_chain
+from policies.invariants import check, check_tool_pairs
+from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
+
+from .chat_request import ChatRequest
+from .errors import ContextLengthExceededError, InvalidRequestError
+from .metrics import Metrics
+from .routing import Route
+from .tokens import PRIMING_TOKENS
+
+log = logging.getLogger("compactgate.pipeline")
+
+MAX_SUMMARY_ROUNDS = 3
+OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
+
+# Fetches summaries the chain asked for: (requests, route, tenant) -> answers by canonical key.
+SummaryFetcher = Callable[
+    [Sequence[SummaryRequest], Route, str], Awaitable[Mapping[bytes, SummaryAnswer]]
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What the gateway decided for one request."""
+
+    route: Route
+    body: bytes  # what to forward
+    tokens_before: int
+    tokens_after: int
+    budget: Budget | None
+    chain: ChainResult | None
+    counts_by_role: Mapping[str, int]
+    tokens_by_region: Mapping[str, int]
+    messages: list[Any]  # the messages forwarded
+    observe: bool = False  # shadow mode: `body` is the original; the chain is what would be done
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def steps(self) -> tuple[StepReport, ...]:
+        return self.chain.steps if self.chain is not None else ()
+
+    @property
+    def changed_steps(self) -> list[str]:
+        return self.chain.changed_steps() if self.chain is not None else []
+
+
+class Pipeline:
+    def __init__(
+        self,
+        metrics: Metrics,
+        safety_margin: int,
+        clamp_max_tokens: bool,
+        ref_secret: bytes,
+        fetch_summaries: SummaryFetcher | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._margin = safety_margin
+        self._clamp = clamp_max_tokens
+        self._ref_secret = ref_secret
+        self._fetch = fetch_summaries
+
+    def budget(self, request: ChatRequest, route: Route, tools_tokens: int, window: int | None) -> Budget | None:
+        if window is None:
+            return None
+        if request.max_output is not None:
+            reserve = request.max_output
+        elif route.max_output_tokens is not None:
+            reserve = min(route.max_output_tokens, int(window * 0.5))
+        else:
+            reserve = int(window * OUTPUT_RESERVE_SHARE)
+        config = route.policy_config
+        return Budget(
+            context_window=window,
+            reserved_output=reserve,
+            fixed_tokens=tools_tokens + PRIMING_TOKENS + self._margin,
+            trigger_ratio=config.trigger_ratio,
+            target_ratio=config.target_ratio,
+        )
+
+    def conversation(self, request: ChatRequest, route: Route) -> Conversation:
+        count = route.counter.message
+        return Conversation(
+            tuple(
+                Message(
+                    data=data,
+                    tokens=count(data),
+                    pin=marks.pin,
+                    priority=marks.priority,
+                    kind=marks.kind,
+                    origin=i,
+                )
+                for i, (data, marks) in enumerate(zip(request.messages, request.marks, strict=True))
+            )
+        )
+
+    def env(self, route: Route, tenant: str, summaries: DictSummaries) -> Env:
+        secret = self._ref_secret + tenant.encode()
+
+        def ref_for(text: str) -> str:
+            digest = hmac.new(secret, text.encode("utf-8", "surrogatepass"), hashlib.blake2b).hexdigest()
+            return "ref_" + digest[:24]
+
+        return Env(
+            count=route.counter.message,
+            summaries=summaries,
+            ref_for=ref_for,
+            count_text=route.counter.text,
+        )
+
+    async def prepare(
+        self,
+        request: ChatRequest,
+        route: Route,
+        tenant: str,
+        *,
+        window: int | None,
+        force: bool = False,
+        observe: bool = False,
+    ) -> Prepared:
+        """Decide what to send for `request` against `window` (the effective context window)."""
+        conversation = self.conversation(request, route)
+        tools_tokens = route.counter.tools(request.payload.get("tools"), request.payload.get("functions"))
+        budget = self.budget(request, route, tools_tokens, window)
+        tokens_before = conversation.tokens
+        chain: ChainResult | None = None
+        if budget is not None:
+            if budget.limit <= 0:
+                budget = self._too_small(request, budget, tools_tokens)
+            chain = await self._run(conversation, budget, route, tenant, force)
+            if chain.error is not None:
+                raise ContextLengthExceededError(chain.error, param="messages")
+            if chain.changed and not self._valid(conversation, chain):
+                chain = None
+        result = chain.conversation if chain is not None and chain.changed else conversation
+        forwarded_messages: list[Any] = result.data() if result is not conversation else request.messages
+        changed = result is not conversation
+        rename = route.upstream_model if route.renamed else None
+        if observe or not changed:
+            if rename is None and not request.has_extension:
+                body = request.body
+            else:
+                body = orjson.dumps(request.forward_payload(None, rename))
+            sent = request.messages
+        else:
+            body = orjson.dumps(request.forward_payload(forwarded_messages, rename))
+            sent = forwarded_messages
+        counts: dict[str, int] = {}
+        for message in (result if not observe else conversation).messages:
+            counts[message.role] = counts.get(message.role, 0) + 1
+        system = sum(m.tokens for m in result.messages if m.role in ("system", "developer"))
+        return Prepared(
+            route=route,
+            body=body,
+            tokens_before=tokens_before + tools_tokens + PRIMING_TOKENS,
+            tokens_after=result.tokens + tools_tokens + PRIMING_TOKENS,
+            budget=budget,
+            chain=chain,
+            counts_by_role=counts,
+            tokens_by_region={"system": system, "tools": tools_tokens, "history": result.tokens - system},
+            messages=sent,
+            observe=observe,
+        )
+
+    async def _run(
+        self, conversation: Conversation, budget: Budget, route: Route, tenant: str, force: bool
+    ) -> ChainResult:
+        summaries = DictSummaries()
+        env = self.env(route, tenant, summaries)
+        result = run_chain(conversation, budget, route.policy, env, force=force)
+        for _ in range(MAX_SUMMARY_ROUNDS):
+            if not result.pending:
+                break
+            answers: Mapping[bytes, SummaryAnswer] = {}
+            if self._fetch is not None:
+                answers = await self._fetch(result.pending, route, tenant)
+            for request in result.pending:
+                key = request.canonical()
+                summaries.answers[key] = answers.get(key) or SummaryAnswer("failed")
+            summaries.missing.clear()
+            result = run_chain(conversation, budget, route.policy, env, force=force)
+        return result
+
+    def _valid(self, original: Conversation, chain: ChainResult) -> bool:
+        violations = check(original, chain.conversation, allow_truncated=chain.recovery is not None)
+        if violations:
+            # The client's own request may already break R3.3; only new breaks count.
+            before = {v.message for v in check_tool_pairs(original.data())}
+            violations = [v for v in violations if v.rule != "R3.3" or v.message not in before]
+        for violation in violations:
+            self._metrics.invariant_violations.labels(violation.rule).inc()
+            log.error("compaction refused: %s %s", violation.rule, violation.message)
+        return not violations
+
+    def _too_small(self, request: ChatRequest, budget: Budget, tools_tokens: int) -> Budget:
+        """The output reserve plus tools leave no room: clamp max_tokens or fail clearly."""
+        if request.max_output is not None and self._clamp:
+            reserve = max(1, budget.context_window // 4)
+            return Budget(budget.context_window, reserve, budget.fixed_tokens, budget.trigger_ratio, budget.target_ratio)
+        raise InvalidRequestError(
+            f"max_tokens ({budget.reserved_output}) plus the tool definitions ({tools_tokens} tokens) "
+            f"leave no room for messages in the {budget.context_window}-token context window.",
+            param="max_tokens" if request.max_output is not None else "tools",
+            code="context_length_exceeded",
+        )

@@ -1,0 +1,158 @@
+"""Which upstream, window, tokenizer and policy serve a client's `model` name.
+
+Resolved once per model name: configured models are compiled at start-up; names matched by a
+glob entry (`name: "*"`, `gpt-4o*`) are compiled on first use and kept in a bounded table.
+The context window comes from config, else litellm's registry, else `max_output_tokens x 4`
+(002), and never exceeds the registry's hard limit (R2.4). An unknown window disables the
+proactive check for that model; the reactive path still learns the real one from errors.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from dataclasses import dataclass
+
+from policies import Policy
+from policies.registry import build_step, parse_step_config
+
+from . import model_registry
+from .config import Config, ModelConfig, PolicyConfig, RetryConfig, UpstreamConfig
+from .tokenizers import default_tokenizer_spec, load_tokenizer
+from .tokens import CountCache, MessageCounter
+
+log = logging.getLogger("compactgate.routing")
+
+DEFAULT_CHARS_TOKENIZER = "chars:2.5"
+_MAX_GLOB_ROUTES = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str  # what the client sends as `model`
+    upstream: UpstreamConfig
+    upstream_model: str  # what is sent upstream
+    context_window: int | None
+    window_source: str  # config | registry | max_output_tokens x 4 | unknown
+    max_output_tokens: int | None
+    tokenizer: str
+    counter: MessageCounter
+    policy_name: str
+    policy_config: PolicyConfig
+    policy: Policy
+    mode: str  # enforce | observe
+    max_retries: int  # emergency retries after a context-window error
+    retry: RetryConfig  # 429/5xx/connection retries
+
+    @property
+    def renamed(self) -> bool:
+        return self.upstream_model != self.name
+
+
+def compile_policy(name: str, config: PolicyConfig) -> Policy:
+    step_configs = config.steps if config.steps is not None else default_step_configs()
+    return Policy(
+        name=name,
+        steps=tuple(build_step(c) for c in step_configs),
+        max_iterations=config.max_iterations,
+        recovery_mode=config.recovery_mode,
+    )
+
+
+def default_step_configs() -> list:
+    """The chain a policy without `steps` gets: mask old tool output, then drop old Turns."""
+    try:
+        from policies.registry import DEFAULT_STEPS  # type: ignore[attr-defined]
+    except ImportError:
+        DEFAULT_STEPS = ({"type": "fifo"},)  # noqa: N806
+    return [parse_step_config(s) if isinstance(s, dict) else s for s in DEFAULT_STEPS]
+
+
+class Router:
+    """Model name -> Route. Thread-safe enough for one event loop; bounded for glob names."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._counters: dict[str, MessageCounter] = {}
+        self._policies = {
+            name: compile_policy(name, pc) for name, pc in config.policies.items()
+        }
+        self._policies.setdefault("default", compile_policy("default", config.policy("default")))
+        self._exact: dict[str, Route] = {}
+        self._globs: list[ModelConfig] = []
+        self._resolved: dict[str, Route | None] = {}
+        for model in config.models:
+            if any(ch in model.name for ch in "*?["):
+                self._globs.append(model)
+            elif model.name not in self._exact:
+                self._exact[model.name] = self._build(model.name, model)
+
+    def routes(self) -> list[Route]:
+        """Configured (non-glob) routes, in config order."""
+        return list(self._exact.values())
+
+    def resolve(self, name: str) -> Route | None:
+        route = self._exact.get(name)
+        if route is not None:
+            return route
+        if name in self._resolved:
+            return self._resolved[name]
+        found: Route | None = None
+        for model in self._globs:
+            if fnmatch.fnmatchcase(name, model.name):
+                found = self._build(name, model)
+                break
+        if len(self._resolved) >= _MAX_GLOB_ROUTES:
+            self._resolved.pop(next(iter(self._resolved)))
+        self._resolved[name] = found
+        return found
+
+    def _counter(self, spec: str) -> MessageCounter:
+        counter = self._counters.get(spec)
+        if counter is None:
+            counter = MessageCounter(load_tokenizer(spec), CountCache())
+            self._counters[spec] = counter
+        return counter
+
+    def _build(self, name: str, model: ModelConfig) -> Route:
+        upstream_model = model.upstream.model or name
+        info = model_registry.lookup(upstream_model) or model_registry.lookup(name)
+        window, source = _window(model, info)
+        max_output = model.max_output_tokens or (info.max_output_tokens if info else None)
+        spec = model.tokenizer or default_tokenizer_spec(upstream_model) or DEFAULT_CHARS_TOKENIZER
+        policy_name = model.policy if model.policy in self._policies else "default"
+        return Route(
+            name=name,
+            upstream=model.upstream,
+            upstream_model=upstream_model,
+            context_window=window,
+            window_source=source,
+            max_output_tokens=max_output,
+            tokenizer=spec,
+            counter=self._counter(spec),
+            policy_name=policy_name,
+            policy_config=self._config.policy(policy_name),
+            policy=self._policies[policy_name],
+            mode=model.mode or self._config.mode,
+            max_retries=model.max_retries,
+            retry=model.retry,
+        )
+
+
+def _window(
+    model: ModelConfig, info: model_registry.ModelInfo | None
+) -> tuple[int | None, str]:
+    hard = info.max_input_tokens if info else None
+    if model.context_window is not None:
+        if hard is not None and model.context_window > hard:
+            log.warning(
+                "model %s: context_window %d is above the registry's %d; using %d",
+                model.name, model.context_window, hard, hard,
+            )
+            return hard, "registry (config above hard limit)"
+        return model.context_window, "config"
+    if hard is not None:
+        return hard, "registry"
+    if model.max_output_tokens is not None:
+        return model.max_output_tokens * 4, "max_output_tokens x 4"
+    return None, "unknown"

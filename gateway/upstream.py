@@ -1,0 +1,166 @@
+"""The HTTP seam to OpenAI-compatible upstreams: one pooled aiohttp client, bytes in, bytes out.
+
+This is the only module that imports aiohttp's client, and `_mapped` is the only place its
+exceptions become ours (`UpstreamUnreachableError`, `UpstreamTimeoutError`, `UpstreamError`).
+Bodies are forwarded as bytes and responses relayed as the chunks arrive, never re-encoded:
+`auto_decompress=False` keeps a gzip body gzip, so the client gets exactly what the upstream sent.
+
+Timeouts (issue 6): connect, time to first byte (headers), and the idle gap between chunks of a
+stream, each configurable; the whole of a non-streaming call is bounded by `upstream_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from .config import ServerConfig
+from .errors import GatewayError, UpstreamError, UpstreamTimeoutError, UpstreamUnreachableError
+
+# Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp recomputes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+        "proxy-connection",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float
+    first_byte: float
+    idle: float
+    total: float
+
+    @classmethod
+    def from_config(cls, server: ServerConfig) -> Timeouts:
+        return cls(
+            connect=server.connect_timeout_s,
+            first_byte=server.first_byte_timeout_s or server.upstream_timeout_s,
+            idle=server.stream_idle_timeout_s,
+            total=server.upstream_timeout_s,
+        )
+
+
+class UpstreamResponse:
+    """An upstream answer whose headers have arrived; the body is read or streamed on demand."""
+
+    def __init__(self, response: aiohttp.ClientResponse, timeouts: Timeouts) -> None:
+        self._response = response
+        self._timeouts = timeouts
+        self.status = response.status
+        self.headers = response.headers
+
+    def relay_headers(self) -> list[tuple[bytes, bytes]]:
+        """Response headers safe to pass to the client (hop-by-hop ones removed)."""
+        return [
+            (k.lower(), v)
+            for k, v in self._response.raw_headers
+            if k.decode("latin-1").lower() not in HOP_BY_HOP
+        ]
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "")
+
+    async def read(self) -> bytes:
+        """The whole body (non-streaming), bounded by the total timeout."""
+        with _mapped():
+            async with asyncio.timeout(self._timeouts.total):
+                return await self._response.read()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Body chunks as they arrive; a gap longer than the idle timeout is an error."""
+        content = self._response.content
+        idle = self._timeouts.idle
+        while True:
+            with _mapped():
+                async with asyncio.timeout(idle):
+                    chunk = await content.readany()
+            if not chunk:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        """Release the connection; closes it if the body was not fully read (cancels upstream)."""
+        self._response.close()
+
+    def release(self) -> None:
+        self._response.release()
+
+
+class UpstreamClient:
+    """One pooled client for all OpenAI-compatible upstreams."""
+
+    def __init__(self, server: ServerConfig) -> None:
+        self.timeouts = Timeouts.from_config(server)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect),
+            )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def open(
+        self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
+    ) -> UpstreamResponse:
+        """Send a request and return once the response headers arrived."""
+        if self._session is None:
+            await self.start()
+        assert self._session is not None
+        with _mapped():
+            async with asyncio.timeout(self.timeouts.first_byte):
+                response = await self._session.request(
+                    method, url, headers=headers, data=body, allow_redirects=False
+                )
+        return UpstreamResponse(response, self.timeouts)
+
+
+def forward_headers(
+    client_headers: list[tuple[bytes, bytes]], api_key: str | None, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """Client headers to send upstream: hop-by-hop removed, the gateway's key if it holds one."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in client_headers:
+        name = raw_name.decode("latin-1").lower()
+        if name in HOP_BY_HOP or name.startswith("x-compactgate-admin"):
+            continue
+        out[name] = raw_value.decode("latin-1")
+    if api_key:
+        out["authorization"] = f"Bearer {api_key}"
+        out.pop("api-key", None)
+    out.update({k.lower(): v for k, v in extra.items()})
+    return out
+
+
+@contextlib.contextmanager
+def _mapped() -> Iterator[None]:
+    """Translate aiohttp/asyncio failures into the gateway's error types."""
+    try:
+        yield
+    except GatewayError:
+        raise
+    except TimeoutError:
+        raise UpstreamTimeoutError("The upstream did not answer in time.") from None
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+        raise UpstreamUnreachableError(f"The upstream could not be reached: {exc}") from None
+    except aiohttp.ClientPayloadError as exc:
+        raise UpstreamError(f"The upstream broke off its response: {exc}") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamUnreachableError(f"The upstream connection failed: {exc}") from None
