@@ -29,6 +29,11 @@ Deliberately *not* context errors (each has a near-miss test):
   be at least 1, got -186" (it names neither window nor prompt), and any 200 completion, such as
   llama.cpp's `finish_reason: "length"` when the prompt fits but the answer does not.
 
+Rows are per wire format, not per company: Azure OpenAI's body is byte-for-byte OpenAI's, and
+llama-cpp-python's is OpenAI's older wording once `max_tokens` is set, so both are reported as
+"openai" (the row's `providers` say so); only llama-cpp-python's "None in the completion" (no
+`max_tokens`) is told apart. The handling is the same either way.
+
 Status 200 is still examined, because a streaming upstream may answer 200 and then send
 `data: {"error": {...}}` before the first chunk (issue 6 item 2): pass that event's payload (the
 `data:` prefix is tolerated). A completion body never matches: it has no error envelope.
@@ -393,13 +398,18 @@ SIGNATURES: tuple[Signature, ...] = (
 _STATUSES = frozenset().union(*(s.statuses for s in SIGNATURES))
 
 # Cheap pre-check on the raw bytes: a body without any of these cannot match any row.
-_KEYWORDS = re.compile(
-    rb"context_length_exceeded|maximum context length|exceed_context_size_error"
-    rb"|available context size|prompt is too long|exceed context limit|input token count"
-    rb"|input is too long|contextwindowexceeded|configured limit of|maximum model length"
-    rb"|too long to fit into the model",
-    re.I,
-)
+# Lower-casing and substring search run in C; a case-insensitive regex alternation is ~50x slower.
+_KEYWORDS = (
+    b"context_length_exceeded", b"maximum context length", b"exceed_context_size_error",
+    b"available context size", b"prompt is too long", b"exceed context limit",
+    b"input token count", b"input is too long", b"contextwindowexceeded", b"configured limit of",
+    b"maximum model length", b"too long to fit into the model",
+)  # fmt: skip
+
+
+def _has_keyword(body: bytes) -> bool:
+    lowered = body.lower()
+    return any(keyword in lowered for keyword in _KEYWORDS)
 
 
 def _text(value: object) -> str | None:
@@ -423,17 +433,25 @@ def view_of(document: object) -> ErrorView | None:
         return None
     error = document.get("error")
     if isinstance(error, dict):
-        message = _text(error.get("message")) or ""
-        kind = _text(error.get("type")) or _text(error.get("status"))
-        return ErrorView("envelope", message[:_MAX_MESSAGE_CHARS], _label(error.get("code")),
-                         kind, error)
+        return ErrorView(
+            shape="envelope",
+            message=(_text(error.get("message")) or "")[:_MAX_MESSAGE_CHARS],
+            code=_label(error.get("code")),
+            type=_text(error.get("type")) or _text(error.get("status")),  # Gemini: status
+            fields=error,
+        )
     if isinstance(error, str):
         return ErrorView("string", error[:_MAX_MESSAGE_CHARS], None, None, document)
     message = _text(document.get("message")) or _text(document.get("Message"))
     if message is None:
         return None
-    return ErrorView("bare", message[:_MAX_MESSAGE_CHARS], _label(document.get("code")),
-                     _text(document.get("type")), document)
+    return ErrorView(
+        shape="bare",
+        message=message[:_MAX_MESSAGE_CHARS],
+        code=_label(document.get("code")),
+        type=_text(document.get("type")),
+        fields=document,
+    )
 
 
 def _matches(signature: Signature, status: int, view: ErrorView) -> bool:
@@ -460,7 +478,7 @@ def classify(status: int, body: bytes) -> ContextError | None:
     """Return the context error this upstream response states, or None if it is anything else."""
     if status not in _STATUSES or len(body) > MAX_BODY_BYTES:
         return None
-    if _KEYWORDS.search(body) is None:
+    if not _has_keyword(body):
         return None
     view = view_of(_document(body))
     if view is None:

@@ -72,6 +72,7 @@ def completion_body(
     tool_calls: list[dict[str, Any]] | None = None,
     finish_reason: str = "stop",
     completion_tokens: int | None = None,
+    fingerprint: str = FINGERPRINT,
 ) -> dict[str, Any]:
     """A non-streaming chat.completion with a real usage block."""
     if completion_tokens is None:
@@ -85,7 +86,7 @@ def completion_body(
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "system_fingerprint": FINGERPRINT,
+        "system_fingerprint": fingerprint,
         "choices": [{"index": 0, "message": message, "logprobs": None,
                      "finish_reason": finish_reason}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
@@ -102,12 +103,12 @@ def sse(event: Mapping[str, Any] | str) -> bytes:
 def stream_frames(body: Mapping[str, Any], *, include_usage: bool, pieces: int = 3) -> list[bytes]:
     """The SSE frames OpenAI would send for `body` (a completion_body), ending with [DONE]."""
     choice, usage = body["choices"][0], body["usage"]
-    head = {key: body[key] for key in ("id", "created", "model", "system_fingerprint")}
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+            "model": body["model"], "system_fingerprint": body["system_fingerprint"]}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        frame = {"id": head["id"], "object": "chat.completion.chunk", **head,
-                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                              "finish_reason": finish}]}
+        frame = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                      "finish_reason": finish}]}
         if include_usage:
             frame["usage"] = None
         return frame
@@ -128,16 +129,14 @@ def stream_frames(body: Mapping[str, Any], *, include_usage: bool, pieces: int =
     frames = [sse(chunk(delta)) for delta in deltas]
     frames.append(sse(chunk({}, choice["finish_reason"])))
     if include_usage:
-        frames.append(sse({"id": head["id"], "object": "chat.completion.chunk", **head,
-                           "choices": [], "usage": usage}))
+        frames.append(sse({**head, "choices": [], "usage": usage}))
     frames.append(sse("[DONE]"))
     return frames
 
 
 def _invalid(message: str, param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                      "code": None}}
-    return web.json_response(body, status=400, dumps=lambda o: orjson.dumps(o).decode())
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    return web.json_response({"error": error}, status=400)
 
 
 def make_echo_app(context_window: int = 4096, chars_per_token: float = 4.0) -> web.Application:
@@ -205,4 +204,6 @@ async def start_echo_upstream(
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound_host, bound_port = runner.addresses[0][:2]
+    if ":" in bound_host:  # IPv6 literal
+        bound_host = f"[{bound_host}]"
     return EchoUpstream(base_url=f"http://{bound_host}:{bound_port}/v1", runner=runner)

@@ -12,7 +12,7 @@ a ConnectionError, at start-up or (worse) on the first request. So:
   them: the sha1 of the public blob URL. The bytes are checked against the sha256 that tiktoken
   itself expects before anything is parsed. The encoding's split pattern, special tokens and
   expected hash come from the installed tiktoken (`tiktoken_ext.openai_public`), so nothing here
-  duplicates them; only the one file-loading call is rerouted (see `_offline_constructor`).
+  duplicates them; only the one file-loading call is rerouted (see `_offline_constructors`).
 * `hf:<path>` loads a local `tokenizer.json` with the `tokenizers` library (`from_file`; no hub).
 * `chars:<chars_per_token>` is the heuristic of R2.2: `ceil(code points / chars_per_token)`,
   times a calibration `correction` (R2.6) that the calibrator sets with `with_correction`.
@@ -133,7 +133,9 @@ class CharsTokenizer:
         object.__setattr__(self, "_factor", self.correction / self.chars_per_token)
 
     def count(self, text: str) -> int:
-        return math.ceil(len(text) * self._factor)
+        # round() first so that float noise (1.1 / 2.5 * 100 = 44.00000000000001) does not
+        # push an exact multiple up by one token.
+        return math.ceil(round(len(text) * self._factor, 6))
 
     def with_correction(self, factor: float) -> CharsTokenizer:
         """The same heuristic with calibration multiplier `factor` (absolute, not compounded)."""

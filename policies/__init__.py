@@ -9,15 +9,21 @@ from .budget import Budget, stable_cut
 from .chain import ChainResult, Policy, StepReport, run_chain, summarize_reports
 from .conversation import Conversation, Message, Turn, find_safe_boundary, parse_turns
 from .invariants import Violation, check
+from .pinning import Marks, PinRule, apply_pin_rules, marks_from_extension, split_extension
+from .registry import DEFAULT_STEPS, STEPS, build_policy, build_step, parse_step_config
 from .step import Env, StepConfig, StepResult, StoredOutput
 from .summaries import SummaryAnswer, SummaryRequest
 
 __all__ = [
+    "DEFAULT_STEPS",
+    "STEPS",
     "Budget",
     "ChainResult",
     "Conversation",
     "Env",
+    "Marks",
     "Message",
+    "PinRule",
     "Policy",
     "StepConfig",
     "StepReport",
@@ -27,10 +33,16 @@ __all__ = [
     "SummaryRequest",
     "Turn",
     "Violation",
+    "apply_pin_rules",
+    "build_policy",
+    "build_step",
     "check",
     "find_safe_boundary",
+    "marks_from_extension",
+    "parse_step_config",
     "parse_turns",
     "run_chain",
+    "split_extension",
     "stable_cut",
     "summarize_reports",
 ]

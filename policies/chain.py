@@ -143,7 +143,9 @@ def run_chain(
     """
     tokens_before = conversation.tokens
     if tokens_before <= budget.trigger and not force:
-        return ChainResult(conversation, tokens_before, tokens_before, fits=tokens_before <= budget.limit)
+        return ChainResult(
+            conversation, tokens_before, tokens_before, fits=tokens_before <= budget.limit
+        )
 
     run = _Run(conversation, budget, env)
     goal = budget.trigger

@@ -100,13 +100,9 @@ class Conversation:
         return None
 
     def is_protected(self, index: int) -> bool:
-        """System/developer prompts, pinned messages and the latest user message (R3.1, R3.4, R3.5)."""
+        """System/developer prompts, pinned messages, the latest user message (R3.1, R3.4, R3.5)."""
         message = self.messages[index]
-        return (
-            message.role in PROTECTED_ROLES
-            or message.pin
-            or index == self.latest_user_index()
-        )
+        return message.role in PROTECTED_ROLES or message.pin or index == self.latest_user_index()
 
     def head_end(self) -> int:
         """Index after the leading system/developer messages (the untouchable head)."""

@@ -14,6 +14,7 @@ compacted request that breaks one of these is never sent.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,29 +49,37 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
         if role == "tool":
             call_id = str(message.get("tool_call_id", ""))
             if call_id not in open_ids:
-                violations.append(Violation("R3.3", f"messages[{i}]: tool result {call_id!r} has no pending call"))
+                violations.append(
+                    Violation("R3.3", f"messages[{i}]: tool result {call_id!r} has no pending call")
+                )
             open_ids.discard(call_id)
             answered.add(call_id)
             continue
         if open_ids:
             violations.append(
-                Violation("R3.3", f"messages[{i}]: tool calls {sorted(open_ids)} left without results")
+                Violation(
+                    "R3.3", f"messages[{i}]: tool calls {sorted(open_ids)} left without results"
+                )
             )
             open_ids = set()
         if role == "assistant":
             for call in message.get("tool_calls") or ():
                 call_id = str(call.get("id", "")) if isinstance(call, Mapping) else ""
                 if call_id in answered or call_id in open_ids:
-                    violations.append(Violation("R3.3", f"messages[{i}]: duplicate tool call id {call_id!r}"))
+                    violations.append(
+                        Violation("R3.3", f"messages[{i}]: duplicate tool call id {call_id!r}")
+                    )
                 open_ids.add(call_id)
     if open_ids:
-        violations.append(Violation("R3.3", f"tool calls {sorted(open_ids)} at the end have no results"))
+        violations.append(
+            Violation("R3.3", f"tool calls {sorted(open_ids)} at the end have no results")
+        )
     return violations
 
 
 def _check_order(result: Conversation) -> list[Violation]:
     origins = [m.origin for m in result.messages if m.origin >= 0]
-    if any(b <= a for a, b in zip(origins, origins[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(origins)):
         return [Violation("R3.6", "client messages are out of order or duplicated")]
     return []
 
@@ -82,16 +91,25 @@ def _check_system(original: Conversation, result: Conversation) -> list[Violatio
     for message in want:
         kept = have.get(message.origin)
         if kept is None:
-            violations.append(Violation("R3.1", f"{message.role} message {message.origin} was dropped"))
+            violations.append(
+                Violation("R3.1", f"{message.role} message {message.origin} was dropped")
+            )
             continue
         if kept.data != message.data:
-            old, new = content_text(message.data.get("content")), content_text(kept.data.get("content"))
+            old, new = (
+                content_text(message.data.get("content")),
+                content_text(kept.data.get("content")),
+            )
             if not (new.startswith(old) and _same_but_content(message.data, kept.data)):
-                violations.append(Violation("R3.1", f"{message.role} message {message.origin} was changed"))
+                violations.append(
+                    Violation("R3.1", f"{message.role} message {message.origin} was changed")
+                )
     return violations
 
 
-def _check_kept(original: Conversation, result: Conversation, allow_truncated: bool) -> list[Violation]:
+def _check_kept(
+    original: Conversation, result: Conversation, allow_truncated: bool
+) -> list[Violation]:
     have = {m.origin: m for m in result.messages if m.origin >= 0}
     violations = []
     latest = original.latest_user_index()
@@ -109,4 +127,6 @@ def _check_kept(original: Conversation, result: Conversation, allow_truncated: b
 
 
 def _same_but_content(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return {k: v for k, v in a.items() if k != "content"} == {k: v for k, v in b.items() if k != "content"}
+    return {k: v for k, v in a.items() if k != "content"} == {
+        k: v for k, v in b.items() if k != "content"
+    }

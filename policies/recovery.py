@@ -41,7 +41,9 @@ def recover(
             return RecoveryOutcome("fresh_start", outcome)
     result = truncate(conversation, budget, env)
     if result.conversation.tokens > budget.limit:
-        return RecoveryOutcome("truncate", result, error=describe_overflow(result.conversation, budget))
+        return RecoveryOutcome(
+            "truncate", result, error=describe_overflow(result.conversation, budget)
+        )
     return RecoveryOutcome("truncate", result)
 
 
@@ -78,7 +80,10 @@ def fresh_start(conversation: Conversation, budget: Budget, env: Env) -> StepRes
     keep = [m for i, m in enumerate(conversation.messages) if i < head_end or m.pin]
     added = 0
     if answer.status == "ready":
-        data = {"role": "system", "content": f"[Handover summary of the earlier conversation: {answer.text}]"}
+        data = {
+            "role": "system",
+            "content": f"[Handover summary of the earlier conversation: {answer.text}]",
+        }
         keep.append(Message(data=data, tokens=env.count(data)))
         added = 1
     if latest is not None and not conversation.messages[latest].pin:
@@ -105,7 +110,8 @@ def truncate(conversation: Conversation, budget: Budget, env: Env) -> StepResult
         if excess <= 0:
             break
         candidates = [
-            i for i, m in enumerate(messages)
+            i
+            for i, m in enumerate(messages)
             if m.role not in PROTECTED_ROLES and len(content_text(m.data.get("content"))) > 200
         ]
         if not candidates:

@@ -1,0 +1,79 @@
+"""Relevance of each Turn to the latest user message (004 Strategies 2 and 4).
+
+Scores are in 0..1 and a pure function of the texts: BM25 (`rank_bm25`; BM25+ with delta 0,
+whose idf log((N+1)/df) is never negative) over the Turns' texts, the latest user message as the
+query, divided by the best score (the most relevant Turn scores 1, one sharing no term scores 0).
+Tokens are lowercase word runs, with every
+CJK character a token of its own (Chinese and Japanese have no spaces; single characters are
+what a BM25 over CJK can match without a segmenter). A Turn's text is its messages' text plus
+the names and arguments of the tool calls in it.
+
+`scorer: embeddings` uses `Env.relevance` (e.g. MiniLM cosine similarities computed by the
+gateway), clipped to 0..1; without one, BM25 is the fallback (R4.8).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from .conversation import Conversation, Turn
+from .step import Env
+
+Scorer = Literal["bm25", "embeddings"]
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+TOKEN_RE = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
+
+
+def tokenize(text: str) -> list[str]:
+    return TOKEN_RE.findall(text.lower())
+
+
+def turn_text(conversation: Conversation, turn: Turn) -> str:
+    parts: list[str] = []
+    for message in conversation.messages[turn.start : turn.end]:
+        parts.append(message.text)
+        for call in message.data.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping):
+                parts.append(str(function.get("name", "")))
+                parts.append(str(function.get("arguments", "")))
+    return "\n".join(parts)
+
+
+def bm25_scores(docs: Sequence[str], query: str) -> list[float]:
+    """BM25 of every doc against `query`, normalised so that the best is 1 (all 0 if none match)."""
+    corpus = [tokenize(doc) for doc in docs]
+    terms = tokenize(query)
+    if not corpus or not terms or not any(corpus):
+        return [0.0] * len(docs)
+    from rank_bm25 import BM25Plus  # numpy-backed: imported only when a relevance step runs
+
+    # BM25+ with delta 0 is BM25 with idf = log((N + 1) / df): never negative, so a term found
+    # in most Turns (or a corpus of one or two Turns) still counts, unlike Okapi's idf.
+    raw = [max(0.0, float(s)) for s in BM25Plus(corpus, delta=0.0).get_scores(terms)]
+    return _normalised(raw)
+
+
+def _normalised(raw: Sequence[float]) -> list[float]:
+    best = max(raw, default=0.0)
+    if best <= 0:
+        return [0.0] * len(raw)
+    return [round(s / best, 6) for s in raw]
+
+
+def turn_scores(
+    conversation: Conversation, turns: Sequence[Turn], scorer: Scorer, env: Env
+) -> tuple[list[float], Scorer]:
+    """(score of every Turn, the scorer actually used)."""
+    latest = conversation.latest_user_index()
+    query = conversation.messages[latest].text if latest is not None else ""
+    docs = [turn_text(conversation, t) for t in turns]
+    if scorer == "embeddings" and env.relevance is not None:
+        raw = list(env.relevance(docs, query))
+        if len(raw) != len(docs):
+            raise ValueError(f"relevance function returned {len(raw)} scores for {len(docs)} texts")
+        return [min(1.0, max(0.0, round(float(s), 6))) for s in raw], "embeddings"
+    return bm25_scores(docs, query), "bm25"

@@ -1,0 +1,311 @@
+"""Cache-stable cuts and rolling summaries: what `sandwich`, `compaction` and `summarize_old` share.
+
+The rule this module owns: **what a step summarises is a function of the conversation's prefix**.
+The history is split into units (Turns, or tool-group-safe segments) and scanned from the start
+as if the proxy had watched it grow (`scan_cuts`, the generalisation of `budget.stable_cut`). The
+summarised range `[0, cut)` only grows at compaction events, so between events every request
+carries the same summary text and the provider's prompt cache keeps hitting.
+
+Summaries are rolling. Each event `k` moves the cut from `c[k-1]` to `c[k]`, and the summary of
+`[0, c[k])` is asked for as "the summary of `[c[k-1], c[k])`, extending `previous` = the summary of
+`[0, c[k-1])`". The previous text is not guessed: it is the answer the same `SummarySource` gives
+for the previous link's request, which is itself built the same way, so the whole chain is a
+deterministic function of the prefix and of the source's answers (`rolling_summary`). A summariser
+never sees more than one link (at most `chunk_tokens` of messages, larger event ranges are split at
+unit boundaries) plus the previous summary, however long the session grows. Until a link's answer
+is `ready`, the step changes nothing and reports that link's request as pending; once the gateway
+has it, the next link can be asked for.
+
+Anchored messages (system/developer prompts, pinned messages and the tool groups that hold them)
+are never summarised away: they stay in place and are left out of the summariser's input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from .budget import Budget
+from .conversation import (
+    PROTECTED_ROLES,
+    Conversation,
+    Turn,
+    drop,
+    tool_group_ends,
+    tool_groups,
+)
+from .placement import SUMMARY_TEMPLATE, Placement, has_summary, place_summary
+from .step import Env, StepConfig, StepResult
+from .summaries import SummaryAnswer, SummaryRequest, SummarySource, prepare_for_summary
+
+Cap = Callable[[int], int]  # unit index at a crossing -> the furthest the cut may go
+
+
+def scan_cuts(
+    sizes: Sequence[int],
+    kept: Sequence[int],
+    fixed: int,
+    trigger: int,
+    target: int,
+    cap: Cap,
+) -> list[int]:
+    """Cut positions after each compaction event, in order; empty when nothing crossed `trigger`.
+
+    `sizes[u]` are the tokens a unit gives up when it falls before the cut, `kept[u]` the tokens
+    of it that stay anyway (anchored messages). Scanning left to right, whenever the running total
+    passes `trigger`, the cut advances while the total is over `target` and the cut is below
+    `cap(u)`. With `kept` all zero and `cap(u) = u` this is exactly `budget.stable_cut`.
+    """
+    cuts: list[int] = []
+    cut = 0
+    running = fixed
+    for unit, size in enumerate(sizes):
+        running += size + kept[unit]
+        if running <= trigger:
+            continue
+        limit = min(cap(unit), unit)  # never past the unit that crossed
+        moved = False
+        while cut < limit and running > target:
+            running -= sizes[cut]
+            cut += 1
+            moved = True
+        if moved:
+            cuts.append(cut)
+    return cuts
+
+
+def anchored(conversation: Conversation) -> frozenset[int]:
+    """Messages no summary may replace: system/developer, pinned, and their whole tool groups.
+
+    Unlike `Conversation.is_protected` this leaves out "the latest user message", which changes
+    with every request; `drop` still keeps that one in the output.
+    """
+    messages = conversation.messages
+    fixed = {i for i, m in enumerate(messages) if m.role in PROTECTED_ROLES or m.pin}
+    if fixed:
+        for group in tool_groups(messages):
+            if fixed.intersection(group):
+                fixed.update(group)
+    return frozenset(fixed)
+
+
+@dataclass(frozen=True, slots=True)
+class Units:
+    """Consecutive message ranges `[bounds[u], bounds[u + 1])` the scan works on."""
+
+    bounds: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def indices(self, first: int, last: int) -> range:
+        """Message indices of units `[first, last)`."""
+        return range(self.bounds[first], self.bounds[last])
+
+    @classmethod
+    def of_turns(cls, turns: Sequence[Turn]) -> Units:
+        if not turns:
+            return cls(())
+        return cls((*(t.start for t in turns), turns[-1].end))
+
+    @classmethod
+    def of_segments(cls, conversation: Conversation, start: int) -> Units:
+        """Tool-group-safe segments of `[start, len)`: a cut between two never splits a group."""
+        end = len(conversation)
+        if start >= end:
+            return cls(())
+        points = [start, *tool_group_ends(conversation.messages, start, end)]
+        if points[-1] != end:
+            points.append(end)
+        return cls(tuple(dict.fromkeys(points)))
+
+
+def unit_sizes(
+    conversation: Conversation, units: Units, fixed: frozenset[int]
+) -> tuple[list[int], list[int]]:
+    """(droppable tokens, anchored tokens) of every unit."""
+    sizes: list[int] = []
+    kept: list[int] = []
+    messages = conversation.messages
+    for u in range(len(units)):
+        drop_tokens = keep_tokens = 0
+        for i in units.indices(u, u + 1):
+            if i in fixed:
+                keep_tokens += messages[i].tokens
+            else:
+                drop_tokens += messages[i].tokens
+        sizes.append(drop_tokens)
+        kept.append(keep_tokens)
+    return sizes, kept
+
+
+def links(cuts: Sequence[int], sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """Unit ranges to summarise one after the other: each event's range, split into chunks."""
+    result: list[tuple[int, int]] = []
+    start = 0
+    for cut in cuts:
+        first = start
+        total = 0
+        for u in range(start, cut):
+            if u > first and total + sizes[u] > chunk_tokens:
+                result.append((first, u))
+                first, total = u, 0
+            total += sizes[u]
+        if first < cut:
+            result.append((first, cut))
+        start = cut
+    return result
+
+
+MakeRequest = Callable[[tuple[Any, ...], str | None], SummaryRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Rolled:
+    """Outcome of walking the chain of links: `ready` with the last answer, or why not."""
+
+    status: str  # "ready" | "missing" | "failed" | "empty"
+    answer: SummaryAnswer | None = None
+    pending: SummaryRequest | None = None
+    links: int = 0
+
+
+def rolling_summary(
+    conversation: Conversation,
+    units: Units,
+    chain: Sequence[tuple[int, int]],
+    fixed: frozenset[int],
+    make_request: MakeRequest,
+    source: SummarySource,
+    previous_of: Callable[[SummaryAnswer], str] | None = None,
+) -> Rolled:
+    """Ask `source` for every link in order, each extending the previous answer."""
+    previous: str | None = None
+    answer: SummaryAnswer | None = None
+    asked = 0
+    for first, last in chain:
+        data = tuple(
+            conversation.messages[i].data for i in units.indices(first, last) if i not in fixed
+        )
+        data = prepare_for_summary(data)
+        if not data:
+            continue
+        request = make_request(data, previous)
+        asked += 1
+        got = source.get(request)
+        if got.status == "missing":
+            return Rolled("missing", pending=request, links=asked)
+        if got.status == "failed":
+            return Rolled("failed", links=asked)
+        answer = got
+        previous = previous_of(got) if previous_of is not None else got.text
+    if answer is None:
+        return Rolled("empty")
+    return Rolled("ready", answer=answer, links=asked)
+
+
+def bullets(prompt: str, directives: Sequence[str]) -> str:
+    """`prompt` with `directives` appended as bullet points (001 2.6.3)."""
+    if not directives:
+        return prompt
+    return prompt.rstrip() + "\n" + "\n".join(f"- {d}" for d in directives)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a summarising step decided to ask for, before the source is consulted."""
+
+    step_type: str
+    units: Units
+    start: int  # message index of the first unit: where the summary goes
+    fixed_tokens: int  # tokens before the units, plus the room the summary will take
+    trigger: int
+    target: int
+    cap: Cap
+    chunk_tokens: int
+    make_request: MakeRequest
+    placement: Placement
+    template: str
+    previous_of: Callable[[SummaryAnswer], str] | None = None
+
+
+def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
+    """Replace the units before the stable cut by their rolling summary, or explain why not."""
+    if has_summary(conversation, plan.step_type):
+        return StepResult.unchanged(conversation, reason="already summarised")
+    if len(plan.units) < 2:
+        return StepResult.unchanged(conversation, reason="nothing to summarise")
+    fixed = anchored(conversation)
+    sizes, kept = unit_sizes(conversation, plan.units, fixed)
+    cuts = scan_cuts(sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap)
+    if not cuts:
+        return StepResult.unchanged(conversation, reason="under threshold")
+    chain = links(cuts, sizes, plan.chunk_tokens)
+    rolled = rolling_summary(
+        conversation, plan.units, chain, fixed, plan.make_request, env.summaries, plan.previous_of
+    )
+    if rolled.status == "missing":
+        assert rolled.pending is not None
+        return StepResult(
+            conversation,
+            pending=(rolled.pending,),
+            detail={
+                "summary": "pending",
+                "summary_link": rolled.links,
+                "summary_links": len(chain),
+            },
+        )
+    if rolled.status != "ready" or rolled.answer is None:
+        return StepResult.unchanged(conversation, summary=rolled.status)
+    result, removed = drop(conversation, plan.units.indices(0, cuts[-1]))
+    if not removed:
+        return StepResult.unchanged(conversation, reason="nothing droppable in range")
+    placed, added, replaced = place_summary(
+        result,
+        plan.start,
+        rolled.answer.text,
+        rolled.answer.retain,
+        plan.placement,
+        plan.template,
+        plan.step_type,
+        env,
+    )
+    return StepResult(
+        placed,
+        removed=removed,
+        added=added,
+        replaced=replaced,
+        summary_used=True,
+        detail={"summarised_messages": removed, "summary_links": rolled.links},
+    )
+
+
+class SummarisingConfig(StepConfig):
+    """Keys every summarising step has (R4.12): where the summary goes and how it reads."""
+
+    placement: Placement = "system"
+    template: str = Field(
+        SUMMARY_TEMPLATE, description="How the summary is shown; must contain {summary}"
+    )
+    model: str | None = Field(
+        None, description="Model the gateway summarises with; unset: the request's model"
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _has_slot(cls, value: str) -> str:
+        if "{summary}" not in value:
+            raise ValueError("template must contain {summary}")
+        return value
+
+
+def chunk_tokens(budget: Budget, summary_tokens: int) -> int:
+    """Most message tokens one summariser call gets: what fits next to the previous summary.
+
+    The summariser is the same model or one with a larger window (001 2.6.2), so the request's
+    own limit, less room for the previous summary and the instructions, always fits.
+    """
+    return max(1, budget.target, budget.limit - summary_tokens - 512)

@@ -1,0 +1,139 @@
+"""`content_type_chunking` (004 Strategy 3, made safe): compress each message as what it is.
+
+Each message's type is the client's mark (`"compactgate": {"type": ...}`; `message` means
+"detect") or what `chunking.detect` finds: JSON, log, code or prose. Then, per `ratios`:
+JSON loses insignificant whitespace, code its comment-only lines and blank-line runs (indentation
+never changes, Python keeps the same AST), logs collapse repeated lines and keep head and tail
+at the ratio, "other" keeps head and tail at the ratio; prose is only elided with
+`compress_prose: true`, plan references (`plan_ref`, ratio 1.0) are never touched. A type whose
+ratio is 1.0 is left alone. P1 messages (`priority == 1`) get only the lossless transforms.
+
+Which messages and when: oldest first, only messages outside the last Turn, and only at the
+events where the history, scanned as it grew, passes the trigger (then until it is back under the
+target). A message's compressed form is a function of the message alone, and which messages are
+compressed is a function of the prefix: appending messages never changes an earlier decision
+(cache-stable).
+
+Never touched: system/developer prompts, pinned messages, the latest user message, summaries
+and placeholders that steps inserted, the tool output cache's views and placeholders (their ref
+note must survive) and the gateway's expansion results. Nothing is ever dropped.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..budget import Budget
+from ..chunking import Kind, compress, detect
+from ..content import with_text
+from ..conversation import PROTECTED_ROLES, Conversation, Message
+from ..step import Env, StepConfig, StepResult
+from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, NOTE_RE, PLACEHOLDER_RE
+
+MARK_KINDS: dict[str, Kind] = {
+    "code": "code",
+    "plan_ref": "plan_ref",
+    "log": "log",
+    "other": "other",
+}
+
+
+class Ratios(BaseModel):
+    """Target size per type, as a share of the original (1.0: keep verbatim)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    code: float = Field(0.7, gt=0, le=1)
+    text: float = Field(0.5, gt=0, le=1)
+    plan_ref: float = Field(1.0, gt=0, le=1)
+    log: float = Field(0.4, gt=0, le=1)
+    json_: float = Field(0.6, gt=0, le=1, alias="json")
+    other: float = Field(0.6, gt=0, le=1)
+
+    def of(self, kind: Kind) -> float:
+        return self.json_ if kind == "json" else float(getattr(self, kind))
+
+
+class ContentTypeChunkingConfig(StepConfig):
+    TYPE: ClassVar[str] = "content_type_chunking"
+    type: Literal["content_type_chunking"] = "content_type_chunking"
+    ratios: Ratios = Field(default_factory=Ratios)
+    compress_prose: bool = Field(False, description="Also elide the middle of prose messages")
+
+
+class ContentTypeChunking:
+    type: ClassVar[str] = "content_type_chunking"
+
+    def __init__(self, config: ContentTypeChunkingConfig) -> None:
+        self.config = config
+
+    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
+        messages = list(conversation.messages)
+        latest = conversation.latest_user_index()
+        turn_start = [0] * len(messages)
+        for turn in conversation.turns():
+            for i in range(turn.start, turn.end):
+                turn_start[i] = turn.start
+        candidates = [i for i, m in enumerate(messages) if i != latest and _eligible(m)]
+        changed: dict[int, str] = {}
+        running = 0
+        pointer = 0
+        for i, message in enumerate(messages):
+            running += message.tokens
+            if running <= budget.trigger:
+                continue
+            while pointer < len(candidates) and candidates[pointer] < turn_start[i]:
+                if running <= budget.target:
+                    break
+                index = candidates[pointer]
+                pointer += 1
+                new = self._compressed(messages[index])
+                if new is None:
+                    continue
+                data = with_text(messages[index].data, new[0])
+                tokens = env.count(data)
+                if tokens >= messages[index].tokens:
+                    continue
+                running -= messages[index].tokens - tokens
+                messages[index] = messages[index].with_data(data, tokens)
+                changed[index] = new[1]
+        if not changed:
+            return StepResult.unchanged(conversation, reason="nothing compressible")
+        kinds: dict[str, int] = {}
+        for kind in changed.values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return StepResult(
+            Conversation(tuple(messages)), replaced=len(changed), detail={"compressed": kinds}
+        )
+
+    def _compressed(self, message: Message) -> tuple[str, str] | None:
+        text = message.text
+        if not text.strip():
+            return None
+        kind = MARK_KINDS.get(message.kind or "") or detect(text)
+        ratio = self.config.ratios.of(kind)
+        new = compress(
+            text,
+            kind,
+            ratio,
+            lossy=message.priority != 1,
+            prose=self.config.compress_prose,
+            code_blocks=self.config.ratios.code < 1.0,
+        )
+        return (new, kind) if new != text else None
+
+
+def _eligible(message: Message) -> bool:
+    if message.role in PROTECTED_ROLES or message.pin:
+        return False
+    if message.kind is not None and ":" in message.kind:  # summaries, placeholders
+        return False
+    if message.role == "tool":
+        call_id = str(message.data.get("tool_call_id", ""))
+        if call_id.startswith(EXPANSION_ID_PREFIX) or message.data.get("name") in EXPANSION_TOOLS:
+            return False
+        text = message.text
+        if NOTE_RE.search(text) or PLACEHOLDER_RE.match(text.strip()):
+            return False
+    return message.data.get("content") is not None

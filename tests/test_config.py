@@ -1,0 +1,145 @@
+"""Config loading and validation (issue 2 item 6, contract C config keys, R1.5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.config import ConfigError, default_config, load_config, parse_config
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
+
+ISSUE_EXAMPLE = """
+server: {max_body_bytes: 33554432, upstream_timeout_s: 600}
+models:
+  - name: small-8k
+    upstream:
+      base_url: http://127.0.0.1:9000/v1
+      model: real-model-name
+      api_key: ${UPSTREAM_KEY:-}
+      provider: openai
+    context_window: 8192
+    max_output_tokens: 512
+    tokenizer: tiktoken:o200k_base
+    policy: agent
+policies:
+  agent:
+    trigger_ratio: 0.8
+    target_ratio: 0.6
+    steps:
+      - {type: fifo}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_issue_example_loads_with_every_contract_key(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, ISSUE_EXAMPLE), environ={})
+    model = config.models[0]
+    assert config.server.max_body_bytes == 33554432
+    assert model.upstream.base_url == "http://127.0.0.1:9000/v1"
+    assert model.upstream.model == "real-model-name"
+    assert model.upstream.api_key is None  # ${UPSTREAM_KEY:-} with the variable unset
+    assert model.context_window == 8192 and model.tokenizer == "tiktoken:o200k_base"
+    assert config.policies["agent"].steps[0].type == "fifo"
+
+
+def test_json_is_valid_yaml_too(tmp_path: Path) -> None:
+    raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "context_window": 100}]}
+    config = load_config(write(tmp_path, json.dumps(raw), "c.json"), environ={})
+    assert config.models[0].context_window == 100
+
+
+def test_interpolation_uses_environment_and_defaults() -> None:
+    raw = {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": "${BASE:-http://fallback/v1}", "api_key": "${KEY}"},
+                "context_window": "${WINDOW:-4096}",
+            }
+        ]
+    }
+    config = parse_config(raw, environ={"KEY": "sk-test"})
+    assert config.models[0].upstream.base_url == "http://fallback/v1"
+    assert config.models[0].upstream.api_key == "sk-test"
+    assert config.models[0].context_window == 4096
+
+
+def test_unset_variable_without_default_names_its_path() -> None:
+    raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1", "api_key": "${NOPE}"}}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, environ={})
+    assert info.value.problems == ["models[0].upstream.api_key: environment variable NOPE is not set"]
+
+
+def test_every_problem_is_reported_with_its_yaml_path() -> None:
+    raw = {
+        "models": [
+            {"name": "ok", "upstream": {"base_url": "http://h/v1"}},
+            {"name": "bad", "upstream": {"base_url": "ftp://h"}, "context_window": 0, "colour": "red"},
+        ],
+        "policies": {"p": {"trigger_ratio": 0.5, "target_ratio": 0.7, "steps": [{"type": "nope"}]}},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, environ={})
+    problems = "\n".join(info.value.problems)
+    assert "models[1].context_window: must be > 0" in problems
+    assert "models[1].colour: unknown key" in problems
+    assert "models[1].upstream.base_url: must start with http:// or https://" in problems
+    assert "policies.p.steps[0]" in problems and "nope" in problems
+
+
+def test_bad_step_parameter_is_reported_under_steps_index() -> None:
+    raw = {"policies": {"p": {"steps": [{"type": "fifo", "keep_last_turns": 0}]}}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, environ={})
+    assert info.value.problems == ["policies.p.steps[0].keep_last_turns: must be >= 1"]
+
+
+def test_target_above_trigger_is_rejected() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"policies": {"p": {"trigger_ratio": 0.5, "target_ratio": 0.7}}}, environ={})
+    assert "target_ratio must be <= trigger_ratio" in info.value.problems[0]
+
+
+def test_model_naming_an_unknown_policy_is_rejected() -> None:
+    raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "policy": "ghost"}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, environ={})
+    assert "unknown policy 'ghost'" in info.value.problems[0]
+
+
+def test_tokenizer_spec_is_checked() -> None:
+    raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "tokenizer": "chars:-1"}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, environ={})
+    assert info.value.problems[0].startswith("models[0].tokenizer:")
+
+
+def test_default_config_forwards_every_model_to_the_upstream_env() -> None:
+    config = default_config({"COMPACTGATE_UPSTREAM": "http://10.0.0.1:8000/v1"})
+    assert config.models[0].name == "*"
+    assert config.models[0].upstream.base_url == "http://10.0.0.1:8000/v1"
+    assert default_config({}).models[0].upstream.base_url == "https://api.openai.com/v1"
+
+
+def test_check_config_exit_codes_and_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = write(tmp_path, ISSUE_EXAMPLE, "good.yaml")
+    assert main(["check-config", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "small-8k" in out and "window=8192 (config)" in out and "agent" in out and "fifo" in out
+    bad = write(tmp_path, "models:\n  - name: x\n    upstream: {base_url: http://h/v1}\n    context_window: -5\n", "bad.yaml")
+    assert main(["check-config", str(bad)]) == 1
+    assert "models[0].context_window: must be > 0" in capsys.readouterr().out
+
+
+def test_check_config_passes_on_the_shipped_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(EXAMPLE)]) == 0, capsys.readouterr().out
