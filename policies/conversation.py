@@ -126,6 +126,8 @@ def parse_turn_boundaries(messages: Sequence[Message], head_end: int = 0) -> lis
 
 def parse_turns(messages: Sequence[Message], head_end: int = 0) -> tuple[Turn, ...]:
     starts = parse_turn_boundaries(messages, head_end)
+    if not starts:  # nothing after the head
+        return ()
     ends = [*starts[1:], len(messages)]
     return tuple(
         Turn(s, e, leading=messages[s].role != "user") for s, e in zip(starts, ends, strict=True)

@@ -6,15 +6,16 @@ as if the proxy had watched it grow (`scan_cuts`, the generalisation of `budget.
 summarised range `[0, cut)` only grows at compaction events, so between events every request
 carries the same summary text and the provider's prompt cache keeps hitting.
 
-Summaries are rolling. Each event `k` moves the cut from `c[k-1]` to `c[k]`, and the summary of
-`[0, c[k])` is asked for as "the summary of `[c[k-1], c[k])`, extending `previous` = the summary of
-`[0, c[k-1])`". The previous text is not guessed: it is the answer the same `SummarySource` gives
-for the previous link's request, which is itself built the same way, so the whole chain is a
-deterministic function of the prefix and of the source's answers (`rolling_summary`). A summariser
-never sees more than one link (at most `chunk_tokens` of messages, larger event ranges are split at
-unit boundaries) plus the previous summary, however long the session grows. Until a link's answer
-is `ready`, the step changes nothing and reports that link's request as pending; once the gateway
-has it, the next link can be asked for.
+Summaries are rolling. The summarised range `[0, cut)` is split greedily from the start into
+links of at most `chunk_tokens` (`links`), and the summary of link `k` is asked for as "these
+messages, extending `previous` = the summary of links `0..k-1`". The previous text is not
+guessed: it is the answer the same `SummarySource` gives for the previous link's request, which
+is itself built the same way, so the whole chain is a deterministic function of the prefix and of
+the source's answers (`rolling_summary`). When an event moves the cut, only the last link changes
+(it grows, or a new one starts): one summariser call per event, over at most `chunk_tokens` plus
+the previous summary, however long the session grows. Until a link's answer is `ready`, the step
+changes nothing and reports that link's request as pending; once the gateway has it, the next
+link can be asked for.
 
 Anchored messages (system/developer prompts, pinned messages and the tool groups that hold them)
 are never summarised away: they stay in place and are left out of the summariser's input.
@@ -99,7 +100,7 @@ class Units:
     bounds: tuple[int, ...]
 
     def __len__(self) -> int:
-        return len(self.bounds) - 1
+        return max(0, len(self.bounds) - 1)
 
     def indices(self, first: int, last: int) -> range:
         """Message indices of units `[first, last)`."""
@@ -142,21 +143,23 @@ def unit_sizes(
     return sizes, kept
 
 
-def links(cuts: Sequence[int], sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
-    """Unit ranges to summarise one after the other: each event's range, split into chunks."""
+def links(cut: int, sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """Unit ranges `[0, cut)` is summarised in, one after the other: greedy chunks from the start.
+
+    A function of the sizes before `cut` only. When an event moves the cut, the earlier chunks
+    stay as they were and only the last one grows (or a new one starts), so each event costs one
+    summariser call over at most `chunk_tokens`, and a long history seen for the first time
+    costs about `total / chunk_tokens` calls rather than one per past event.
+    """
     result: list[tuple[int, int]] = []
-    start = 0
-    for cut in cuts:
-        first = start
-        total = 0
-        for u in range(start, cut):
-            if u > first and total + sizes[u] > chunk_tokens:
-                result.append((first, u))
-                first, total = u, 0
-            total += sizes[u]
-        if first < cut:
-            result.append((first, cut))
-        start = cut
+    first, total = 0, 0
+    for unit in range(cut):
+        if unit > first and total + sizes[unit] > chunk_tokens:
+            result.append((first, unit))
+            first, total = unit, 0
+        total += sizes[unit]
+    if first < cut:
+        result.append((first, cut))
     return result
 
 
@@ -165,12 +168,13 @@ MakeRequest = Callable[[tuple[Any, ...], str | None], SummaryRequest]
 
 @dataclass(frozen=True, slots=True)
 class Rolled:
-    """Outcome of walking the chain of links: `ready` with the last answer, or why not."""
+    """How far the chain of links got: the last ready answer and the units it covers."""
 
-    status: str  # "ready" | "missing" | "failed" | "empty"
-    answer: SummaryAnswer | None = None
-    pending: SummaryRequest | None = None
-    links: int = 0
+    answer: SummaryAnswer | None = None  # summary of units [0, covered)
+    covered: int = 0
+    pending: SummaryRequest | None = None  # the first link the source did not have
+    failed: bool = False  # the source failed on the first link it did not have
+    asked: int = 0
 
 
 def rolling_summary(
@@ -182,9 +186,15 @@ def rolling_summary(
     source: SummarySource,
     previous_of: Callable[[SummaryAnswer], str] | None = None,
 ) -> Rolled:
-    """Ask `source` for every link in order, each extending the previous answer."""
+    """Ask `source` for every link in order, each extending the previous answer.
+
+    Stops at the first link that is `missing` (reported as pending) or `failed`; what was ready
+    before it is still returned, so a grown middle keeps its older summary until the new link
+    arrives (R4.13: a failure never corrupts what was there).
+    """
     previous: str | None = None
     answer: SummaryAnswer | None = None
+    covered = 0
     asked = 0
     for first, last in chain:
         data = tuple(
@@ -192,19 +202,19 @@ def rolling_summary(
         )
         data = prepare_for_summary(data)
         if not data:
+            if answer is not None:
+                covered = last
             continue
         request = make_request(data, previous)
         asked += 1
         got = source.get(request)
         if got.status == "missing":
-            return Rolled("missing", pending=request, links=asked)
+            return Rolled(answer, covered, pending=request, asked=asked)
         if got.status == "failed":
-            return Rolled("failed", links=asked)
-        answer = got
+            return Rolled(answer, covered, failed=True, asked=asked)
+        answer, covered = got, last
         previous = previous_of(got) if previous_of is not None else got.text
-    if answer is None:
-        return Rolled("empty")
-    return Rolled("ready", answer=answer, links=asked)
+    return Rolled(answer, covered, asked=asked)
 
 
 def bullets(prompt: str, directives: Sequence[str]) -> str:
@@ -243,26 +253,17 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
     cuts = scan_cuts(sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap)
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")
-    chain = links(cuts, sizes, plan.chunk_tokens)
+    chain = links(cuts[-1], sizes, plan.chunk_tokens)
     rolled = rolling_summary(
         conversation, plan.units, chain, fixed, plan.make_request, env.summaries, plan.previous_of
     )
-    if rolled.status == "missing":
-        assert rolled.pending is not None
-        return StepResult(
-            conversation,
-            pending=(rolled.pending,),
-            detail={
-                "summary": "pending",
-                "summary_link": rolled.links,
-                "summary_links": len(chain),
-            },
-        )
-    if rolled.status != "ready" or rolled.answer is None:
-        return StepResult.unchanged(conversation, summary=rolled.status)
-    result, removed = drop(conversation, plan.units.indices(0, cuts[-1]))
+    pending = (rolled.pending,) if rolled.pending is not None else ()
+    state = "failed" if rolled.failed else "pending" if pending else "ready"
+    if rolled.answer is None:
+        return StepResult(conversation, pending=pending, detail={"summary": state})
+    result, removed = drop(conversation, plan.units.indices(0, rolled.covered))
     if not removed:
-        return StepResult.unchanged(conversation, reason="nothing droppable in range")
+        return StepResult(conversation, pending=pending, detail={"reason": "nothing droppable"})
     placed, added, replaced = place_summary(
         result,
         plan.start,
@@ -278,8 +279,13 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
         removed=removed,
         added=added,
         replaced=replaced,
+        pending=pending,
         summary_used=True,
-        detail={"summarised_messages": removed, "summary_links": rolled.links},
+        detail={
+            "summary": state if rolled.covered == cuts[-1] else f"partial, {state}",
+            "summarised_messages": removed,
+            "summary_links": len(chain),
+        },
     )
 
 

@@ -185,3 +185,54 @@ def fake_upstream(fake_upstream_server: FakeUpstream) -> FakeUpstream:
     """The session's fake upstream with records, script, config and counters cleared."""
     fake_upstream_server.reset()
     return fake_upstream_server
+
+
+# -- the gateway as a real process --------------------------------------------------------------
+
+
+class GatewayProcess:
+    """A running `compactgate serve`; `url` is its origin, `base_url` what an SDK is given."""
+
+    def __init__(self, process: RunningProcess, port: int, config_path: Path) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.base_url = f"{self.url}/v1"
+        self.config_path = config_path
+
+    def output(self) -> str:
+        return "\n".join(self.process.lines)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+GatewayStarter = Callable[..., GatewayProcess]
+
+
+@pytest.fixture
+def start_gateway(start_process: Starter, tmp_path: Path) -> GatewayStarter:
+    """start_gateway(config_dict, env=None, args=()) -> GatewayProcess, stopped after the test."""
+    import json
+
+    counter = iter(range(1000))
+
+    def start(config: dict[str, object], env: dict[str, str] | None = None, args: Sequence[str] = ()) -> GatewayProcess:
+        path = tmp_path / f"gateway-{next(counter)}.yaml"
+        path.write_text(json.dumps(config))
+        port = free_port()
+        full_env = {**os.environ, **(env or {})}
+        process = start_process(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port), *args],
+            r"Uvicorn running on",
+            30,
+            env=full_env,
+        )
+        return GatewayProcess(process, port, path)
+
+    return start

@@ -12,7 +12,8 @@ system/developer messages, pinned messages and their tool groups, the latest use
 Cache stability instead of 003's per-request range: 003 re-summarises whenever a message is added
 (its cached summary is valid only while the middle is exactly `[top, len - bottom)`). Here the
 middle's end is a stable cut (`rollup.scan_cuts`) that only moves when the kept part crosses the
-threshold again, then far enough to get back under the policy's target while leaving at least
+threshold again, then far enough to get back under the threshold scaled by the policy's
+target/trigger share (0.7 x 0.6/0.8 = 0.525 of the limit by default), while leaving at least
 `preserve_bottom` messages after it. When it moves, the newly covered messages are summarised
 with `previous=` the summary of the old range (`rollup.rolling_summary`), so a cached summary is
 reused as long as its range is still the middle (CX-T5) and extended when the middle grows (CX-T6).
@@ -96,7 +97,7 @@ class Sandwich:
             fixed_tokens=sum(m.tokens for m in conversation.messages[:top_end])
             + config.summary_tokens,
             trigger=trigger,
-            target=min(budget.target, trigger),
+            target=int(trigger * min(1.0, budget.target_ratio / budget.trigger_ratio)),
             cap=cap,
             chunk_tokens=chunk_tokens(budget, config.summary_tokens),
             make_request=make_request,

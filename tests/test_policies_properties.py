@@ -1,0 +1,79 @@
+"""Properties every step and every chain keep, over random conversations (R3, issue 4).
+
+Random conversations have parallel tool calls, pinned messages, huge tool outputs, CJK, empty
+and None contents, content arrays, system and developer messages in the middle. For every
+registered step and for chains of random subsets of them:
+
+- the output passes `invariants.check` (R3.1-R3.6);
+- the chain fits the budget whenever the irreducible part does;
+- the same input gives the same output;
+- a chain's output, once under the trigger, is left alone by a second run (idempotent).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import Budget, Conversation, build_policy, check, run_chain
+from policies.registry import STEPS, build_step
+from tests.policy_strategies import FakeSummaries, budgets, conversations, env
+
+SETTINGS = settings(
+    max_examples=1500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+STEP_TYPES = sorted(STEPS)
+summary_sources = st.sampled_from(["ready", "missing", "failed"])
+
+
+def irreducible(conversation: Conversation) -> int:
+    """What no step may remove: system/developer prompts, pinned messages, the latest user message."""
+    latest = conversation.latest_user_index()
+    return sum(
+        m.tokens
+        for i, m in enumerate(conversation.messages)
+        if m.role in ("system", "developer") or m.pin or i == latest
+    )
+
+
+@SETTINGS
+@given(conversation=conversations(), budget=budgets, step_type=st.sampled_from(STEP_TYPES),
+       status=summary_sources)
+def test_every_step_keeps_the_invariants(
+    conversation: Conversation, budget: Budget, step_type: str, status: str
+) -> None:
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls())
+    result = step.apply(conversation, budget, env(FakeSummaries(status)))
+    assert check(conversation, result.conversation) == []
+    again = step.apply(conversation, budget, env(FakeSummaries(status)))
+    assert again.conversation == result.conversation
+    assert [s.ref for s in again.stored] == [s.ref for s in result.stored]
+
+
+@SETTINGS
+@given(
+    conversation=conversations(),
+    budget=budgets,
+    chosen=st.lists(st.sampled_from(STEP_TYPES), min_size=0, max_size=4),
+    status=summary_sources,
+)
+def test_chains_keep_invariants_fit_and_are_deterministic_and_idempotent(
+    conversation: Conversation, budget: Budget, chosen: list[str], status: str
+) -> None:
+    policy = build_policy("p", [{"type": t} for t in chosen] if chosen else None)
+    result = run_chain(conversation, budget, policy, env(FakeSummaries(status)))
+    truncated = result.recovery == "truncate"
+    violations = check(conversation, result.conversation, allow_truncated=truncated)
+    assert violations == []
+    if irreducible(conversation) <= budget.limit:
+        assert result.fits, (result.tokens_after, budget.limit, result.error)
+    same = run_chain(conversation, budget, policy, env(FakeSummaries(status)))
+    assert same.conversation == result.conversation
+    assert same.steps == result.steps
+    if result.tokens_after <= budget.trigger:
+        twice = run_chain(result.conversation, budget, policy, env(FakeSummaries(status)))
+        assert twice.conversation == result.conversation
+        assert not twice.changed

@@ -1,0 +1,51 @@
+"""`policies/` is a functional core: it imports no web framework, HTTP client, Redis,
+Prometheus, litellm or asyncio, neither at import time nor lazily inside a function."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+FORBIDDEN = {"starlette", "aiohttp", "httpx", "redis", "prometheus_client", "litellm", "asyncio"}
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "policies"
+
+
+def test_importing_every_policy_module_loads_nothing_forbidden() -> None:
+    modules = sorted(
+        "policies." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py"
+    )
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    loaded = {name.split(".")[0] for name in json.loads(out.stdout)}
+    assert not loaded & FORBIDDEN
+
+
+def test_no_policy_source_imports_anything_forbidden() -> None:
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+    assert offenders == []
+
+
+def test_policy_modules_state_their_rule() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+        assert docstring, f"{path} has no module docstring"
