@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
+from .calibration import Calibration, prompt_tokens_from_json, prompt_tokens_from_sse
 from .asgi import (
     ClientDisconnected,
     DisconnectWatcher,
@@ -52,6 +53,7 @@ from .errors import GatewayError, InvalidRequestError, ModelNotFoundError, NotFo
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
 from .retry import send_with_retries
+from .sse import UsageStripper
 from .routing import Route, Router
 from .upstream import UpstreamClient, UpstreamResponse, forward_headers
 
@@ -59,6 +61,7 @@ log = logging.getLogger("compactgate")
 access_log = logging.getLogger("compactgate.access")
 
 CHAT_PATH = "/v1/chat/completions"
+STREAM_TAIL_BYTES = 8192  # the end of a stream is kept to read its usage chunk
 
 
 @dataclass(slots=True)
@@ -90,8 +93,10 @@ class Gateway:
             safety_margin=config.server.safety_margin_tokens,
             clamp_max_tokens=config.server.clamp_max_tokens,
             ref_secret=os.urandom(32),
+            inject_stream_usage=config.server.stream_usage == "inject",
         )
         self.learned_windows: dict[str, int] = {}
+        self.calibration = Calibration(self.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -214,8 +219,10 @@ class ChatCompletions:
                     continue
                 self.note(exchange, prepared)
                 exchange.status = response.status
-                await self.relay_stream(send, response, first, exchange)
+                stripper = UsageStripper() if prepared.injected_usage else None
+                tail = await self.relay_stream(send, response, first, exchange, stripper)
                 exchange.upstream_seconds += time.perf_counter() - up_started
+                self.calibrate(route, prepared, prompt_tokens_from_sse(stripper.usage_event if stripper else tail))
                 return
             data = await response.read()
             response.release()
@@ -223,7 +230,14 @@ class ChatCompletions:
             self.note(exchange, prepared)
             exchange.status = response.status
             await send_bytes(send, response.status, data, [*response.relay_headers(), *self.headers(exchange)], None)
+            if "content-encoding" not in response.headers:
+                self.calibrate(route, prepared, prompt_tokens_from_json(data))
             return
+
+    def calibrate(self, route: Route, prepared: Prepared, reported: int | None) -> None:
+        """Compare what the upstream says the prompt was with our estimate (R2.6)."""
+        if reported is not None:
+            self.gw.calibration.observe(route, prepared.sent_tokens, reported)
 
     async def can_retry(self, route: Route, exchange: Exchange, error: ContextError) -> bool:
         self.gw.metrics.context_errors.labels(error.signature).inc()
@@ -248,8 +262,14 @@ class ChatCompletions:
         return await self.gw.pipeline.prepare(request, route, tenant, window=window, force=True, observe=False)
 
     async def relay_stream(
-        self, send: Send, response: UpstreamResponse, first: bytes, exchange: Exchange
-    ) -> None:
+        self,
+        send: Send,
+        response: UpstreamResponse,
+        first: bytes,
+        exchange: Exchange,
+        stripper: UsageStripper | None = None,
+    ) -> bytes:
+        """Relay the stream chunk by chunk as it arrives; returns its last bytes (for usage)."""
         await send(
             {
                 "type": "http.response.start",
@@ -257,11 +277,21 @@ class ChatCompletions:
                 "headers": [*response.relay_headers(), *self.headers(exchange)],
             }
         )
+        tail = first[-STREAM_TAIL_BYTES:]
         try:
+            if stripper is not None:
+                first = stripper.feed(first)
             if first:
                 await send({"type": "http.response.body", "body": first, "more_body": True})
             async for chunk in response.chunks():
+                tail = (tail + chunk)[-STREAM_TAIL_BYTES:]
+                if stripper is not None:
+                    chunk = stripper.feed(chunk)
+                    if not chunk:
+                        continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if stripper is not None and (rest := stripper.flush()):
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
         except UpstreamError as error:
             # Headers are gone: the only way to tell the client is an SSE error event.
             log.warning("request %s: upstream stream failed: %s", exchange.request_id, error.message)
@@ -270,6 +300,7 @@ class ChatCompletions:
         finally:
             response.close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return tail
 
     def note(self, exchange: Exchange, prepared: Prepared) -> None:
         exchange.tokens_before = prepared.tokens_before

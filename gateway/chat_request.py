@@ -44,9 +44,14 @@ class ChatRequest:
     max_output: int | None  # max_completion_tokens or max_tokens
     include_usage: bool  # stream_options.include_usage
 
-    def forward_payload(self, messages: list[Any] | None, model: str | None) -> dict[str, Any]:
+    def forward_payload(
+        self, messages: list[Any] | None, model: str | None, inject_usage: bool = False
+    ) -> dict[str, Any]:
         """The payload to forward: the client's, with new messages/model when given."""
         payload = dict(self.payload)
+        if inject_usage:
+            options = self.payload.get("stream_options")
+            payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         if messages is not None:
             payload["messages"] = messages
         elif self.has_extension:

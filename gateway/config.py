@@ -42,7 +42,8 @@ class ServerConfig(_Strict):
     safety_margin_tokens: int = Field(32, ge=0, description="Kept free on top of the output reserve")
     clamp_max_tokens: bool = Field(False, description="Lower max_tokens instead of failing")
     stream_usage: Literal["inject", "passthrough"] = Field(
-        "inject", description="Ask streaming upstreams for usage (for calibration), strip it again"
+        "passthrough",
+        description="inject: ask streaming upstreams for usage (calibration) and strip it again",
     )
     admin_token: str | None = Field(None, description="Bearer token for /metrics, /ui, events, plan")
     admin_port: int | None = Field(None, gt=0, lt=65536, description="Serve admin surfaces there only")

@@ -55,7 +55,13 @@ class Prepared:
     tokens_by_region: Mapping[str, int]
     messages: list[Any]  # the messages forwarded
     observe: bool = False  # shadow mode: `body` is the original; the chain is what would be done
+    injected_usage: bool = False  # we asked for stream usage the client did not ask for
     warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def sent_tokens(self) -> int:
+        """Our estimate of the prompt actually forwarded (the original in shadow mode)."""
+        return self.tokens_before if self.observe else self.tokens_after
 
     @property
     def steps(self) -> tuple[StepReport, ...]:
@@ -73,11 +79,13 @@ class Pipeline:
         safety_margin: int,
         clamp_max_tokens: bool,
         ref_secret: bytes,
+        inject_stream_usage: bool = False,
         fetch_summaries: SummaryFetcher | None = None,
     ) -> None:
         self._metrics = metrics
         self._margin = safety_margin
         self._clamp = clamp_max_tokens
+        self._inject_usage = inject_stream_usage
         self._ref_secret = ref_secret
         self._fetch = fetch_summaries
 
@@ -141,7 +149,9 @@ class Pipeline:
     ) -> Prepared:
         """Decide what to send for `request` against `window` (the effective context window)."""
         conversation = self.conversation(request, route)
-        tools_tokens = route.counter.tools(request.payload.get("tools"), request.payload.get("functions"))
+        tools_tokens = route.counter.tools(
+            request.payload.get("tools"), request.payload.get("functions"), system_text=_system_text(request)
+        )
         budget = self.budget(request, route, tools_tokens, window)
         tokens_before = conversation.tokens
         chain: ChainResult | None = None
@@ -157,14 +167,15 @@ class Pipeline:
         forwarded_messages: list[Any] = result.data() if result is not conversation else request.messages
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
+        inject = self._inject_usage and request.stream and not request.include_usage and not observe
         if observe or not changed:
-            if rename is None and not request.has_extension:
+            if rename is None and not request.has_extension and not inject:
                 body = request.body
             else:
-                body = orjson.dumps(request.forward_payload(None, rename))
+                body = orjson.dumps(request.forward_payload(None, rename, inject))
             sent = request.messages
         else:
-            body = orjson.dumps(request.forward_payload(forwarded_messages, rename))
+            body = orjson.dumps(request.forward_payload(forwarded_messages, rename, inject))
             sent = forwarded_messages
         counts: dict[str, int] = {}
         for message in (result if not observe else conversation).messages:
@@ -181,6 +192,7 @@ class Pipeline:
             tokens_by_region={"system": system, "tools": tools_tokens, "history": result.tokens - system},
             messages=sent,
             observe=observe,
+            injected_usage=inject,
         )
 
     async def _run(
@@ -224,3 +236,12 @@ class Pipeline:
             param="max_tokens" if request.max_output is not None else "tools",
             code="context_length_exceeded",
         )
+
+
+def _system_text(request: ChatRequest) -> str | None:
+    """The first system message's text: tool definitions are rendered into it upstream."""
+    for message in request.messages:
+        if message.get("role") == "system":
+            content = message.get("content")
+            return content if isinstance(content, str) else None
+    return None

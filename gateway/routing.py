@@ -114,6 +114,10 @@ class Router:
             self._counters[spec] = counter
         return counter
 
+    def _own_counter(self, spec: str) -> MessageCounter:
+        """A heuristic counter of the route's own: calibration corrects it per model."""
+        return MessageCounter(load_tokenizer(spec), CountCache(0))
+
     def _build(self, name: str, model: ModelConfig) -> Route:
         upstream_model = model.upstream.model or name
         info = model_registry.lookup(upstream_model) or model_registry.lookup(name)
@@ -129,7 +133,7 @@ class Router:
             window_source=source,
             max_output_tokens=max_output,
             tokenizer=spec,
-            counter=self._counter(spec),
+            counter=self._counter(spec) if not spec.startswith("chars:") else self._own_counter(spec),
             policy_name=policy_name,
             policy_config=self._config.policy(policy_name),
             policy=self._policies[policy_name],

@@ -251,6 +251,18 @@ class MessageCounter:
 
     # -- public ------------------------------------------------------------------------------
 
+    def use_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Swap in a recalibrated tokenizer (calibration, R2.6); counts change from now on.
+
+        Only meant for heuristic tokenizers, whose counts are never cached.
+        """
+        self.tokenizer = tokenizer
+        self._count = tokenizer.count
+        self._use_cache = tokenizer.exact and self.cache.max_bytes > 0
+        self._person = _personalisation(tokenizer.name)
+        self._keyed = hashlib.sha256(self._person)
+        self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+
     def text(self, text: str) -> int:
         """Tokens of plain text, no chat framing."""
         return self._count(text)

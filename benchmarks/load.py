@@ -1,0 +1,197 @@
+"""Closed-loop load generator: one aiohttp session, keep-alive pool, `concurrency` workers.
+
+Each worker sends a request, waits for the whole answer, and sends the next, until `requests`
+have been sent or `max_seconds` have passed (whichever first; both always bounded). Measured per
+request: total latency and, when streaming, the time to the first body byte; per batch: the
+throughput, errors, and the CPU time (user + system, from /proc/<pid>/stat) the target's process
+tree spent, divided by the requests it answered.
+
+A request counts as an error unless its status is 200 and, when streaming, its body ends with
+the `data: [DONE]` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+BodyFor = Callable[[int], bytes]
+HeadersFor = Callable[[int], Mapping[str, str]]
+
+
+@dataclass
+class Batch:
+    """What one run of the load generator measured."""
+
+    latencies: list[float] = field(default_factory=list)  # seconds, whole answer
+    ttfb: list[float] = field(default_factory=list)  # seconds, first body byte (streaming only)
+    errors: int = 0
+    elapsed: float = 0.0
+    cpu_seconds: float = 0.0  # the target's process tree
+    first_error: str = ""
+    sample_headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.latencies)
+
+    def merge(self, other: Batch) -> None:
+        self.latencies += other.latencies
+        self.ttfb += other.ttfb
+        self.errors += other.errors
+        self.elapsed += other.elapsed
+        self.cpu_seconds += other.cpu_seconds
+        self.first_error = self.first_error or other.first_error
+        self.sample_headers = other.sample_headers or self.sample_headers
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), nearest-rank on sorted values; NaN when empty."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
+    return ordered[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as file:
+            return [int(p) for p in file.read().split()]
+    except OSError:
+        return []
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (bounded walk)."""
+    found, todo = [], [pid]
+    while todo and len(found) < 256:
+        current = todo.pop()
+        found.append(current)
+        todo += _children(current)
+    return found
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of `pids` and their descendants, from /proc."""
+    total = 0
+    for root in pids:
+        for pid in process_tree(root):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as file:
+                    fields = file.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / _TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of `pid` and its descendants, from /proc/<pid>/statm."""
+    total = 0
+    for child in process_tree(pid):
+        try:
+            with open(f"/proc/{child}/statm") as file:
+                total += int(file.read().split()[1]) * _PAGE
+        except OSError:
+            continue
+    return total
+
+
+def new_session(concurrency: int) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=120),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
+
+
+async def run(
+    session: aiohttp.ClientSession,
+    url: str,
+    body_for: BodyFor,
+    *,
+    stream: bool,
+    concurrency: int,
+    requests: int,
+    max_seconds: float,
+    pids: Sequence[int] = (),
+    headers_for: HeadersFor | None = None,
+    first_index: int = 0,
+) -> Batch:
+    """Send `requests` requests (or stop after `max_seconds`) with `concurrency` in flight."""
+    batch = Batch()
+    base_headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    next_index = first_index
+    last_index = first_index + requests
+    deadline = time.perf_counter() + max_seconds
+
+    async def one(index: int) -> None:
+        headers = base_headers if headers_for is None else {**base_headers, **headers_for(index)}
+        body = body_for(index)
+        started = time.perf_counter()
+        first = 0.0
+        ok = False
+        problem = ""
+        try:
+            async with session.post(url, data=body, headers=headers) as response:
+                if stream:
+                    chunk = await response.content.readany()
+                    first = time.perf_counter()
+                    tail = chunk
+                    for _ in range(100_000):
+                        chunk = await response.content.readany()
+                        if not chunk:
+                            break
+                        tail = tail[-64:] + chunk
+                    ok = response.status == 200 and tail.rstrip().endswith(b"data: [DONE]")
+                    if not ok:
+                        problem = f"{response.status}: {tail[-200:]!r}"
+                else:
+                    data = await response.read()
+                    ok = response.status == 200
+                    if not ok:
+                        problem = f"{response.status}: {data[:300]!r}"
+                if not batch.sample_headers:
+                    batch.sample_headers = {
+                        k.lower(): v for k, v in response.headers.items()
+                        if k.lower().startswith("x-compactgate")
+                    }
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        ended = time.perf_counter()
+        if ok:
+            batch.latencies.append(ended - started)
+            if stream:
+                batch.ttfb.append(first - started)
+        else:
+            batch.errors += 1
+            batch.first_error = batch.first_error or problem
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < last_index and time.perf_counter() < deadline:
+            index = next_index
+            next_index += 1
+            await one(index)
+
+    cpu_before = cpu_seconds(pids)
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    batch.elapsed = time.perf_counter() - started
+    batch.cpu_seconds = cpu_seconds(pids) - cpu_before
+    return batch
