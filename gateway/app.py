@@ -24,7 +24,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
 from .calibration import Calibration, prompt_tokens_from_json, prompt_tokens_from_sse
+from . import admin
 from .asgi import (
     ClientDisconnected,
     DisconnectWatcher,
@@ -46,21 +47,28 @@ from .asgi import (
     send_error,
     send_json,
 )
+from .auth import Authenticator, Identity
 from .chat_request import ChatRequest, parse_chat_request
-from .config import Config
+from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
+from .events import EventLog, reward
 from .errors import GatewayError, InvalidRequestError, ModelNotFoundError, NotFoundError, UpstreamError
+from .limits import ConcurrencyLimits
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
 from .retry import send_with_retries
 from .sse import UsageStripper
 from .routing import Route, Router
+from .stores import open_store
+from .summaries import Precompute, SummaryService
+from .summarizer import Summarizer
 from .upstream import UpstreamClient, UpstreamResponse, forward_headers
 
 log = logging.getLogger("compactgate")
 access_log = logging.getLogger("compactgate.access")
 
 CHAT_PATH = "/v1/chat/completions"
+IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
 STREAM_TAIL_BYTES = 8192  # the end of a stream is kept to read its usage chunk
 
 
@@ -78,6 +86,9 @@ class Exchange:
     tokens_after: int = 0
     steps: str = "none"
     observe: bool = False
+    prepared: Prepared | None = None
+    context_errors: list[str] = field(default_factory=list)
+    priority_preserved: float = 1.0
 
 
 class Gateway:
@@ -88,15 +99,25 @@ class Gateway:
         self.metrics = Metrics()
         self.router = Router(config)
         self.upstream = UpstreamClient(config.server)
+        self.store = open_store(config.store, self.metrics)
+        summarizer = Summarizer(
+            self.upstream, self.router, self.metrics, config.summaries, self.effective_window
+        )
+        self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(
             self.metrics,
             safety_margin=config.server.safety_margin_tokens,
             clamp_max_tokens=config.server.clamp_max_tokens,
             ref_secret=os.urandom(32),
             inject_stream_usage=config.server.stream_usage == "inject",
+            fetch_summaries=self.summaries.fetch,
         )
+        self.precompute = Precompute(self.summaries, self.pipeline)
         self.learned_windows: dict[str, int] = {}
         self.calibration = Calibration(self.metrics)
+        self.events = EventLog(config.events)
+        self.auth = Authenticator(config)
+        self.limits = ConcurrencyLimits(config.server.max_concurrent_per_tenant)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -104,7 +125,9 @@ class Gateway:
         try:
             yield
         finally:
+            await self.summaries.close()  # cancels background summaries, closes the store
             await self.upstream.close()
+            self.events.close()
 
     # -- helpers used along the path ---------------------------------------------------------
 
@@ -114,14 +137,19 @@ class Gateway:
             return route.context_window
         return learned if route.context_window is None else min(route.context_window, learned)
 
+    def authenticate(self, scope: Scope) -> Identity:
+        """The caller (401 when gateway keys are required: see auth.py). Its gateway key is then
+        removed from the request's headers, so nothing downstream can forward it upstream."""
+        identity = scope.get(IDENTITY)
+        if identity is None:
+            identity = self.auth.identify(scope)
+            scope[IDENTITY] = identity
+            scope["headers"] = self.auth.upstream_headers(scope["headers"])
+        return identity
+
     def tenant(self, scope: Scope) -> str:
-        """Who the request belongs to: a configured tenant header, else a hash of the credential."""
-        if self.config.tenant_header:
-            value = header(scope, self.config.tenant_header.lower().encode())
-            if value:
-                return "h:" + value.decode("latin-1")
-        credential = header(scope, b"authorization") or header(scope, b"api-key") or b""
-        return "k:" + hashlib.sha256(credential).hexdigest()[:32]
+        """Who the request belongs to: the key's tenant, else a tenant header or credential hash."""
+        return self.authenticate(scope).tenant
 
     def learn_window(self, route: Route, error: ContextError) -> None:
         """Lower the model's effective window from an upstream's stated limit; never raise it."""
@@ -157,8 +185,10 @@ class ChatCompletions:
         watcher = DisconnectWatcher(receive, send)
         try:
             server = gw.config.server
+            identity = gw.authenticate(scope)  # 401 before the body is even read
             body = await read_body(receive, scope, server.max_body_bytes, server.body_read_timeout_s)
             request = parse_chat_request(body, server.max_messages)
+            gw.auth.authorize(identity, request.model)  # 403
             route = gw.router.resolve(request.model)
             if route is None:
                 raise ModelNotFoundError(
@@ -167,7 +197,12 @@ class ChatCompletions:
                 )
             exchange.model = gw.metrics.model_label(route.name)
             watcher.start()
-            await self.serve(scope, watcher.send, request, route, exchange)
+            with gw.limits.hold(identity.tenant):  # 429; released however the response ends
+                await self.serve(scope, watcher.send, request, route, exchange)
+            if exchange.status < 400:  # ahead of need (R4.6): never delays this response
+                gw.precompute.after_response(
+                    request, route, gw.tenant(scope), scope["headers"], gw.effective_window(route)
+                )
         except GatewayError as error:
             exchange.status = error.status
             with contextlib.suppress(OSError):
@@ -191,7 +226,8 @@ class ChatCompletions:
         tenant = gw.tenant(scope)
         observe = route.mode == "observe"
         prepared = await gw.pipeline.prepare(
-            request, route, tenant, window=gw.effective_window(route), observe=observe
+            request, route, tenant, window=gw.effective_window(route), observe=observe,
+            headers=None if observe else scope["headers"],
         )
         url = _upstream_url(route, "/chat/completions")
         headers = forward_headers(scope["headers"], route.upstream.api_key, route.upstream.headers)
@@ -203,7 +239,7 @@ class ChatCompletions:
                 response.release()
                 context_error = classify(response.status, error_body)
                 if context_error is not None and await self.can_retry(route, exchange, context_error):
-                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe)
+                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
                     continue
                 exchange.upstream_seconds += time.perf_counter() - up_started
                 self.note(exchange, prepared)
@@ -215,7 +251,7 @@ class ChatCompletions:
                 context_error = _stream_context_error(first)
                 if context_error is not None and await self.can_retry(route, exchange, context_error):
                     response.close()
-                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe)
+                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
                     continue
                 self.note(exchange, prepared)
                 exchange.status = response.status
@@ -241,6 +277,7 @@ class ChatCompletions:
 
     async def can_retry(self, route: Route, exchange: Exchange, error: ContextError) -> bool:
         self.gw.metrics.context_errors.labels(error.signature).inc()
+        exchange.context_errors.append(error.signature)
         self.gw.learn_window(route, error)
         if exchange.retries >= route.max_retries:
             return False
@@ -256,10 +293,13 @@ class ChatCompletions:
         previous: Prepared,
         error: ContextError,
         observe: bool,
+        headers: list[tuple[bytes, bytes]] | None = None,
     ) -> Prepared:
         """Prepare the client's original request again against a tighter window."""
         window = _retry_window(self.gw.effective_window(route), previous, error)
-        return await self.gw.pipeline.prepare(request, route, tenant, window=window, force=True, observe=False)
+        return await self.gw.pipeline.prepare(
+            request, route, tenant, window=window, force=True, observe=False, headers=headers
+        )
 
     async def relay_stream(
         self,
@@ -303,6 +343,8 @@ class ChatCompletions:
         return tail
 
     def note(self, exchange: Exchange, prepared: Prepared) -> None:
+        exchange.prepared = prepared
+        exchange.priority_preserved = prepared.priority_preserved
         exchange.tokens_before = prepared.tokens_before
         exchange.tokens_after = prepared.tokens_after
         exchange.observe = prepared.observe
@@ -335,6 +377,9 @@ class ChatCompletions:
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
+        self.gw.events.count_request()
+        if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
+            self.log_event(exchange, total)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
                 "request_id=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f tokens_before=%d "
@@ -343,6 +388,50 @@ class ChatCompletions:
                 exchange.upstream_seconds * 1000, exchange.tokens_before, exchange.tokens_after,
                 exchange.steps, exchange.retries,
             )
+
+
+    def log_event(self, exchange: Exchange, total: float) -> None:
+        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward)."""
+        prepared = exchange.prepared
+        assert prepared is not None
+        chain = prepared.chain
+        budget = prepared.budget
+        changed = [s for s in prepared.steps if s.changed]
+        recovery = chain.recovery if chain is not None else None
+        success = 0 < exchange.status < 400
+        phases = ["detection", *(s.type for s in changed)]
+        phases += ["recovery"] if recovery else []
+        phases += ["success"] if success else ["failure"]
+        would_fail = bool(exchange.retries) or (
+            budget is not None and prepared.tokens_before > budget.context_window - budget.reserved_output
+        )
+        self.gw.events.record(
+            {
+                "request_id": exchange.request_id,
+                "model": exchange.model,
+                "mode": "observe" if exchange.observe else "enforce",
+                "status": exchange.status,
+                "tokens_before": exchange.tokens_before,
+                "tokens_after": exchange.tokens_after,
+                "context_window": budget.context_window if budget else None,
+                "budget": budget.limit if budget else None,
+                "steps": [s.as_dict() for s in changed],
+                "messages_removed": sum(s.messages_removed for s in changed),
+                "summary_used": any(s.summary_used for s in changed),
+                "recovery": recovery,
+                "retries": exchange.retries,
+                "context_errors": exchange.context_errors,
+                "would_have_failed": would_fail,
+                "phases": phases,
+                "total_ms": round(total * 1000, 2),
+                "reward": round(
+                    reward(success, bool(recovery), exchange.tokens_before, exchange.tokens_after,
+                           exchange.priority_preserved, total * 1000),
+                    4,
+                ),
+            },
+            content=prepared.messages,
+        )
 
 
 def _upstream_url(route: Route, path: str) -> str:
@@ -520,15 +609,23 @@ async def _on_http_error(request: Request, error: Exception) -> Response:
 class _Dispatch:
     """The chat path skips Starlette's router; everything else goes through it."""
 
-    def __init__(self, chat: ChatCompletions, app: Starlette) -> None:
+    def __init__(self, chat: ChatCompletions, app: Starlette, server: ServerConfig) -> None:
         self.chat = chat
         self.app = app
         self.state = app.state
+        self.server = server
+        self.gated = server.admin_port is not None or server.admin_token is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == CHAT_PATH and scope["method"] == "POST":
-            await self.chat(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
+                status, message = refused
+                body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+                await send_json(send, status, body)
+                return
+            if scope["path"] == CHAT_PATH and scope["method"] == "POST":
+                await self.chat(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
@@ -541,13 +638,15 @@ def build_app(config: Config) -> _Dispatch:
             HttpRoute("/healthz", healthz, methods=["GET"]),
             HttpRoute("/readyz", readyz, methods=["GET"]),
             HttpRoute("/metrics", metrics, methods=["GET"]),
+            HttpRoute("/v1/compactgate/events", admin.events, methods=["GET"]),
+            HttpRoute("/ui", admin.ui, methods=["GET"]),
             HttpRoute("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         ],
         exception_handlers={GatewayError: _on_gateway_error, 404: _on_http_error, 405: _on_http_error},
         lifespan=gateway.lifespan,
     )
     app.state.gateway = gateway
-    return _Dispatch(ChatCompletions(gateway), app)
+    return _Dispatch(ChatCompletions(gateway), app, config.server)
 
 
 def create_app() -> _Dispatch:

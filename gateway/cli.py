@@ -80,11 +80,47 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.workers > 1:
         _multiprocess_metrics_dir()
-        uvicorn.run("gateway.app:create_app", factory=True, workers=args.workers, **options)
+    if config.server.admin_port is None:
+        if args.workers > 1:
+            uvicorn.run("gateway.app:create_app", factory=True, workers=args.workers, **options)
+        else:
+            from .app import build_app
+
+            uvicorn.run(build_app(config), **options)
+        return 0
+    return _serve_two_ports(args, config, options)
+
+
+def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) -> int:
+    """The proxy on --port, admin surfaces on server.admin_port: one app, two sockets."""
+    import socket
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    sockets = []
+    for port in (args.port, config.server.admin_port):
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((args.host, port))
+        sock.listen(2048)  # connections queue until uvicorn accepts them
+        sock.set_inheritable(True)
+        sockets.append(sock)
+    print(
+        f"CompactGate listening on http://{args.host}:{args.port} (proxy), "
+        f"admin surfaces on port {config.server.admin_port}",
+        flush=True,
+    )
+    options = {k: v for k, v in options.items() if k not in ("host", "port")}
+    if args.workers > 1:
+        uv_config = uvicorn.Config("gateway.app:create_app", factory=True, workers=args.workers, **options)
+        server = uvicorn.Server(uv_config)
+        Multiprocess(uv_config, target=server.run, sockets=sockets).run()
     else:
         from .app import build_app
 
-        uvicorn.run(build_app(config), **options)
+        server = uvicorn.Server(uvicorn.Config(build_app(config), **options))
+        server.run(sockets=sockets)
     return 0
 
 

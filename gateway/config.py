@@ -171,6 +171,28 @@ class EventLogConfig(_Strict):
     keep: int = Field(200, ge=0, description="Latest events kept in memory for /ui")
 
 
+class SummariesConfig(_Strict):
+    """How the gateway makes, caches and precomputes summaries (issue 5)."""
+
+    timeout_s: float = Field(120.0, gt=0, description="Longest one summary may take (all its calls)")
+    wait_s: float = Field(
+        60.0, ge=0, description="Longest a request that cannot fit without a summary waits for it"
+    )
+    ttl_s: float = Field(86_400.0, gt=0, description="How long a summary stays in the store")
+    precompute: bool = Field(True, description="Compute summaries ahead of need (precompute_ratio)")
+    background_concurrency: int = Field(4, ge=1, description="Precomputations running at once")
+    background_queue: int = Field(64, ge=0, description="Precomputations waiting; more are dropped")
+    retry_failed_after_s: float = Field(
+        30.0, ge=0, description="A failed summary is not tried again sooner (same process)"
+    )
+    max_input_tokens: int | None = Field(
+        None, gt=0, description="Cap on one summary call's input; longer input is chunked"
+    )
+    token_limit_param: Literal["max_tokens", "max_completion_tokens", "none"] = Field(
+        "max_tokens", description="Request field that bounds the summary's length"
+    )
+
+
 class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     store: str = Field("memory://", description="memory:// or redis://host:port/db")
@@ -180,12 +202,17 @@ class Config(_Strict):
     events: EventLogConfig = Field(default_factory=EventLogConfig)
     models: list[ModelConfig] = Field(default_factory=list)
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+    summaries: SummariesConfig = Field(default_factory=SummariesConfig)
 
     @field_validator("store")
     @classmethod
     def _store(cls, value: str) -> str:
         if not value.startswith(("memory://", "redis://", "rediss://")):
             raise ValueError("must be memory:// or redis://host:port/db")
+        if value.startswith("memory://"):
+            from .stores import memory_max_bytes
+
+            memory_max_bytes(value)  # ValueError names the bad option
         return value
 
     @model_validator(mode="after")

@@ -35,9 +35,19 @@ log = logging.getLogger("compactgate.pipeline")
 MAX_SUMMARY_ROUNDS = 3
 OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
 
-# Fetches summaries the chain asked for: (requests, route, tenant) -> answers by canonical key.
+
+@dataclass(frozen=True, slots=True)
+class SummaryAsk:
+    """How the summary fetcher may get what the store lacks (issue 5)."""
+
+    headers: tuple[tuple[bytes, bytes], ...] | None  # the client's (credential); None: cache only
+    wait: bool  # the request cannot be sent without them: wait (bounded); else compute meanwhile
+
+
+# Fetches summaries the chain asked for: (requests, route, tenant, ask) -> answers by canonical
+# key: `ready`, `failed`, or `missing` (being computed; only when `ask.wait` is False).
 SummaryFetcher = Callable[
-    [Sequence[SummaryRequest], Route, str], Awaitable[Mapping[bytes, SummaryAnswer]]
+    [Sequence[SummaryRequest], Route, str, SummaryAsk], Awaitable[Mapping[bytes, SummaryAnswer]]
 ]
 
 
@@ -56,6 +66,7 @@ class Prepared:
     messages: list[Any]  # the messages forwarded
     observe: bool = False  # shadow mode: `body` is the original; the chain is what would be done
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
+    priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -146,19 +157,22 @@ class Pipeline:
         window: int | None,
         force: bool = False,
         observe: bool = False,
+        headers: Sequence[tuple[bytes, bytes]] | None = None,
     ) -> Prepared:
-        """Decide what to send for `request` against `window` (the effective context window)."""
+        """Decide what to send for `request` against `window` (the effective context window).
+
+        `headers` are the client's request headers; summaries missing from the store are
+        computed with its credential. Without them only stored summaries are used (plan).
+        """
         conversation = self.conversation(request, route)
-        tools_tokens = route.counter.tools(
-            request.payload.get("tools"), request.payload.get("functions"), system_text=_system_text(request)
-        )
+        tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         tokens_before = conversation.tokens
         chain: ChainResult | None = None
         if budget is not None:
             if budget.limit <= 0:
                 budget = self._too_small(request, budget, tools_tokens)
-            chain = await self._run(conversation, budget, route, tenant, force)
+            chain = await self._run(conversation, budget, route, tenant, force, headers)
             if chain.error is not None:
                 raise ContextLengthExceededError(chain.error, param="messages")
             if chain.changed and not self._valid(conversation, chain):
@@ -181,6 +195,8 @@ class Pipeline:
         for message in (result if not observe else conversation).messages:
             counts[message.role] = counts.get(message.role, 0) + 1
         system = sum(m.tokens for m in result.messages if m.role in ("system", "developer"))
+        important = {i for i, marks in enumerate(request.marks) if marks.pin or marks.priority == 1}
+        kept = {m.origin for m in result.messages} if important else set()
         return Prepared(
             route=route,
             body=body,
@@ -193,20 +209,42 @@ class Pipeline:
             messages=sent,
             observe=observe,
             injected_usage=inject,
+            priority_preserved=len(important & kept) / len(important) if important else 1.0,
+        )
+
+    def tools_tokens(self, request: ChatRequest, route: Route) -> int:
+        """Tokens the request's tool definitions add to the prompt."""
+        return route.counter.tools(
+            request.payload.get("tools"), request.payload.get("functions"), system_text=_system_text(request)
         )
 
     async def _run(
-        self, conversation: Conversation, budget: Budget, route: Route, tenant: str, force: bool
+        self,
+        conversation: Conversation,
+        budget: Budget,
+        route: Route,
+        tenant: str,
+        force: bool,
+        headers: Sequence[tuple[bytes, bytes]] | None = None,
     ) -> ChainResult:
         summaries = DictSummaries()
         env = self.env(route, tenant, summaries)
         result = run_chain(conversation, budget, route.policy, env, force=force)
+        # Wait for a missing summary only when the request cannot be sent without compaction.
+        urgent = force or conversation.tokens > budget.limit
+        ask = SummaryAsk(None if headers is None else tuple(headers), wait=urgent)
         for _ in range(MAX_SUMMARY_ROUNDS):
             if not result.pending:
                 break
             answers: Mapping[bytes, SummaryAnswer] = {}
             if self._fetch is not None:
-                answers = await self._fetch(result.pending, route, tenant)
+                answers = await self._fetch(result.pending, route, tenant, ask)
+            if not urgent and any(a.status == "missing" for a in answers.values()):
+                # Being computed in the background, and the request fits as it is (R4.6): send
+                # it unchanged now rather than wait or lose messages to a fallback step.
+                tokens = conversation.tokens
+                pending = result.pending
+                return ChainResult(conversation, tokens, tokens, triggered=True, pending=pending)
             for request in result.pending:
                 key = request.canonical()
                 summaries.answers[key] = answers.get(key) or SummaryAnswer("failed")

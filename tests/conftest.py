@@ -229,7 +229,7 @@ def start_gateway(start_process: Starter, tmp_path: Path) -> GatewayStarter:
         full_env = {**os.environ, **(env or {})}
         process = start_process(
             [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port), *args],
-            r"Uvicorn running on",
+            r"Uvicorn running on|CompactGate listening on",
             30,
             env=full_env,
         )

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from policies import Budget, Conversation, build_policy, check, run_chain
 from policies.registry import STEPS, build_step
+from policies.rollup import anchored
 from tests.policy_strategies import FakeSummaries, budgets, conversations, env
 
 SETTINGS = settings(
@@ -29,13 +30,13 @@ summary_sources = st.sampled_from(["ready", "missing", "failed"])
 
 
 def irreducible(conversation: Conversation) -> int:
-    """What no step may remove: system/developer prompts, pinned messages, the latest user message."""
+    """What no step may remove: system/developer prompts, pinned messages with their tool groups
+    (R3.3 keeps a pinned call's results), the latest user message."""
+    keep = set(anchored(conversation))
     latest = conversation.latest_user_index()
-    return sum(
-        m.tokens
-        for i, m in enumerate(conversation.messages)
-        if m.role in ("system", "developer") or m.pin or i == latest
-    )
+    if latest is not None:
+        keep.add(latest)
+    return sum(conversation.messages[i].tokens for i in keep)
 
 
 @SETTINGS

@@ -1,0 +1,71 @@
+"""Operator surfaces: the event feed, the `/ui` page, and who may reach them (issue 8 items 4-5).
+
+`/metrics`, `/ui`, `/v1/compactgate/events` and `/v1/compactgate/plan` are admin surfaces. With
+`server.admin_port` they are served only on that port (and the proxy only on the main one);
+with `server.admin_token` they require `Authorization: Bearer <token>` (or `?token=` so a
+browser can open `/ui`). Health checks stay open on both ports for probes.
+"""
+
+from __future__ import annotations
+
+import hmac
+from functools import cache
+from importlib import resources
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+
+from .asgi import Scope, header
+from .config import ServerConfig
+
+ADMIN_PATHS = frozenset({"/metrics", "/ui", "/v1/compactgate/events", "/v1/compactgate/plan"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def refusal(scope: Scope, server: ServerConfig) -> tuple[int, str] | None:
+    """(status, message) when this request may not reach its path here; None when it may."""
+    path = scope["path"]
+    if path in OPEN_PATHS:
+        return None
+    admin = path in ADMIN_PATHS
+    if server.admin_port is not None:
+        port = (scope.get("server") or (None, None))[1]
+        if admin != (port == server.admin_port):
+            return 404, "Not found."
+    if admin and server.admin_token is not None and not _token_ok(scope, server.admin_token):
+        return 401, "This admin surface needs the admin token (Authorization: Bearer <token>)."
+    return None
+
+
+def _token_ok(scope: Scope, expected: str) -> bool:
+    presented = b""
+    value = header(scope, b"authorization")
+    if value and value[:7].lower() == b"bearer ":
+        presented = value[7:].strip()
+    elif scope.get("query_string"):
+        tokens = parse_qs(scope["query_string"].decode("latin-1")).get("token")
+        presented = tokens[0].encode() if tokens else b""
+    return hmac.compare_digest(presented, expected.encode())
+
+
+async def events(request: Request) -> Response:
+    """GET /v1/compactgate/events?limit=50&after=<seq>: latest events and running totals."""
+    log = request.app.state.gateway.events
+    try:
+        limit = min(500, max(1, int(request.query_params.get("limit", "50"))))
+        after = int(request.query_params.get("after", "0"))
+    except ValueError:
+        body = {"error": {"message": "limit and after must be integers.", "type": "invalid_request_error",
+                          "param": "limit", "code": None}}
+        return JSONResponse(body, status_code=400)
+    return JSONResponse(log.snapshot(limit=limit, after=after))
+
+
+@cache
+def _page() -> str:
+    return resources.files("gateway").joinpath("static/ui.html").read_text(encoding="utf-8")
+
+
+async def ui(request: Request) -> Response:
+    return HTMLResponse(_page())

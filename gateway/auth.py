@@ -1,0 +1,136 @@
+"""Who is calling, and may they use this model: gateway keys and tenants (issue 10).
+
+The rule this module owns: a request is served only for a tenant the gateway can name, and a
+tenant is never chosen by something another tenant could forge. Two modes, fixed at start-up:
+
+- Gateway keys (`auth: {keys: [{key_sha256, tenant, models}]}` with at least one key). The
+  client presents its key as `Authorization: Bearer <key>` (or Azure's `api-key: <key>`). The
+  sha256 of what it presented is compared with `hmac.compare_digest` against *every* configured
+  hash, with no early exit, so the time taken does not say which entry (if any) matched. The
+  matching entry names the tenant and the model globs it may use. No key, or an unknown one, is
+  401; a model outside the entry's globs is 403. The key belongs to the gateway, so it is never
+  forwarded: the upstream gets the route's `api_key`, or no credential at all. `tenant_header`
+  is ignored in this mode (a client could otherwise claim another tenant's summaries).
+- No keys (`auth` absent or empty). Anyone may call; the client's credential is forwarded
+  unchanged and the tenant is a hash of it, or the value of the configured `tenant_header` for
+  deployments behind a trusted proxy that sets it.
+
+A tenant id is opaque (`t:<name>`, `k:<hash>`, `h:<header value>`): it keys per-tenant state
+(summaries, tool output refs, concurrency limits) and never appears in a log line or a metric
+label. Neither does a presented key.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .asgi import Scope, header
+from .config import Config
+from .errors import AuthenticationError, PermissionDeniedError
+
+log = logging.getLogger("compactgate.auth")
+
+CREDENTIAL_HEADERS = (b"authorization", b"api-key")
+_ANY_MODEL = ("*",)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The caller as the gateway knows it: its tenant id and the model globs it may use."""
+
+    tenant: str
+    models: tuple[str, ...] = _ANY_MODEL
+
+    def may_use(self, model: str) -> bool:
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    digest: bytes  # sha256 of the key, 32 bytes
+    identity: Identity
+
+
+class Authenticator:
+    """Turns a request's headers into an `Identity`, or refuses it (401/403)."""
+
+    def __init__(self, config: Config) -> None:
+        keys = config.auth.keys if config.auth is not None else []
+        self._keys = tuple(
+            _Key(bytes.fromhex(k.key_sha256), Identity(f"t:{k.tenant}", tuple(k.models)))
+            for k in keys
+        )
+        digests = [k.digest for k in self._keys]
+        if len(set(digests)) != len(digests):
+            log.warning("auth.keys: the same key_sha256 appears more than once; the first entry wins")
+        self._tenant_header = (
+            config.tenant_header.lower().encode() if config.tenant_header and not self._keys else None
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """True when gateway keys are configured (and so required)."""
+        return bool(self._keys)
+
+    def identify(self, scope: Scope) -> Identity:
+        """The caller's identity; AuthenticationError (401) when keys are required and missing."""
+        if not self._keys:
+            return Identity(self._anonymous_tenant(scope))
+        presented = presented_key(scope)
+        if presented is None:
+            raise AuthenticationError(
+                "This gateway requires an API key: send it as `Authorization: Bearer <key>`."
+            )
+        digest = hashlib.sha256(presented).digest()
+        found: _Key | None = None
+        for key in self._keys:  # every entry, always: no early exit
+            if hmac.compare_digest(digest, key.digest) and found is None:
+                found = key
+        if found is None:
+            raise AuthenticationError("Incorrect API key provided.")
+        return found.identity
+
+    def authorize(self, identity: Identity, model: str) -> None:
+        """PermissionDeniedError (403) unless `identity` may use `model`."""
+        if not identity.may_use(model):
+            raise PermissionDeniedError(
+                f"This API key may not use the model `{model}`.", param="model"
+            )
+
+    def upstream_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """The client's headers minus its gateway key (when keys are on), ready for forwarding."""
+        if not self._keys:
+            return list(headers)
+        return [(k, v) for k, v in headers if k.lower() not in CREDENTIAL_HEADERS]
+
+    def _anonymous_tenant(self, scope: Scope) -> str:
+        if self._tenant_header is not None:
+            value = header(scope, self._tenant_header)
+            if value:
+                return "h:" + value.decode("latin-1")
+        credential = b""
+        for name in CREDENTIAL_HEADERS:
+            credential = header(scope, name) or b""
+            if credential:
+                break
+        return "k:" + hashlib.sha256(credential).hexdigest()[:32]
+
+
+def presented_key(scope: Scope) -> bytes | None:
+    """The key in `Authorization: Bearer <key>` (any case of `Bearer`) or `api-key: <key>`."""
+    value = header(scope, b"authorization")
+    if value:
+        scheme, _, token = value.strip().partition(b" ")
+        token = token.strip()
+        if scheme.lower() == b"bearer" and token:
+            return token
+        return None
+    value = header(scope, b"api-key")
+    if value and value.strip():
+        return value.strip()
+    return None

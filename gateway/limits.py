@@ -1,0 +1,60 @@
+"""Per-tenant concurrency: at most `server.max_concurrent_per_tenant` requests in flight (issue 10).
+
+The rule this module owns: a tenant's slot is taken before its first upstream call and given back
+exactly once when its response ends, however it ends (finished, failed, client gone, task
+cancelled at shutdown). Beyond the limit the request is refused at once with 429 and a
+`Retry-After` header, before anything is sent upstream; it never queues, so one tenant's burst
+cannot hold memory or sockets on behalf of the others.
+
+The counts live in this process (one event loop, so no lock is needed); with several uvicorn
+workers the limit applies per worker. A tenant with nothing in flight has no entry, so the table
+is bounded by the number of requests being served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from .errors import TooManyRequestsError
+
+RETRY_AFTER_SECONDS = 1
+
+
+class ConcurrencyLimits:
+    """Counts in-flight requests per tenant; `hold(tenant)` takes a slot for a block."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._active: dict[str, int] = {}
+
+    def active(self, tenant: str) -> int:
+        return self._active.get(tenant, 0)
+
+    @property
+    def tenants(self) -> int:
+        """How many tenants have a request in flight."""
+        return len(self._active)
+
+    @contextlib.contextmanager
+    def hold(self, tenant: str) -> Iterator[None]:
+        """A slot for the duration of the block; TooManyRequestsError (429) when none is free."""
+        if self.limit is None:
+            yield
+            return
+        count = self._active.get(tenant, 0)
+        if count >= self.limit:
+            raise TooManyRequestsError(
+                f"Too many concurrent requests for this API key: the limit is {self.limit}. "
+                "Retry when one of them has finished.",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        self._active[tenant] = count + 1
+        try:
+            yield
+        finally:
+            remaining = self._active[tenant] - 1
+            if remaining:
+                self._active[tenant] = remaining
+            else:
+                del self._active[tenant]

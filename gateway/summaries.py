@@ -1,0 +1,381 @@
+"""Summaries as a service: cached, computed once, and ready before they are needed (R4.3-R4.6).
+
+Policies ask for summaries as data (`policies/summaries.py`); the pipeline hands what they lacked
+to `SummaryService.fetch`, which answers from the store or computes them with the `Summarizer`.
+
+Rules this module keeps:
+
+- **The cache key is everything the text depends on**: tenant, summary model, the summariser's
+  fingerprint and the request's canonical bytes, hashed. One tenant never receives a summary
+  made from another tenant's request (issue 5 item 6), even for identical messages.
+- **Failures are never cached** (R4.13, 003 CX-NT3): a failed call leaves the store untouched,
+  answers `failed` (the chain goes on to its next step), is counted, and is not retried by this
+  process for `retry_failed_after_s`.
+- **One computation per key** (single-flight): in a process, racing requests share one task; across
+  replicas, the computing one holds a store lock (`SET NX PX`, expiring after the summary's
+  timeout) and the others poll the store for its result. A store outage degrades to local-only
+  single-flight.
+- **A summary is only waited for when the request cannot be sent without it** (over its limit,
+  or a reactive retry), and then at most `wait_s`; the computation goes on in the background
+  either way and its result is cached for the next request. A request that fits is sent as it
+  is while the summary is made (the pipeline's `SummaryAsk.wait`).
+- **Ahead of need** (R4.6, 002): after each response, `Precompute` checks whether the
+  conversation has passed `precompute_ratio` of its budget; if so it predicts the summary the
+  chain will ask for when the conversation crosses its trigger and computes it in the
+  background, so the crossing request finds it ready. Precomputations are bounded (a semaphore
+  and a bounded queue), never delay a response, and are cancelled at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import orjson
+
+from policies import Budget, ChainResult, Conversation, Message, run_chain
+from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
+
+from .chat_request import ChatRequest
+from .config import SummariesConfig
+from .metrics import Metrics
+from .pipeline import Pipeline, SummaryAsk
+from .routing import Route
+from .stores import SafeStore
+from .summarizer import Summarizer, SummarizerError
+
+log = logging.getLogger("compactgate.summaries")
+
+SUMMARISING_STEPS = frozenset({"sandwich", "compaction", "summarize_old"})
+LOCK_MARGIN_S = 10.0
+POLL_FIRST_S = 0.05
+POLL_MAX_S = 0.5
+MAX_ROUNDS = 3  # links of a rolling summary settled per precomputation
+SEARCH_STEPS = 6  # bisection steps when predicting where the conversation crosses its trigger
+MAX_FAILURES_KEPT = 4096
+
+
+def encode(answer: SummaryAnswer) -> bytes:
+    return orjson.dumps({"v": 1, "text": answer.text, "retain": answer.retain})
+
+
+def decode(value: bytes) -> SummaryAnswer | None:
+    try:
+        data = orjson.loads(value)
+        if data.get("v") != 1 or not isinstance(data.get("text"), str) or not data["text"]:
+            return None
+        return SummaryAnswer.ready(data["text"], str(data.get("retain") or ""))
+    except (orjson.JSONDecodeError, AttributeError, TypeError):
+        return None
+
+
+class SummaryService:
+    """The pipeline's summary fetcher: store lookups, single-flight computation, background work."""
+
+    def __init__(
+        self, config: SummariesConfig, store: SafeStore, summarizer: Summarizer, metrics: Metrics
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.summarizer = summarizer
+        self.metrics = metrics
+        self._inflight: dict[str, asyncio.Task[SummaryAnswer]] = {}
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._failed: dict[str, float] = {}
+        self.closed = False
+
+    # -- keys and the store -------------------------------------------------------------------
+
+    def key(self, request: SummaryRequest, route: Route, tenant: str) -> str:
+        digest = hashlib.blake2b(digest_size=24)
+        for part in (
+            tenant.encode(),
+            self.summarizer.model_of(request, route).encode(),
+            self.summarizer.fingerprint().encode(),
+            request.canonical(),
+        ):
+            digest.update(len(part).to_bytes(8, "big"))
+            digest.update(part)
+        return "summary:" + digest.hexdigest()
+
+    async def cached(self, key: str) -> SummaryAnswer | None:
+        value = await self.store.get(key)
+        return decode(value) if value is not None else None
+
+    # -- the fetcher ----------------------------------------------------------------------------
+
+    async def fetch(
+        self, requests: Sequence[SummaryRequest], route: Route, tenant: str, ask: SummaryAsk
+    ) -> Mapping[bytes, SummaryAnswer]:
+        """Answers by canonical bytes: ready, failed, or missing (computing; the request fits)."""
+        answers: dict[bytes, SummaryAnswer] = {}
+        waiting: dict[bytes, asyncio.Task[SummaryAnswer]] = {}
+        for request in dict.fromkeys(requests):
+            canonical = request.canonical()
+            key = self.key(request, route, tenant)
+            found = await self.cached(key)
+            self.metrics.summary_cache.labels("hit" if found else "miss").inc()
+            if found is not None:
+                answers[canonical] = found
+            elif ask.headers is None or self.closed or self.recently_failed(key):
+                answers[canonical] = FAILED
+            else:
+                task = self.compute(key, request, route, ask.headers)
+                if ask.wait:
+                    waiting[canonical] = task
+                else:
+                    answers[canonical] = MISSING
+        if waiting:
+            done, _ = await asyncio.wait(waiting.values(), timeout=self.config.wait_s)
+            for canonical, task in waiting.items():
+                answers[canonical] = task.result() if task in done else FAILED
+        return answers
+
+    def compute(
+        self,
+        key: str,
+        request: SummaryRequest,
+        route: Route,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> asyncio.Task[SummaryAnswer]:
+        """The one task computing `key` in this process (started if there is none)."""
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._compute(key, request, route, tuple(headers)), name=f"summary {key[8:20]}"
+            )
+            self._inflight[key] = task
+            self._track(task)
+            task.add_done_callback(lambda _: self._inflight.pop(key, None))
+        return task
+
+    async def _compute(
+        self,
+        key: str,
+        request: SummaryRequest,
+        route: Route,
+        headers: tuple[tuple[bytes, bytes], ...],
+    ) -> SummaryAnswer:
+        lock_ttl = self.config.timeout_s + LOCK_MARGIN_S
+        deadline = time.monotonic() + lock_ttl + 1
+        delay = POLL_FIRST_S
+        while True:
+            lock = await self.store.lock("lock:" + key, lock_ttl)
+            if lock is not None:
+                break
+            # Another replica is computing it: its result arrives in the store.
+            found = await self.cached(key)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(POLL_MAX_S, delay * 2)
+        try:
+            found = await self.cached(key)
+            if found is not None:
+                return found
+            answer = await self.summarizer.summarize(request, route, headers)
+        except SummarizerError as error:
+            self._note_failure(key)
+            log.warning("summary for %s failed (%s): %s", request.purpose, error.outcome, error)
+            return FAILED
+        finally:
+            if lock is not None:
+                await self.store.release(lock)
+        await self.store.put(key, encode(answer), self.config.ttl_s)
+        return answer
+
+    def recently_failed(self, key: str) -> bool:
+        when = self._failed.get(key)
+        if when is None:
+            return False
+        if time.monotonic() - when < self.config.retry_failed_after_s:
+            return True
+        del self._failed[key]
+        return False
+
+    def _note_failure(self, key: str) -> None:
+        if self.config.retry_failed_after_s <= 0:
+            return
+        if len(self._failed) >= MAX_FAILURES_KEPT:
+            self._failed.pop(next(iter(self._failed)))
+        self._failed[key] = time.monotonic()
+
+    # -- background work ------------------------------------------------------------------------
+
+    def _track(self, task: asyncio.Task[object]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_crash)
+
+    def spawn(self, coroutine: object, name: str) -> asyncio.Task[object]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)  # type: ignore[arg-type]
+        self._track(task)
+        return task
+
+    async def close(self) -> None:
+        """Cancel everything still running (shutdown), then close the store."""
+        self.closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.close()
+
+
+def _log_crash(task: asyncio.Task[object]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background summary task %s crashed", task.get_name(), exc_info=task.exception())
+
+
+# -- ahead of need -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    request: ChatRequest
+    route: Route
+    tenant: str
+    headers: tuple[tuple[bytes, bytes], ...]
+    window: int | None
+
+
+class Precompute:
+    """After a response: compute the summary the conversation will need when it crosses its trigger.
+
+    The prediction runs the real chain on the conversation extended by a synthetic message of
+    `x` tokens, the smallest `x` (found by bisection) for which the chain asks for a summary the
+    store does not have: "what would be summarised if the next messages pushed it over now".
+    The synthetic message continues the current Turn when the client sends tools (an agent loop,
+    where the next request adds tool results), else it starts a new Turn. A prediction whose
+    range reaches the request's last message is dropped: the real range will also hold the
+    model's answer to it, which is not known yet.
+    """
+
+    def __init__(self, service: SummaryService, pipeline: Pipeline) -> None:
+        self.service = service
+        self.pipeline = pipeline
+        self.config = service.config
+        self._slots = asyncio.Semaphore(self.config.background_concurrency)
+        self._queued = 0
+
+    def after_response(
+        self,
+        request: ChatRequest,
+        route: Route,
+        tenant: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        window: int | None,
+    ) -> None:
+        """Schedule a precomputation if it may be needed; returns at once."""
+        if not self.config.precompute or self.service.closed or route.mode == "observe":
+            return
+        if window is None or not any(s.type in SUMMARISING_STEPS for s in route.policy.steps):
+            return
+        if self._queued >= self.config.background_queue + self.config.background_concurrency:
+            log.debug("precompute queue full; skipped")
+            return
+        self._queued += 1
+        job = Job(request, route, tenant, tuple(headers), window)
+        self.service.spawn(self._run(job), name="precompute")
+
+    async def _run(self, job: Job) -> None:
+        try:
+            async with self._slots:
+                await self.precompute(job)
+        finally:
+            self._queued -= 1
+
+    async def precompute(self, job: Job) -> list[SummaryRequest]:
+        """Predict and compute; returns the requests it computed (for tests and the benchmark)."""
+        route, request = job.route, job.request
+        conversation = self.pipeline.conversation(request, route)
+        tools = route.counter.tools(request.payload.get("tools"), request.payload.get("functions"))
+        budget = self.pipeline.budget(request, route, tools, job.window)
+        if budget is None or budget.limit <= 0 or not conversation.messages:
+            return []
+        known = DictSummaries()
+        base = await self._settle(job, conversation, budget, known)
+        if base.pending:
+            return []  # the request itself is waiting for or computing these
+        sent = base.conversation.tokens
+        room = budget.limit - sent
+        if sent < route.policy_config.precompute_ratio * budget.limit or room <= 0:
+            return []
+        filler = self._filler(request)
+        if not (
+            await self._settle(job, _extended(conversation, filler, room), budget, known)
+        ).pending:
+            return []  # nothing to summarise before the limit, or already in the store
+        low, high = 0, room
+        for _ in range(SEARCH_STEPS):
+            middle = (low + high) // 2
+            if middle <= low:
+                break
+            probe = await self._settle(job, _extended(conversation, filler, middle), budget, known)
+            if probe.pending:
+                high = middle
+            else:
+                low = middle
+        return await self._settle_computing(
+            job, _extended(conversation, filler, high), budget, known
+        )
+
+    def _filler(self, request: ChatRequest) -> Message:
+        role = (
+            "assistant"
+            if request.payload.get("tools") or request.payload.get("functions")
+            else "user"
+        )
+        return Message(data={"role": role, "content": ""}, tokens=0)
+
+    async def _settle(
+        self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
+    ) -> ChainResult:
+        """Run the chain, answering from the store, until it asks for nothing the store has."""
+        env = self.pipeline.env(job.route, job.tenant, known)
+        result = await asyncio.to_thread(run_chain, conversation, budget, job.route.policy, env)
+        for _ in range(MAX_ROUNDS):
+            found = False
+            for wanted in result.pending:
+                answer = await self.service.cached(self.service.key(wanted, job.route, job.tenant))
+                if answer is not None:
+                    known.answers[wanted.canonical()] = answer
+                    found = True
+            if not found:
+                break
+            known.missing.clear()
+            result = await asyncio.to_thread(run_chain, conversation, budget, job.route.policy, env)
+        return result
+
+    async def _settle_computing(
+        self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
+    ) -> list[SummaryRequest]:
+        last = job.request.messages[-1]
+        computed: list[SummaryRequest] = []
+        for _ in range(MAX_ROUNDS):
+            result = await self._settle(job, conversation, budget, known)
+            wanted = [r for r in result.pending if not (r.messages and r.messages[-1] == last)]
+            if not wanted:
+                break
+            for summary_request in wanted:
+                key = self.service.key(summary_request, job.route, job.tenant)
+                if self.service.recently_failed(key):
+                    return computed
+                task = self.service.compute(key, summary_request, job.route, job.headers)
+                answer = await asyncio.shield(task)
+                computed.append(summary_request)
+                if answer.status != "ready":
+                    return computed
+                known.answers[summary_request.canonical()] = answer
+        return computed
+
+
+def _extended(conversation: Conversation, filler: Message, tokens: int) -> Conversation:
+    return Conversation((*conversation.messages, Message(data=filler.data, tokens=tokens)))

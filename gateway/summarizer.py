@@ -1,0 +1,437 @@
+"""The LLM summariser: a `SummaryRequest` in, summary text (and 001's retain section) out.
+
+One call, as 001 2.6 describes: the messages to summarise, then the instructions as the final
+user message, sent without tools to the summary model (the step's `model:` when set, 001 2.6.2,
+resolved by the router like any client model name; else the request's own route), with the
+client's credential unless the route holds its own key. The messages are written out as a
+transcript inside that one user message rather than replayed as chat messages: tool calls
+whose results fall outside the range, image parts and strict chat templates (no two user
+messages in a row, no tool messages without `tools`) then cannot make the call fail.
+`prepare_for_summary` (001 2.6.1) has already been applied by the step.
+
+The answer is read for `<retain>...</retain>` and `<summary>...</summary>` (001 2.6 step 4); an
+answer without summary tags is the summary as a whole, and `<think>` blocks are dropped.
+
+The input must fit the summary model's window, or compaction would fail exactly when it is
+needed. When it does not, the transcript is cut into chunks that fit, each chunk is summarised,
+and the partial summaries are summarised into one (again in groups if they do not fit either).
+If the upstream still answers with a context-window error, the window it states (or a smaller
+guess) is used and the work is chunked once more.
+
+`SummaryRequest.previous` makes the call incremental: the earlier summary goes first, and the
+model is asked to return it extended with the new messages.
+
+Every failure (upstream error, timeout, empty answer, unknown model) is a `SummarizerError`; the
+caller turns it into a `failed` answer that is never cached (R4.13).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from policies.conversation import content_text
+from policies.summaries import SummaryAnswer, SummaryRequest
+
+from .config import SummariesConfig
+from .context_errors import classify
+from .errors import GatewayError
+from .metrics import Metrics
+from .retry import send_with_retries
+from .routing import Route, Router
+from .upstream import UpstreamClient, forward_headers
+
+# What of the client's headers a summary call carries: its credential, nothing else.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
+)
+
+SYSTEM_PROMPT = (
+    "You condense conversations so that the work can continue from your summary alone. Follow "
+    "the instructions at the end of the user's message exactly, and write in the language the "
+    "conversation is written in."
+)
+EXTEND_NOTE = (
+    "A summary of the conversation before these messages is given above. Return that summary "
+    "extended with the new messages: keep what it says unless the new messages change it, and "
+    "return the complete updated summary, not only the additions."
+)
+PART_NOTE = "This is part {part} of {parts} of a longer conversation; summarise this part only."
+COMBINE_NOTE = (
+    "These are summaries of consecutive parts of one conversation, oldest first. Combine them "
+    "into one summary of the whole conversation."
+)
+PREVIOUS_LABEL = "Summary of the conversation so far:"
+LENGTH_NOTE = "Keep the summary under about {tokens} tokens."
+CUT_NOTE = "\n[... {chars} characters cut ...]\n"
+
+MARGIN_TOKENS = 64  # chat-format overhead and estimate error, on top of the prompt's own count
+MIN_CHUNK_TOKENS = 256
+MAX_DEPTH = 4  # combining rounds before giving up
+MAP_CONCURRENCY = 4
+
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S | re.I)
+_SUMMARY = re.compile(r"<summary>(.*?)(?:</summary>|$)", re.S | re.I)
+_RETAIN = re.compile(r"<retain>(.*?)(?:</retain>|$)", re.S | re.I)
+
+
+class SummarizerError(Exception):
+    """The summary could not be made; `outcome` is the metric label (error, timeout, ...)."""
+
+    def __init__(self, message: str, outcome: str = "error") -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class _ContextOverflow(SummarizerError):
+    def __init__(self, limit: int | None) -> None:
+        super().__init__("the summary model's context window was exceeded", "context_error")
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one summary's calls go: route, URL, headers and the window the input must fit."""
+
+    route: Route
+    url: str
+    headers: Mapping[str, str]
+    window: int | None
+    deadline: float  # event-loop time by which the whole summary must be done
+
+
+# -- transcript ---------------------------------------------------------------------------------
+
+
+def render_message(message: Mapping[str, Any]) -> str:
+    """One message as transcript text: a role line, then its text, tool calls and results."""
+    role = str(message.get("role", "?"))
+    name = message.get("name")
+    label = f"{role} ({name})" if isinstance(name, str) and name else role
+    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+        label = f"tool result for {message['tool_call_id']}"
+    lines = [f"[{label}]"]
+    text = content_text(message.get("content"))
+    if text:
+        lines.append(text)
+    content = message.get("content")
+    if isinstance(content, list):
+        others = [
+            p.get("type") for p in content if isinstance(p, Mapping) and p.get("type") != "text"
+        ]
+        lines.extend(f"[{kind} attached]" for kind in others)
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            call_id = call.get("id", "")
+            lines.append(
+                f"-> calls {function.get('name')} ({call_id}): {function.get('arguments', '')}"
+            )
+    function_call = message.get("function_call")
+    if isinstance(function_call, Mapping):
+        lines.append(f"-> calls {function_call.get('name')}: {function_call.get('arguments', '')}")
+    return "\n".join(lines)
+
+
+def cut_text(text: str, tokens: int, wanted: int) -> str:
+    """`text` (of `tokens` tokens) shortened to about `wanted` tokens: its head and its tail."""
+    if tokens <= wanted or not text:
+        return text
+    keep = max(1, int(len(text) * wanted / tokens * 0.9))
+    head = keep * 2 // 3
+    tail = keep - head
+    return text[:head] + CUT_NOTE.format(chars=len(text) - keep) + text[len(text) - tail :]
+
+
+def chunk(pieces: Sequence[str], sizes: Sequence[int], budget: int) -> list[list[str]]:
+    """Greedy runs of `pieces` of at most `budget` tokens (a lone piece may be over; cut first)."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    total = 0
+    for piece, size in zip(pieces, sizes, strict=True):
+        if current and total + size > budget:
+            chunks.append(current)
+            current, total = [], 0
+        current.append(piece)
+        total += size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def read_answer(text: str, want_retain: bool) -> SummaryAnswer:
+    """Split a summariser's reply into summary and retain sections (001 2.6 step 4)."""
+    text = _THINK.sub("", text).strip()
+    retain = ""
+    if want_retain:
+        found = _RETAIN.search(text)
+        if found:
+            retain = found.group(1).strip()
+            text = (text[: found.start()] + text[found.end() :]).strip()
+    found = _SUMMARY.search(text)
+    summary = found.group(1).strip() if found else text.strip()
+    return SummaryAnswer.ready(summary, retain)
+
+
+# -- the summariser -----------------------------------------------------------------------------
+
+
+class Summarizer:
+    """Makes summaries through the gateway's upstream client."""
+
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        router: Router,
+        metrics: Metrics,
+        config: SummariesConfig,
+        window_of: Callable[[Route], int | None] | None = None,
+    ) -> None:
+        self._upstream = upstream
+        self._router = router
+        self._metrics = metrics
+        self._config = config
+        self._window_of = window_of or (lambda route: route.context_window)
+
+    def fingerprint(self) -> str:
+        """What, besides the request, changes the text a summary comes out with."""
+        config = self._config
+        return f"v1|{config.max_input_tokens}|{config.token_limit_param}|{SYSTEM_PROMPT}"
+
+    def model_of(self, request: SummaryRequest, route: Route) -> str:
+        """The name of the route that will make this summary (part of the cache key)."""
+        return request.model or route.name
+
+    async def summarize(
+        self, request: SummaryRequest, route: Route, headers: Sequence[tuple[bytes, bytes]]
+    ) -> SummaryAnswer:
+        """The summary for `request`; raises SummarizerError. Bounded by `timeout_s`."""
+        target = self._target(request, route, headers)
+        return await self._summarize(request, target)
+
+    def _target(
+        self, request: SummaryRequest, route: Route, headers: Sequence[tuple[bytes, bytes]]
+    ) -> Target:
+        chosen = route
+        if request.model is not None:
+            resolved = self._router.resolve(request.model)
+            if resolved is None:
+                raise SummarizerError(f"the summary model {request.model!r} is not configured")
+            chosen = resolved
+        if chosen.upstream.base_url is None:
+            raise SummarizerError(f"the model {chosen.name!r} has no OpenAI-compatible upstream")
+        credentials = [
+            (k, v) for k, v in headers if k.decode("latin-1").lower() in CREDENTIAL_HEADERS
+        ]
+        sent = forward_headers(credentials, chosen.upstream.api_key, chosen.upstream.headers)
+        sent["content-type"] = "application/json"
+        window = self._window_of(chosen)
+        if self._config.max_input_tokens is not None:
+            window = min(window or self._config.max_input_tokens, self._config.max_input_tokens)
+        deadline = asyncio.get_running_loop().time() + self._config.timeout_s
+        url = chosen.upstream.base_url + "/chat/completions"
+        return Target(chosen, url, sent, window, deadline)
+
+    async def _summarize(self, request: SummaryRequest, target: Target) -> SummaryAnswer:
+        pieces = [render_message(m) for m in request.messages]
+        window = target.window
+        for _ in range(2):
+            try:
+                return await self._pieces(request, target, window, pieces)
+            except _ContextOverflow as overflow:
+                # The upstream counts more than we do: trust its window, or aim well below ours.
+                used = window or self._count(target, "\n\n".join(pieces)) + self._out_tokens(
+                    request
+                )
+                window = min(overflow.limit or used, int(used * 0.7))
+        return await self._pieces(request, target, window, pieces)
+
+    async def _pieces(
+        self, request: SummaryRequest, target: Target, window: int | None, pieces: list[str]
+    ) -> SummaryAnswer:
+        out = self._out_tokens(request)
+        if window is None:
+            return await self._call(request, target, pieces, request.previous)
+        fixed = (
+            self._count(target, self._prompt(request, [], request.previous)) + out + MARGIN_TOKENS
+        )
+        sizes = [self._count(target, p) for p in pieces]
+        if fixed + sum(sizes) <= window:
+            return await self._call(request, target, pieces, request.previous)
+        # Too long for one call: summarise chunks, then combine them with the previous summary.
+        budget = max(MIN_CHUNK_TOKENS, window - fixed + self._previous_tokens(target, request))
+        parts = await self._map(request, target, pieces, sizes, budget)
+        return await self._combine(request, target, window, parts)
+
+    async def _map(
+        self,
+        request: SummaryRequest,
+        target: Target,
+        pieces: list[str],
+        sizes: list[int],
+        budget: int,
+    ) -> list[str]:
+        pieces = [cut_text(p, s, budget) for p, s in zip(pieces, sizes, strict=True)]
+        sizes = [min(s, budget) for s in sizes]
+        chunks = chunk(pieces, sizes, budget)
+        limit = asyncio.Semaphore(MAP_CONCURRENCY)
+
+        async def one(index: int, part: list[str]) -> str:
+            async with limit:
+                note = PART_NOTE.format(part=index + 1, parts=len(chunks))
+                answer = await self._call(request, target, part, None, note=note)
+            return _as_part(answer)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(i, c)) for i, c in enumerate(chunks)]
+        return [t.result() for t in tasks]
+
+    async def _combine(
+        self, request: SummaryRequest, target: Target, window: int, parts: list[str]
+    ) -> SummaryAnswer:
+        if request.previous:
+            parts = [request.previous, *parts]
+        out = self._out_tokens(request)
+        for _ in range(MAX_DEPTH):
+            fixed = self._count(target, self._prompt(request, [], None, combine=True)) + out
+            fixed += MARGIN_TOKENS
+            sizes = [self._count(target, p) for p in parts]
+            if fixed + sum(sizes) <= window or len(parts) <= 2:
+                budget = max(MIN_CHUNK_TOKENS, window - fixed)
+                parts = [
+                    cut_text(p, s, budget // len(parts)) for p, s in zip(parts, sizes, strict=True)
+                ]
+                return await self._call(request, target, parts, None, combine=True)
+            budget = max(MIN_CHUNK_TOKENS, window - fixed)
+            groups = chunk(parts, sizes, budget)
+            if len(groups) == len(parts):  # every part alone is too big: combine in pairs
+                groups = [parts[i : i + 2] for i in range(0, len(parts), 2)]
+            answers = await asyncio.gather(
+                *(self._call(request, target, g, None, combine=True) for g in groups)
+            )
+            parts = [_as_part(a) for a in answers]
+        raise SummarizerError("the partial summaries do not fit the summary model's window")
+
+    # -- one upstream call ------------------------------------------------------------------------
+
+    def _prompt(
+        self,
+        request: SummaryRequest,
+        pieces: Sequence[str],
+        previous: str | None,
+        *,
+        note: str | None = None,
+        combine: bool = False,
+    ) -> str:
+        sections: list[str] = []
+        if previous:
+            sections.append(f"{PREVIOUS_LABEL}\n<previous_summary>\n{previous}\n</previous_summary>")
+        if combine:
+            body = "\n\n".join(f"<part>\n{p}\n</part>" for p in pieces)
+            sections.append(f"<summaries>\n{body}\n</summaries>")
+        else:
+            sections.append("<conversation>\n" + "\n\n".join(pieces) + "\n</conversation>")
+        sections.append(request.instructions.strip())
+        if request.retain_instructions:
+            sections.append(request.retain_instructions.strip())
+        if combine:
+            sections.append(COMBINE_NOTE)
+        elif previous:
+            sections.append(EXTEND_NOTE)
+        if note:
+            sections.append(note)
+        sections.append(LENGTH_NOTE.format(tokens=request.max_tokens))
+        return "\n\n".join(sections)
+
+    async def _call(
+        self,
+        request: SummaryRequest,
+        target: Target,
+        pieces: Sequence[str],
+        previous: str | None,
+        *,
+        note: str | None = None,
+        combine: bool = False,
+    ) -> SummaryAnswer:
+        prompt = self._prompt(request, pieces, previous, note=note, combine=combine)
+        payload: dict[str, Any] = {
+            "model": target.route.upstream_model,
+            "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": prompt},
+            ],
+            "stream": False,
+        }
+        if self._config.token_limit_param != "none":
+            payload[self._config.token_limit_param] = self._out_tokens(request)
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            try:
+                async with asyncio.timeout_at(target.deadline):
+                    text = await self._send(target, orjson.dumps(payload))
+            except TimeoutError:
+                raise SummarizerError("the summariser did not answer in time", "timeout") from None
+            answer = read_answer(text, request.retain_instructions is not None)
+            if not answer.text:
+                raise SummarizerError("the summariser answered with an empty summary")
+            outcome = "ok"
+            return answer
+        except SummarizerError as error:
+            outcome = error.outcome
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self._metrics.summarizer_calls.labels(outcome).inc()
+            self._metrics.summarizer_seconds.observe(time.perf_counter() - started)
+
+    async def _send(self, target: Target, body: bytes) -> str:
+        route = target.route
+        try:
+            response = await send_with_retries(
+                self._upstream, route, target.url, target.headers, body, self._metrics
+            )
+            try:
+                data = await response.read()
+            finally:
+                response.release()
+        except GatewayError as error:
+            outcome = "timeout" if error.status == 504 else "error"
+            raise SummarizerError(f"summary call failed: {error.message}", outcome) from None
+        if response.status >= 400:
+            overflow = classify(response.status, data)
+            if overflow is not None:
+                raise _ContextOverflow(overflow.limit)
+            raise SummarizerError(f"the summary model answered {response.status}: {data[:200]!r}")
+        try:
+            document = orjson.loads(data)
+            content = document["choices"][0]["message"].get("content")
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
+            raise SummarizerError("the summary model's answer is not a chat completion") from None
+        return content_text(content)
+
+    # -- counting ---------------------------------------------------------------------------------
+
+    def _count(self, target: Target, text: str) -> int:
+        return target.route.counter.text(text)
+
+    def _previous_tokens(self, target: Target, request: SummaryRequest) -> int:
+        return self._count(target, request.previous) if request.previous else 0
+
+    def _out_tokens(self, request: SummaryRequest) -> int:
+        sections = 2 if request.retain_instructions is not None else 1
+        return max(64, int(request.max_tokens * sections * 1.25))
+
+
+def _as_part(answer: SummaryAnswer) -> str:
+    if answer.retain:
+        return f"<retain>\n{answer.retain}\n</retain>\n<summary>\n{answer.text}\n</summary>"
+    return answer.text
