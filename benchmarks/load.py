@@ -34,6 +34,7 @@ class Batch:
     latencies: list[float] = field(default_factory=list)  # seconds, whole answer
     ttfb: list[float] = field(default_factory=list)  # seconds, first body byte (streaming only)
     errors: int = 0
+    sent: int = 0  # request indices used (answered or not)
     elapsed: float = 0.0
     cpu_seconds: float = 0.0  # the target's process tree
     first_error: str = ""
@@ -47,6 +48,7 @@ class Batch:
         self.latencies += other.latencies
         self.ttfb += other.ttfb
         self.errors += other.errors
+        self.sent += other.sent
         self.elapsed += other.elapsed
         self.cpu_seconds += other.cpu_seconds
         self.first_error = self.first_error or other.first_error
@@ -110,8 +112,9 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def new_session(concurrency: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
+def new_session(max_concurrency: int = 32) -> aiohttp.ClientSession:
+    """The one client session of a run: keep-alive, up to `max_concurrency` connections a target."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=max(1, max_concurrency))
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=120),
@@ -132,10 +135,14 @@ async def run(
     pids: Sequence[int] = (),
     headers_for: HeadersFor | None = None,
     first_index: int = 0,
+    authorization: str = "Bearer sk-bench",
 ) -> Batch:
-    """Send `requests` requests (or stop after `max_seconds`) with `concurrency` in flight."""
+    """Send `requests` requests (or stop after `max_seconds`) with `concurrency` in flight.
+
+    Request `i` (from `first_index` on) sends `body_for(i)` with `headers_for(i)` added.
+    """
     batch = Batch()
-    base_headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    base_headers = {"content-type": "application/json", "authorization": authorization}
     next_index = first_index
     last_index = first_index + requests
     deadline = time.perf_counter() + max_seconds
@@ -193,5 +200,6 @@ async def run(
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     batch.elapsed = time.perf_counter() - started
+    batch.sent = next_index - first_index
     batch.cpu_seconds = cpu_seconds(pids) - cpu_before
     return batch

@@ -90,14 +90,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _spawn(name: str, argv: list[str], workdir: Path, env: dict[str, str] | None = None) -> tuple[
-    subprocess.Popen[bytes], Path
-]:
+def _spawn(
+    name: str, argv: list[str], workdir: Path, env: dict[str, str | None] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start `argv` in its own session (so stopping it stops only what it started)."""
+    environ = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
     log = workdir / f"{name}.log"
     with open(log, "wb") as stderr:
         process = subprocess.Popen(
             argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            env=environ, start_new_session=True,
         )
     return process, log
 
@@ -252,11 +259,11 @@ def start_litellm(workdir: Path, upstream: Service, master_key: str) -> Service:
     executable = LITELLM_VENV / "bin" / "litellm"
     argv = [str(executable), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
             "--num_workers", "1"]
-    env = {
+    env: dict[str, str | None] = {
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network fetch of the cost map at start-up
         "LITELLM_LOG": "ERROR",
         "LITELLM_TELEMETRY": "False",
-        "DATABASE_URL": "",
+        "DATABASE_URL": None,  # no database
     }
     process, log = _spawn("litellm", argv, workdir, env)
     return Service("litellm", process, port, log)

@@ -29,6 +29,7 @@ Message = dict[str, Any]
 
 CONV_MARK = b"cv99999999"
 NEW_MARK = b"nw99999999"
+MODEL_MARK = b"md99999999"  # in a model name: `distinct_model` gives each request its own model
 
 _WORDS = (
     "the request context window budget policy summary token message assistant tool result file "
@@ -171,7 +172,8 @@ class Workload:
     """One request shape for one model name, with its variants.
 
     `fixed(i)` is the same body every time; `first_time(i)` a new conversation for each `i`
-    (every message new); `appended(i)` the fixed conversation with a new last message.
+    (every message new); `appended(i)` the fixed conversation with a new last message;
+    `distinct_model(i)` that under a model name of its own.
     """
 
     name: str
@@ -189,10 +191,9 @@ class Workload:
     def appended(self, i: int) -> bytes:
         return self.template.replace(NEW_MARK, _mark(NEW_MARK, i))
 
-    def with_model(self, model: str) -> Workload:
-        payload = orjson.loads(self.template)
-        payload["model"] = model
-        return Workload(self.name, orjson.dumps(payload), self.messages)
+    def distinct_model(self, i: int) -> bytes:
+        """`appended(i)` sent under a model name of its own (the name must contain MODEL_MARK)."""
+        return self.appended(i).replace(MODEL_MARK, _mark(MODEL_MARK, i))
 
 
 def small(model: str, stream: bool = False) -> Workload:

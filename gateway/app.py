@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -52,7 +51,7 @@ from .chat_request import ChatRequest, parse_chat_request
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
 from .events import EventLog, reward
-from .errors import GatewayError, InvalidRequestError, ModelNotFoundError, NotFoundError, UpstreamError
+from .errors import GatewayError, ModelNotFoundError, NotFoundError, UpstreamError
 from .limits import ConcurrencyLimits
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
@@ -62,7 +61,7 @@ from .routing import Route, Router
 from .stores import open_store
 from .summaries import Precompute, SummaryService
 from .summarizer import Summarizer
-from .upstream import UpstreamClient, UpstreamResponse, forward_headers
+from .upstream import UpstreamClient, UpstreamResponse, forward_headers, passthrough_path
 
 log = logging.getLogger("compactgate")
 access_log = logging.getLogger("compactgate.access")
@@ -488,10 +487,15 @@ def _stream_context_error(first: bytes) -> ContextError | None:
 
 async def list_models(request: Request) -> Response:
     gw: Gateway = request.app.state.gateway
+    identity = gw.authenticate(request.scope)
     routes = gw.router.routes()
     if routes:
         created = int(time.time())
-        data = [{"id": r.name, "object": "model", "created": created, "owned_by": "compactgate"} for r in routes]
+        data = [
+            {"id": r.name, "object": "model", "created": created, "owned_by": "compactgate"}
+            for r in routes
+            if identity.may_use(r.name)
+        ]
         return JSONResponse({"object": "list", "data": data})
     return await passthrough(request)
 
@@ -499,19 +503,28 @@ async def list_models(request: Request) -> Response:
 async def passthrough(request: Request) -> Response:
     """Any other /v1/* path, forwarded unchanged to the model's (or the default) upstream."""
     gw: Gateway = request.app.state.gateway
-    body = await request.body()
-    if len(body) > gw.config.server.max_body_bytes:
-        raise InvalidRequestError("The request body is too large.")
+    identity = gw.authenticate(request.scope)
+    server = gw.config.server
+    try:
+        body = await read_body(
+            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
+        )
+    except ClientDisconnected:
+        return Response(status_code=499)
     route = _route_for_passthrough(gw, body)
-    url = _upstream_url(route, request.url.path.removeprefix("/v1"))
+    gw.auth.authorize(identity, route.name)
+    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    url = _upstream_url(route, passthrough_path(raw_path))
     if request.url.query:
         url += "?" + request.url.query
     headers = forward_headers(request.scope["headers"], route.upstream.api_key, route.upstream.headers)
-    response = await gw.upstream.open(request.method, url, headers, body or None)
-    try:
-        data = await response.read()
-    finally:
-        response.release()
+    with gw.limits.hold(identity.tenant):
+        response = await gw.upstream.open(request.method, url, headers, body or None)
+        try:
+            data = await response.read()
+        finally:
+            response.release()
     return Response(data, status_code=response.status, headers=dict(
         (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.relay_headers()
     ))
@@ -542,10 +555,16 @@ def _route_for_passthrough(gw: Gateway, body: bytes) -> Route:
 async def plan(request: Request) -> Response:
     """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (R5.2)."""
     gw: Gateway = request.app.state.gateway
-    body = await request.body()
-    if len(body) > gw.config.server.max_body_bytes:
-        raise InvalidRequestError("The request body is too large.")
-    chat = parse_chat_request(body, gw.config.server.max_messages)
+    identity = gw.authenticate(request.scope)
+    server = gw.config.server
+    try:
+        body = await read_body(
+            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
+        )
+    except ClientDisconnected:
+        return Response(status_code=499)
+    chat = parse_chat_request(body, server.max_messages)
+    gw.auth.authorize(identity, chat.model)
     route = gw.router.resolve(chat.model)
     if route is None:
         raise ModelNotFoundError(f"The model `{chat.model}` is not served by this gateway.", param="model")

@@ -26,7 +26,6 @@ import fnmatch
 import hashlib
 import hmac
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .asgi import Scope, header
@@ -67,10 +66,9 @@ class Authenticator:
         )
         digests = [k.digest for k in self._keys]
         if len(set(digests)) != len(digests):
-            log.warning("auth.keys: the same key_sha256 appears more than once; the first entry wins")
-        self._tenant_header = (
-            config.tenant_header.lower().encode() if config.tenant_header and not self._keys else None
-        )
+            log.warning("auth.keys: a key_sha256 appears more than once; the first entry wins")
+        header_name = config.tenant_header if not self._keys else None
+        self._tenant_header = header_name.lower().encode() if header_name else None
 
     @property
     def enabled(self) -> bool:
@@ -102,10 +100,10 @@ class Authenticator:
                 f"This API key may not use the model `{model}`.", param="model"
             )
 
-    def upstream_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    def upstream_headers(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
         """The client's headers minus its gateway key (when keys are on), ready for forwarding."""
         if not self._keys:
-            return list(headers)
+            return headers
         return [(k, v) for k, v in headers if k.lower() not in CREDENTIAL_HEADERS]
 
     def _anonymous_tenant(self, scope: Scope) -> str:

@@ -114,8 +114,10 @@ class SummaryService:
         """Answers by canonical bytes: ready, failed, or missing (computing; the request fits)."""
         answers: dict[bytes, SummaryAnswer] = {}
         waiting: dict[bytes, asyncio.Task[SummaryAnswer]] = {}
-        for request in dict.fromkeys(requests):
+        for request in requests:
             canonical = request.canonical()
+            if canonical in answers or canonical in waiting:
+                continue
             key = self.key(request, route, tenant)
             found = await self.cached(key)
             self.metrics.summary_cache.labels("hit" if found else "miss").inc()

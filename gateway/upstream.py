@@ -13,22 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
+from urllib.parse import quote, unquote_to_bytes
 
 import aiohttp
 
 from .config import ServerConfig
-from .errors import GatewayError, UpstreamError, UpstreamTimeoutError, UpstreamUnreachableError
+from .errors import (
+    GatewayError,
+    InvalidRequestError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnreachableError,
+)
 
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp recomputes.
 HOP_BY_HOP = frozenset(
     {
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "proxy-connection",
+        "proxy-connection", "expect",
     }
 )
+_UNSAFE_PATH = re.compile(rb"[\x00-\x1f\x7f\\]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +68,11 @@ class UpstreamResponse:
 
     def relay_headers(self) -> list[tuple[bytes, bytes]]:
         """Response headers safe to pass to the client (hop-by-hop ones removed)."""
+        drop = HOP_BY_HOP | _connection_listed(self._response.raw_headers)
         return [
             (k.lower(), v)
             for k, v in self._response.raw_headers
-            if k.decode("latin-1").lower() not in HOP_BY_HOP
+            if k.decode("latin-1").lower() not in drop
         ]
 
     @property
@@ -135,11 +145,13 @@ class UpstreamClient:
 def forward_headers(
     client_headers: list[tuple[bytes, bytes]], api_key: str | None, extra: Mapping[str, str]
 ) -> dict[str, str]:
-    """Client headers to send upstream: hop-by-hop removed, the gateway's key if it holds one."""
+    """Client headers to send upstream: hop-by-hop removed (the fixed set and any the client's
+    `Connection` header names), the gateway's key if it holds one."""
     out: dict[str, str] = {}
+    drop = HOP_BY_HOP | _connection_listed(client_headers)
     for raw_name, raw_value in client_headers:
         name = raw_name.decode("latin-1").lower()
-        if name in HOP_BY_HOP or name.startswith("x-compactgate-admin"):
+        if name in drop or name.startswith("x-compactgate-admin"):
             continue
         out[name] = raw_value.decode("latin-1")
     if api_key:
@@ -147,6 +159,37 @@ def forward_headers(
         out.pop("api-key", None)
     out.update({k.lower(): v for k, v in extra.items()})
     return out
+
+
+def _connection_listed(headers: list[tuple[bytes, bytes]]) -> frozenset[str]:
+    """Header names a `Connection` header declares hop-by-hop (RFC 9110 §7.6.1)."""
+    names: set[str] = set()
+    for raw_name, raw_value in headers:
+        if raw_name.lower() == b"connection":
+            names.update(n.strip().lower() for n in raw_value.decode("latin-1").split(","))
+    names.discard("")
+    return frozenset(names)
+
+
+def passthrough_path(raw_path: bytes, prefix: str = "/v1") -> str:
+    """The client's path after `prefix`, to append to a configured base_url (no SSRF, issue 10).
+
+    Kept percent-encoded as the client sent it, so `%2F` stays inside its segment. Refused (400)
+    when any segment is `.` or `..` once decoded (`%2e%2e` too: the URL library decodes and
+    resolves them, which would climb out of the base_url's path), or when it holds a backslash or
+    a control character. The result always starts with `/`, so it can only extend the base path
+    on the configured host, never replace the host.
+    """
+    if not raw_path.startswith(prefix.encode() + b"/"):
+        raise InvalidRequestError(f"Only paths under {prefix}/ are forwarded.")
+    rest = raw_path[len(prefix):]
+    decoded = unquote_to_bytes(rest)
+    if _UNSAFE_PATH.search(decoded) or any(s in (b".", b"..") for s in decoded.split(b"/")):
+        raise InvalidRequestError(
+            "The request path may not contain `.` or `..` segments, backslashes or control "
+            "characters."
+        )
+    return quote(rest, safe="/%:@!$&'()*+,;=-._~")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,86 @@
+"""What a run measures: the cases, which targets each one compares, and how much load.
+
+A case is one request shape sent the same way to several targets. Its targets are measured in
+rounds, taking turns (the order rotates every round), so that whatever else the machine is doing
+hits them alike; every number the report compares comes from one case.
+
+Targets:
+
+    direct               the fast upstream itself: the baseline every "added" figure subtracts
+    gateway              CompactGate, model `bench-passthrough` (1M window: nothing compacted)
+    relay                the Starlette + aiohttp relay (the Python floor)
+    litellm              the LiteLLM proxy (pinned), configured to the same upstream
+    gateway-compact      CompactGate, model `bench-compact` (32k window: masking + trimming)
+    gateway-emergency    CompactGate, a model whose upstream rejects the request once with
+                         `context_length_exceeded`, so the gateway compacts and retries
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PEERS = ("direct", "gateway", "relay", "litellm")
+
+
+@dataclass(frozen=True)
+class Load:
+    """Per round and target: at most `requests` requests and at most `seconds` seconds."""
+
+    requests: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    title: str
+    shape: str  # small | agent
+    variant: str  # fixed | appended | first_time
+    stream: bool
+    concurrency: int
+    targets: tuple[str, ...]
+    full: Load
+    quick: Load
+
+    def load(self, quick: bool) -> Load:
+        return self.quick if quick else self.full
+
+
+CASES: tuple[Case, ...] = (
+    Case("small", "small (3 messages), non-streaming, c=1", "small", "fixed", False, 1, PEERS,
+         Load(250, 8), Load(60, 3)),
+    Case("small-stream", "small, streaming, c=1", "small", "fixed", True, 1, PEERS,
+         Load(250, 8), Load(60, 3)),
+    Case("small-c32", "small, non-streaming, c=32", "small", "fixed", False, 32, PEERS,
+         Load(50_000, 2.5), Load(50_000, 1.0)),
+    Case("small-stream-c32", "small, streaming, c=32", "small", "fixed", True, 32, PEERS,
+         Load(50_000, 2.5), Load(50_000, 1.0)),
+    Case("agent-seen", "200 messages, same conversation + 1 new message, non-streaming, c=1",
+         "agent", "appended", False, 1, PEERS, Load(40, 6), Load(10, 3)),
+    Case("agent-first", "200 messages, first time seen (every message new), non-streaming, c=1",
+         "agent", "first_time", False, 1, ("direct", "gateway", "litellm"),
+         Load(30, 6), Load(8, 3)),
+    Case("agent-seen-stream", "200 messages, seen before, streaming, c=1", "agent", "appended",
+         True, 1, PEERS, Load(40, 6), Load(10, 3)),
+    Case("agent-seen-c32", "200 messages, seen before, non-streaming, c=32", "agent", "appended",
+         False, 32, PEERS, Load(50_000, 3), Load(50_000, 1.5)),
+    Case("compact-seen", "200 messages over a 32k window (masking + trimming), seen before, c=1",
+         "agent", "appended", False, 1, ("direct", "gateway", "gateway-compact"),
+         Load(40, 6), Load(10, 3)),
+    Case("compact-first", "200 messages over a 32k window, first time seen, c=1", "agent",
+         "first_time", False, 1, ("direct", "gateway", "gateway-compact"),
+         Load(20, 6), Load(6, 3)),
+    Case("emergency", "200 messages, upstream answers 400 context_length_exceeded once, c=1",
+         "agent", "appended", False, 1, ("direct", "gateway", "gateway-emergency"),
+         Load(30, 6), Load(8, 3)),
+)
+
+ROUNDS_FULL = 4
+ROUNDS_QUICK = 2
+MEMORY_CONVERSATIONS = 1000
+MEMORY_MESSAGES = 20
+
+
+def warmup_requests(concurrency: int) -> int:
+    """Requests sent (and not counted) before each batch: reopens keep-alive connections."""
+    return 3 if concurrency == 1 else 2 * concurrency
