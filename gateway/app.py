@@ -52,13 +52,15 @@ from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
 from .events import EventLog, reward
 from .errors import GatewayError, ModelNotFoundError, NotFoundError, UpstreamError
-from .limits import ConcurrencyLimits
+from .limits import ConcurrencyLimits, register_gauges
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
 from .retry import send_with_retries
 from .sse import UsageStripper
 from .routing import Route, Router
+from .expansion import Expansion
 from .stores import open_store
+from .tool_outputs import ToolOutputCache
 from .summaries import Precompute, SummaryService
 from .summarizer import Summarizer
 from .upstream import UpstreamClient, UpstreamResponse, forward_headers, passthrough_path
@@ -87,6 +89,7 @@ class Exchange:
     observe: bool = False
     prepared: Prepared | None = None
     context_errors: list[str] = field(default_factory=list)
+    internal_rounds: int = 0  # expansion-tool rounds the gateway answered itself
     priority_preserved: float = 1.0
 
 
@@ -99,6 +102,8 @@ class Gateway:
         self.router = Router(config)
         self.upstream = UpstreamClient(config.server)
         self.store = open_store(config.store, self.metrics)
+        self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
+        self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         summarizer = Summarizer(
             self.upstream, self.router, self.metrics, config.summaries, self.effective_window
         )
@@ -110,6 +115,7 @@ class Gateway:
             ref_secret=os.urandom(32),
             inject_stream_usage=config.server.stream_usage == "inject",
             fetch_summaries=self.summaries.fetch,
+            tool_outputs=self.tool_outputs,
         )
         self.precompute = Precompute(self.summaries, self.pipeline)
         self.learned_windows: dict[str, int] = {}
@@ -117,16 +123,44 @@ class Gateway:
         self.events = EventLog(config.events)
         self.auth = Authenticator(config)
         self.limits = ConcurrencyLimits(config.server.max_concurrent_per_tenant)
+        register_gauges(self.metrics.registry, self.limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()
+        self.pipeline.ref_secret = await self.shared_secret()
         try:
             yield
         finally:
             await self.summaries.close()  # cancels background summaries, closes the store
             await self.upstream.close()
             self.events.close()
+
+    async def shared_secret(self) -> bytes:
+        """The key of tool-output refs: the same on every replica that shares a store.
+
+        Equal refs for equal outputs keep a compacted prefix byte-identical whichever replica
+        served the request (provider prompt caches keep hitting). Configured, or created once in
+        a shared store, or (memory store) random per process.
+        """
+        configured = self.config.tool_outputs.ref_secret
+        if configured:
+            return configured.encode()
+        if not self.config.store.startswith(("redis://", "rediss://")):
+            return os.urandom(32)
+        key = "ref-secret"
+        found = await self.store.get(key)
+        if found is None:
+            lock = await self.store.lock(key + ":init", 5)
+            try:
+                found = await self.store.get(key)
+                if found is None:
+                    found = os.urandom(32).hex().encode()
+                    await self.store.put(key, found, None)
+            finally:
+                if lock is not None:
+                    await self.store.release(lock)
+        return found
 
     # -- helpers used along the path ---------------------------------------------------------
 
@@ -232,7 +266,12 @@ class ChatCompletions:
         headers = forward_headers(scope["headers"], route.upstream.api_key, route.upstream.headers)
         while True:
             up_started = time.perf_counter()
-            response = await send_with_retries(gw.upstream, route, url, headers, prepared.body, gw.metrics)
+            sending = headers
+            if prepared.stored:
+                await gw.tool_outputs.save(tenant, prepared.stored)
+            if prepared.expandable:  # we read the answer to find internal calls: no gzip
+                sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
+            response = await send_with_retries(gw.upstream, route, url, sending, prepared.body, gw.metrics)
             if response.status >= 400:
                 error_body = await response.read()
                 response.release()
@@ -252,6 +291,17 @@ class ChatCompletions:
                     response.close()
                     prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
                     continue
+                if prepared.expandable:
+                    response, first, exchange.internal_rounds = await gw.expansion.resolve_stream(
+                        response, first, prepared.body, route, url, sending, tenant
+                    )
+                    if response.status >= 400:
+                        error_body = await response.read()
+                        response.release()
+                        self.note(exchange, prepared)
+                        exchange.status = response.status
+                        await send_bytes(send, response.status, error_body, [*response.relay_headers(), *self.headers(exchange)], None)
+                        return
                 self.note(exchange, prepared)
                 exchange.status = response.status
                 stripper = UsageStripper() if prepared.injected_usage else None
@@ -261,10 +311,16 @@ class ChatCompletions:
                 return
             data = await response.read()
             response.release()
+            status, relay_headers = response.status, response.relay_headers()
+            if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
+                resolved = await gw.expansion.resolve(data, prepared.body, route, url, sending, tenant)
+                exchange.internal_rounds = resolved.rounds
+                status, data = resolved.status, resolved.body
+                relay_headers = resolved.headers or relay_headers
             exchange.upstream_seconds += time.perf_counter() - up_started
             self.note(exchange, prepared)
-            exchange.status = response.status
-            await send_bytes(send, response.status, data, [*response.relay_headers(), *self.headers(exchange)], None)
+            exchange.status = status
+            await send_bytes(send, status, data, [*relay_headers, *self.headers(exchange)], None)
             if "content-encoding" not in response.headers:
                 self.calibrate(route, prepared, prompt_tokens_from_json(data))
             return
@@ -358,6 +414,7 @@ class ChatCompletions:
             (prefix + b"tokens-after", str(exchange.tokens_after).encode()),
             (prefix + b"steps", exchange.steps.encode()),
             (prefix + b"retries", str(exchange.retries).encode()),
+            (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
         ]
 
     def record(self, exchange: Exchange) -> None:

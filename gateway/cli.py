@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument(
+        "--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+        help="on SIGTERM, how long in-flight responses may take to finish (default 30)",
+    )
 
     check = commands.add_parser("check-config", help="validate a config and summarise it")
     check.add_argument("path")
@@ -62,6 +67,10 @@ def _config_or_exit(path: str | None) -> Config:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # uvicorn stops accepting, lets in-flight responses finish (up to --shutdown-timeout), runs
+    # the lifespan shutdown, then re-raises the SIGTERM it caught: this handler makes that (and
+    # a SIGTERM during start-up) a clean exit 0.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     import uvicorn
 
     path = args.config or os.environ.get(CONFIG_ENV)
@@ -76,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level=args.log_level,
         access_log=False,
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=args.shutdown_timeout,
     )
     if args.workers > 1:
         _multiprocess_metrics_dir()
@@ -89,6 +98,10 @@ def _serve(args: argparse.Namespace) -> int:
             uvicorn.run(build_app(config), **options)
         return 0
     return _serve_two_ports(args, config, options)
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) -> int:

@@ -174,12 +174,15 @@ class EventLogConfig(_Strict):
 class SummariesConfig(_Strict):
     """How the gateway makes, caches and precomputes summaries (issue 5)."""
 
-    timeout_s: float = Field(120.0, gt=0, description="Longest one summary may take (all its calls)")
+    timeout_s: float = Field(120.0, gt=0, description="Longest one summary may take (all calls)")
     wait_s: float = Field(
         60.0, ge=0, description="Longest a request that cannot fit without a summary waits for it"
     )
     ttl_s: float = Field(86_400.0, gt=0, description="How long a summary stays in the store")
     precompute: bool = Field(True, description="Compute summaries ahead of need (precompute_ratio)")
+    lookahead_requests: float = Field(
+        2.0, gt=0, description="Precompute when the trigger is this many requests' growth away"
+    )
     background_concurrency: int = Field(4, ge=1, description="Precomputations running at once")
     background_queue: int = Field(64, ge=0, description="Precomputations waiting; more are dropped")
     retry_failed_after_s: float = Field(
@@ -193,6 +196,20 @@ class SummariesConfig(_Strict):
     )
 
 
+class ToolOutputsConfig(_Strict):
+    """Masked tool output kept in the store and readable by the model (issue 7, 001 §1.8)."""
+
+    expand: bool = Field(True, description="Offer the read/grep tools when outputs were masked")
+    ttl_s: float = Field(86_400, gt=0, description="Kept this long after the last request using it")
+    read_tool: str = Field("tool_output_cache", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    grep_tool: str = Field("tool_output_cache_grep", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    default_limit: int = Field(200, ge=1, le=2000, description="Lines per read when not asked")
+    max_rounds: int = Field(4, ge=1, le=10, description="Internal tool rounds per request")
+    ref_secret: str | None = Field(
+        None, description="Key of ref ids; default: shared via a Redis store, else random per process"
+    )
+
+
 class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     store: str = Field("memory://", description="memory:// or redis://host:port/db")
@@ -203,6 +220,7 @@ class Config(_Strict):
     models: list[ModelConfig] = Field(default_factory=list)
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     summaries: SummariesConfig = Field(default_factory=SummariesConfig)
+    tool_outputs: ToolOutputsConfig = Field(default_factory=ToolOutputsConfig)
 
     @field_validator("store")
     @classmethod

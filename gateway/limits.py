@@ -13,8 +13,11 @@ is bounded by the number of requests being served.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Gauge
 
 from .errors import TooManyRequestsError
 
@@ -58,3 +61,22 @@ class ConcurrencyLimits:
                 self._active[tenant] = remaining
             else:
                 del self._active[tenant]
+
+
+def register_gauges(registry: CollectorRegistry, limits: ConcurrencyLimits) -> None:
+    """Leak detectors, read at scrape time: asyncio tasks alive in this worker (back to its idle
+    baseline when nothing is in flight) and tenants holding a slot. No tenant is ever a label."""
+    Gauge(
+        "compactgate_asyncio_tasks", "asyncio tasks alive in this worker", registry=registry
+    ).set_function(_tasks_alive)
+    Gauge(
+        "compactgate_tenants_in_flight", "Tenants with a request in flight (concurrency limit)",
+        registry=registry,
+    ).set_function(lambda: limits.tenants)
+
+
+def _tasks_alive() -> int:
+    try:
+        return len(asyncio.all_tasks())
+    except RuntimeError:  # no running loop (scraped from another thread)
+        return 0

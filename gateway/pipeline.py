@@ -20,11 +20,13 @@ from typing import Any
 
 import orjson
 
-from policies import Budget, ChainResult, Conversation, Env, Message, StepReport, run_chain
+from policies import Budget, ChainResult, Conversation, Env, Message, StepReport, StoredOutput, run_chain
 from policies.invariants import check, check_tool_pairs
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
 from .chat_request import ChatRequest
+from .expansion import applicable, with_tools
+from .tool_outputs import ToolOutputCache
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .metrics import Metrics
 from .routing import Route
@@ -67,6 +69,12 @@ class Prepared:
     observe: bool = False  # shadow mode: `body` is the original; the chain is what would be done
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
     priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
+    expandable: bool = False  # masked tool outputs: the expansion tools were added
+
+    @property
+    def stored(self) -> tuple[StoredOutput, ...]:
+        """Full texts of the tool outputs masked in what is forwarded."""
+        return self.chain.stored if self.chain is not None and not self.observe else ()
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -92,12 +100,14 @@ class Pipeline:
         ref_secret: bytes,
         inject_stream_usage: bool = False,
         fetch_summaries: SummaryFetcher | None = None,
+        tool_outputs: ToolOutputCache | None = None,
     ) -> None:
+        self._tool_outputs = tool_outputs
         self._metrics = metrics
         self._margin = safety_margin
         self._clamp = clamp_max_tokens
         self._inject_usage = inject_stream_usage
-        self._ref_secret = ref_secret
+        self.ref_secret = ref_secret  # replaced at start-up by the shared one
         self._fetch = fetch_summaries
 
     def budget(self, request: ChatRequest, route: Route, tools_tokens: int, window: int | None) -> Budget | None:
@@ -135,7 +145,7 @@ class Pipeline:
         )
 
     def env(self, route: Route, tenant: str, summaries: DictSummaries) -> Env:
-        secret = self._ref_secret + tenant.encode()
+        secret = self.ref_secret + tenant.encode()
 
         def ref_for(text: str) -> str:
             digest = hmac.new(secret, text.encode("utf-8", "surrogatepass"), hashlib.blake2b).hexdigest()
@@ -182,6 +192,7 @@ class Pipeline:
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
         inject = self._inject_usage and request.stream and not request.include_usage and not observe
+        expandable = False
         if observe or not changed:
             if rename is None and not request.has_extension and not inject:
                 body = request.body
@@ -189,7 +200,15 @@ class Pipeline:
                 body = orjson.dumps(request.forward_payload(None, rename, inject))
             sent = request.messages
         else:
-            body = orjson.dumps(request.forward_payload(forwarded_messages, rename, inject))
+            payload = request.forward_payload(forwarded_messages, rename, inject)
+            expandable = bool(
+                chain is not None and chain.stored and self._tool_outputs is not None
+                and self._tool_outputs.config.expand and applicable(payload, self._tool_outputs.names)
+            )
+            if expandable:
+                assert self._tool_outputs is not None
+                payload = with_tools(payload, self._tool_outputs)
+            body = orjson.dumps(payload)
             sent = forwarded_messages
         counts: dict[str, int] = {}
         for message in (result if not observe else conversation).messages:
@@ -209,6 +228,7 @@ class Pipeline:
             messages=sent,
             observe=observe,
             injected_usage=inject,
+            expandable=expandable,
             priority_preserved=len(important & kept) / len(important) if important else 1.0,
         )
 

@@ -249,9 +249,12 @@ class Job:
 
 
 class Precompute:
-    """After a response: compute the summary the conversation will need when it crosses its trigger.
+    """After a response, compute the summary the conversation will need at its trigger.
 
-    The prediction runs the real chain on the conversation extended by a synthetic message of
+    Only past `precompute_ratio` of the budget, and only when the crossing is near: within
+    `lookahead_requests` times what the last request added (its growth). Predicting further
+    ahead would compute a summary per request that the next one no longer wants. The prediction
+    runs the real chain on the conversation extended by a synthetic message of
     `x` tokens, the smallest `x` (found by bisection) for which the chain asks for a summary the
     store does not have: "what would be summarised if the next messages pushed it over now".
     The synthetic message continues the current Turn when the client sends tools (an agent loop,
@@ -298,24 +301,28 @@ class Precompute:
         """Predict and compute; returns the requests it computed (for tests and the benchmark)."""
         route, request = job.route, job.request
         conversation = self.pipeline.conversation(request, route)
-        tools = route.counter.tools(request.payload.get("tools"), request.payload.get("functions"))
+        tools = self.pipeline.tools_tokens(request, route)
         budget = self.pipeline.budget(request, route, tools, job.window)
         if budget is None or budget.limit <= 0 or not conversation.messages:
+            return []
+        point = route.policy_config.precompute_ratio * budget.limit
+        if conversation.tokens < point:
             return []
         known = DictSummaries()
         base = await self._settle(job, conversation, budget, known)
         if base.pending:
             return []  # the request itself is waiting for or computing these
         sent = base.conversation.tokens
-        room = budget.limit - sent
-        if sent < route.policy_config.precompute_ratio * budget.limit or room <= 0:
+        reach = min(
+            budget.limit - sent, int(self.config.lookahead_requests * _growth(conversation))
+        )
+        if sent < point or reach <= 0:
             return []
         filler = self._filler(request)
-        if not (
-            await self._settle(job, _extended(conversation, filler, room), budget, known)
-        ).pending:
-            return []  # nothing to summarise before the limit, or already in the store
-        low, high = 0, room
+        probe = await self._settle(job, _extended(conversation, filler, reach), budget, known)
+        if not probe.pending:
+            return []  # not crossing within the next requests, or already in the store
+        low, high = 0, reach
         for _ in range(SEARCH_STEPS):
             middle = (low + high) // 2
             if middle <= low:
@@ -377,6 +384,15 @@ class Precompute:
                     return computed
                 known.answers[summary_request.canonical()] = answer
         return computed
+
+
+def _growth(conversation: Conversation) -> int:
+    """Tokens added since the previous request: the last answer and what came after it."""
+    messages = conversation.messages
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "assistant":
+            return sum(m.tokens for m in messages[index:])
+    return conversation.tokens
 
 
 def _extended(conversation: Conversation, filler: Message, tokens: int) -> Conversation:

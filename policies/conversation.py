@@ -100,20 +100,26 @@ class Conversation:
         return None
 
     def is_protected(self, index: int) -> bool:
-        """System/developer prompts, pinned messages, the latest user message (R3.1, R3.4, R3.5)."""
+        """The client's system/developer prompts, pinned messages, the latest user message
+        (R3.1, R3.4, R3.5). A system message a step created (origin -1: a summary, a
+        placeholder) is not protected: when nothing else is left, it can go too."""
         message = self.messages[index]
-        return message.role in PROTECTED_ROLES or message.pin or index == self.latest_user_index()
+        return _client_prompt(message) or message.pin or index == self.latest_user_index()
 
     def head_end(self) -> int:
-        """Index after the leading system/developer messages (the untouchable head)."""
+        """Index after the client's leading system/developer messages (the untouchable head)."""
         i = 0
-        while i < len(self.messages) and self.messages[i].role in PROTECTED_ROLES:
+        while i < len(self.messages) and _client_prompt(self.messages[i]):
             i += 1
         return i
 
     def turns(self) -> tuple[Turn, ...]:
         """The Turns after the head, in order (parseTurnBoundaries)."""
         return parse_turns(self.messages, self.head_end())
+
+
+def _client_prompt(message: Message) -> bool:
+    return message.role in PROTECTED_ROLES and message.origin >= 0
 
 
 def parse_turn_boundaries(messages: Sequence[Message], head_end: int = 0) -> list[int]:

@@ -9,8 +9,9 @@
   is put first when there is none). The safest for strict templates; the original prompt stays a
   prefix of the new one, which is what the invariant checker allows (R3.1).
 
-Inserted messages are pinned (no later step drops a summary) and carry `kind="summary:<step>"`
-so that a step recognises its own summary on the chain's next pass and leaves it alone.
+Inserted messages carry `kind="summary:<step>"` so that a step recognises its own summary on the
+chain's next pass and leaves it alone. They are not pinned: a created message (origin -1) is not
+protected, so when even the summary does not fit, `fifo` or `emergency` can still drop it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def place_summary(
         first = next((i for i, m in enumerate(messages) if m.role in PROTECTED_ROLES), None)
         if first is None:
             data = {"role": "system", "content": "\n\n".join(texts)}
-            messages.insert(0, Message(data=data, tokens=env.count(data), pin=True, kind=kind))
+            messages.insert(0, Message(data=data, tokens=env.count(data), kind=kind))
             return Conversation(tuple(messages)), 1, 0
         old = messages[first]
         data = append_text(old.data, "\n\n" + "\n\n".join(texts))
@@ -73,6 +74,6 @@ def place_summary(
     new = []
     for text in texts:
         data = {"role": role, "content": text}
-        new.append(Message(data=data, tokens=env.count(data), pin=True, kind=kind))
+        new.append(Message(data=data, tokens=env.count(data), kind=kind))
     messages[at:at] = new
     return Conversation(tuple(messages)), len(new), 0

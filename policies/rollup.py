@@ -52,13 +52,15 @@ def scan_cuts(
     trigger: int,
     target: int,
     cap: Cap,
+    allowance: int = 0,
 ) -> list[int]:
     """Cut positions after each compaction event, in order; empty when nothing crossed `trigger`.
 
     `sizes[u]` are the tokens a unit gives up when it falls before the cut, `kept[u]` the tokens
     of it that stay anyway (anchored messages). Scanning left to right, whenever the running total
     passes `trigger`, the cut advances while the total is over `target` and the cut is below
-    `cap(u)`. With `kept` all zero and `cap(u) = u` this is exactly `budget.stable_cut`.
+    `cap(u)`; `allowance` (the summary that replaces the cut units) counts from the first cut on.
+    With `kept` and `allowance` zero and `cap(u) = u` this is exactly `budget.stable_cut`.
     """
     cuts: list[int] = []
     cut = 0
@@ -70,6 +72,8 @@ def scan_cuts(
         limit = min(cap(unit), unit)  # never past the unit that crossed
         moved = False
         while cut < limit and running > target:
+            if cut == 0:
+                running += allowance  # from the first cut on, the summary takes room too
             running -= sizes[cut]
             cut += 1
             moved = True
@@ -79,13 +83,16 @@ def scan_cuts(
 
 
 def anchored(conversation: Conversation) -> frozenset[int]:
-    """Messages no summary may replace: system/developer, pinned, and their whole tool groups.
+    """Messages no summary may replace: the client's system/developer prompts, pinned messages,
+    and their whole tool groups.
 
     Unlike `Conversation.is_protected` this leaves out "the latest user message", which changes
     with every request; `drop` still keeps that one in the output.
     """
     messages = conversation.messages
-    fixed = {i for i, m in enumerate(messages) if m.role in PROTECTED_ROLES or m.pin}
+    fixed = {
+        i for i, m in enumerate(messages) if (m.role in PROTECTED_ROLES and m.origin >= 0) or m.pin
+    }
     if fixed:
         for group in tool_groups(messages):
             if fixed.intersection(group):
@@ -231,7 +238,8 @@ class Plan:
     step_type: str
     units: Units
     start: int  # message index of the first unit: where the summary goes
-    fixed_tokens: int  # tokens before the units, plus the room the summary will take
+    fixed_tokens: int  # tokens before the units
+    allowance: int  # the room the summary will take once there is one
     trigger: int
     target: int
     cap: Cap
@@ -250,7 +258,9 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
         return StepResult.unchanged(conversation, reason="nothing to summarise")
     fixed = anchored(conversation)
     sizes, kept = unit_sizes(conversation, plan.units, fixed)
-    cuts = scan_cuts(sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap)
+    cuts = scan_cuts(
+        sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, plan.allowance
+    )
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")
     chain = links(cuts[-1], sizes, plan.chunk_tokens)
@@ -274,6 +284,8 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
         plan.step_type,
         env,
     )
+    if placed.tokens >= conversation.tokens:
+        return StepResult(conversation, pending=pending, detail={"reason": "summary not smaller"})
     return StepResult(
         placed,
         removed=removed,

@@ -100,7 +100,8 @@ class Compaction:
             step_type=self.type,
             units=units,
             start=head_end,
-            fixed_tokens=sum(m.tokens for m in conversation.messages[:head_end]) + allowance,
+            fixed_tokens=sum(m.tokens for m in conversation.messages[:head_end]),
+            allowance=allowance,
             trigger=int(budget.limit * config.threshold_ratio),
             target=-1,  # each event compacts all it may: everything but the last Turns
             cap=lambda unit: unit + 1 - keep,

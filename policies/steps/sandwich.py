@@ -94,8 +94,8 @@ class Sandwich:
             step_type=self.type,
             units=units,
             start=top_end,
-            fixed_tokens=sum(m.tokens for m in conversation.messages[:top_end])
-            + config.summary_tokens,
+            fixed_tokens=sum(m.tokens for m in conversation.messages[:top_end]),
+            allowance=config.summary_tokens,
             trigger=trigger,
             target=int(trigger * min(1.0, budget.target_ratio / budget.trigger_ratio)),
             cap=cap,

@@ -69,8 +69,8 @@ class SummarizeOld:
             step_type=self.type,
             units=units,
             start=head_end,
-            fixed_tokens=sum(m.tokens for m in conversation.messages[:head_end])
-            + config.summary_length,
+            fixed_tokens=sum(m.tokens for m in conversation.messages[:head_end]),
+            allowance=config.summary_length,
             trigger=budget.trigger,
             target=-1,
             cap=lambda unit: math.floor((unit + 1) * config.old_threshold),

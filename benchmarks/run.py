@@ -1,0 +1,414 @@
+"""Run the side-by-side benchmarks (issue 9) and write docs/benchmarks.md.
+
+    python -m benchmarks.run             # full run: about 6-8 minutes (bounded by --max-minutes)
+    python -m benchmarks.run --quick     # smoke run: about 1-2 minutes
+
+It starts, on loopback, a fast fake upstream (and a second one that rejects large requests once
+with `context_length_exceeded`), the gateway (one worker) with a generated config, a do-nothing
+Starlette + aiohttp relay, and the LiteLLM proxy (pinned, installed once into
+benchmarks/.peers/litellm-venv; the run goes on without it if that fails). Then it measures the
+cases of `benchmarks/cases.py` against them in interleaved rounds, measures the gateway's memory
+with 1,000 distinct conversations on a fresh process, profiles every missed target with py-spy,
+and writes the report: ratios first, then absolute numbers, versions and machine facts.
+`benchmarks/analysis.md`, if present, is included as the hand-written analysis of the misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import aiohttp
+
+from . import load, profile, report, targets, workloads
+from .cases import (
+    CASES,
+    MEMORY_CONVERSATIONS,
+    MEMORY_MESSAGES,
+    ROUNDS_FULL,
+    ROUNDS_QUICK,
+    Case,
+    warmup_requests,
+)
+from .load import Batch
+from .targets import Service
+
+ROOT = targets.ROOT
+ANALYSIS = ROOT / "benchmarks" / "analysis.md"
+CHAT = "/v1/chat/completions"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description="Benchmark CompactGate against the upstream, a Python relay floor and the "
+        "LiteLLM proxy on loopback, and write docs/benchmarks.md.",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2 rounds of small batches (about 1-2 minutes)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds per case (default {ROUNDS_FULL}, quick {ROUNDS_QUICK})")
+    parser.add_argument("--cases", default=None,
+                        help="comma-separated case keys to run (default: all): "
+                        + ", ".join(c.key for c in CASES))
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
+                        help="the report to write (default docs/benchmarks.md)")
+    parser.add_argument("--json", type=Path, default=None, help="also write raw figures as JSON")
+    parser.add_argument("--no-litellm", action="store_true", help="leave the LiteLLM peer out")
+    parser.add_argument("--install-timeout", type=float, default=900,
+                        help="seconds allowed for installing the LiteLLM peer (default 900)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="do not profile missed targets with py-spy")
+    parser.add_argument("--profile-seconds", type=float, default=None,
+                        help="seconds of load per profiled miss (default 8, quick 4)")
+    parser.add_argument("--max-minutes", type=float, default=20,
+                        help="stop measuring new batches after this long (default 20)")
+    parser.add_argument("--keep-workdir", action="store_true",
+                        help="keep the temporary directory with configs and process logs")
+    return parser
+
+
+class Bench:
+    """One run: its processes, its request numbering, its results."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.quick: bool = args.quick
+        self.rounds: int = max(1, args.rounds or (ROUNDS_QUICK if self.quick else ROUNDS_FULL))
+        self.workdir = Path(tempfile.mkdtemp(prefix="compactgate-bench-"))
+        self.services: dict[str, Service] = {}
+        self.authorization = "Bearer " + targets.new_master_key()
+        self.results: dict[str, dict[str, Batch]] = {}
+        self.index = 0  # request numbers are never reused in a run: distinct conversations
+        self.notes: list[str] = []
+        self.sample_headers: dict[str, dict[str, str]] = {}
+        self.workloads: dict[tuple[str, str, bool], workloads.Workload] = {}
+        self.started = time.monotonic()
+        self.deadline = self.started + args.max_minutes * 60
+        self.litellm_version: str | None = None
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
+
+    # -- targets ---------------------------------------------------------------------------
+
+    def service_of(self, target: str) -> Service | None:
+        name = {"direct": "upstream", "relay": "relay", "litellm": "litellm"}.get(target, "gateway")
+        return self.services.get(name)
+
+    def workload(self, shape: str, kind: str, stream: bool) -> workloads.Workload:
+        key = (shape, kind, stream)
+        if key not in self.workloads:
+            model = {
+                "passthrough": targets.PASSTHROUGH_MODEL,
+                "compact": targets.COMPACT_MODEL,
+                "emergency": targets.EMERGENCY_PREFIX + workloads.MODEL_MARK.decode(),
+            }[kind]
+            build = workloads.small if shape == "small" else workloads.agent
+            self.workloads[key] = build(model, stream)
+        return self.workloads[key]
+
+    def body_for(self, case: Case, target: str) -> load.BodyFor:
+        kind = {"gateway-compact": "compact", "gateway-emergency": "emergency"}.get(target, "passthrough")
+        workload = self.workload(case.shape, kind, case.stream)
+        if kind == "emergency":
+            return workload.distinct_model
+        return getattr(workload, case.variant)
+
+    @staticmethod
+    def headers_for(target: str) -> load.HeadersFor | None:
+        if target == "gateway-emergency":
+            return lambda i: {"x-bench-conversation": f"c{i}"}
+        return None
+
+    # -- start-up --------------------------------------------------------------------------
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        upstream = targets.start_upstream(self.workdir)
+        self.services["upstream"] = upstream
+        emergency = targets.start_upstream(
+            self.workdir, "upstream-emergency", targets.EMERGENCY_REJECT_ABOVE
+        )
+        self.services["upstream-emergency"] = emergency
+        self.services["gateway"] = targets.start_gateway(
+            self.workdir, targets.gateway_config(upstream, emergency)
+        )
+        try:
+            self.services["relay"] = targets.start_relay(self.workdir, upstream)
+        except targets.StartError as error:
+            self.notes.append(f"the relay floor did not start: {error}")
+        peer = None if self.args.no_litellm else asyncio.create_task(self.start_litellm(session))
+        if not await self.wait_ready(session, self.services["gateway"], 120):
+            raise targets.StartError("the gateway did not become ready:\n"
+                                     + self.services["gateway"].log_tail())
+        if "relay" in self.services and not await self.wait_ready(session, self.services["relay"], 60):
+            self.notes.append("the relay floor did not answer; left out")
+            self.services.pop("relay").stop()
+        if peer is not None:
+            await peer
+        elif self.args.no_litellm:
+            self.notes.append("LiteLLM left out (--no-litellm): its ratios are n/a")
+        self.log("ready: " + ", ".join(f"{n} pid {s.pid} port {s.port}" for n, s in self.services.items()))
+
+    async def start_litellm(self, session: aiohttp.ClientSession) -> None:
+        if not targets.litellm_installed():
+            self.log(f"installing {targets.LITELLM_SPEC} into {targets.LITELLM_VENV} (once)")
+        problem = await asyncio.to_thread(targets.install_litellm, self.args.install_timeout)
+        if problem is not None:
+            self.notes.append(f"LiteLLM left out: {problem}")
+            self.log(self.notes[-1])
+            return
+        self.litellm_version = await asyncio.to_thread(targets.litellm_version)
+        service = targets.start_litellm(self.workdir, self.services["upstream"],
+                                        self.authorization.removeprefix("Bearer "))
+        self.services["litellm"] = service
+        if not await self.wait_ready(session, service, 300):
+            self.notes.append("LiteLLM left out: the proxy did not become ready in 300 s; its log "
+                              "ends: " + service.log_tail(3).replace("\n", " / ")[:300])
+            self.log(self.notes[-1])
+            self.services.pop("litellm").stop()
+
+    async def wait_ready(self, session: aiohttp.ClientSession, service: Service, timeout: float) -> bool:
+        """Poll with a real chat request until it answers 200 (bounded by `timeout`)."""
+        body = self.workload("small", "passthrough", False).template
+        headers = {"content-type": "application/json", "authorization": self.authorization}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and service.alive():
+            try:
+                async with session.post(service.origin + CHAT, data=body, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=10)) as response:
+                    await response.read()
+                    if response.status == 200:
+                        return True
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.5)
+        return False
+
+    # -- measuring -------------------------------------------------------------------------
+
+    async def batch(self, session: aiohttp.ClientSession, case: Case, target: str,
+                    requests: int, seconds: float, warmup: bool = True) -> Batch:
+        service = self.service_of(target)
+        assert service is not None
+        url = service.origin + CHAT
+        body_for, headers_for = self.body_for(case, target), self.headers_for(target)
+        common = dict(stream=case.stream, concurrency=case.concurrency, headers_for=headers_for,
+                      authorization=self.authorization)
+        if warmup:
+            warm = await load.run(session, url, body_for, requests=warmup_requests(case.concurrency),
+                                  max_seconds=10, first_index=self.index, **common)
+            self.index += warm.sent
+        measured = await load.run(session, url, body_for, requests=requests, max_seconds=seconds,
+                                  pids=[service.pid], first_index=self.index, **common)
+        self.index += measured.sent
+        if target != "gateway" and target.startswith("gateway") and measured.sample_headers:
+            self.sample_headers.setdefault(f"{case.key}/{target}", measured.sample_headers)
+        return measured
+
+    async def run_case(self, session: aiohttp.ClientSession, case: Case) -> None:
+        available = [t for t in case.targets if self.service_of(t) is not None]
+        merged = {t: Batch() for t in available}
+        budget = case.load(self.quick)
+        for round_number in range(self.rounds):
+            shift = round_number % len(available)
+            for target in available[shift:] + available[:shift]:
+                if time.monotonic() > self.deadline:
+                    self.notes.append(f"--max-minutes reached: case {case.key} has "
+                                      f"{round_number} of {self.rounds} rounds")
+                    self.results[case.key] = merged
+                    return
+                merged[target].merge(await self.batch(session, case, target, budget.requests,
+                                                       budget.seconds))
+        self.results[case.key] = merged
+        for target in available:
+            f = report.figures(self.results, case.key, target)
+            if f is None:
+                self.log(f"  {case.key:18s} {target:18s} no answers; first error: "
+                         f"{merged[target].first_error[:200]}")
+                continue
+            ttfb = f" ttfb {f.ttfb50:7.3f}" if case.stream else ""
+            self.log(f"  {case.key:18s} {target:18s} n {f.n:6d} err {f.errors:3d} p50 {f.p50:8.3f} "
+                     f"p99 {f.p99:8.3f}{ttfb} ms  {f.rps:7.0f} req/s  cpu {f.cpu_ms:6.3f} ms/req")
+
+    async def memory(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        """RSS of a fresh gateway: idle (after a warm-up) and after N distinct conversations."""
+        config = targets.gateway_config(self.services["upstream"], self.services["upstream-emergency"])
+        service = targets.start_gateway(self.workdir, config, name="gateway-memory")
+        self.services["gateway-memory"] = service
+        try:
+            if not await self.wait_ready(session, service, 120):
+                self.notes.append("memory: the second gateway did not become ready")
+                return {}
+            conversation = workloads.agent(targets.PASSTHROUGH_MODEL, count=MEMORY_MESSAGES)
+            url = service.origin + CHAT
+            common = dict(stream=False, authorization=self.authorization, max_seconds=60)
+            base = 90_000_000  # numbers no other batch uses
+            await load.run(session, url, conversation.first_time, concurrency=1, requests=10,
+                           first_index=base, **common)
+            await asyncio.sleep(1.0)
+            idle = load.rss_bytes(service.pid)
+            batch = await load.run(session, url, conversation.first_time, concurrency=4,
+                                   requests=MEMORY_CONVERSATIONS, first_index=base + 100, **common)
+            await asyncio.sleep(1.0)
+            after = load.rss_bytes(service.pid)
+        finally:
+            service.stop()
+            self.services.pop("gateway-memory", None)
+        delta = after - idle
+        return {
+            "idle_mib": idle / 2**20, "after_mib": after / 2**20, "delta_mib": delta / 2**20,
+            "conversations": batch.count, "messages": MEMORY_MESSAGES, "errors": batch.errors,
+            "per_conversation_kib": delta / 1024 / max(1, batch.count),
+        }
+
+    async def profile_misses(self, session: aiohttp.ClientSession) -> dict[str, list[str]]:
+        misses = [v for v in report.verdicts(self.results) if v.status == "MISS"]
+        if not misses:
+            return {}
+        py_spy, problem = await asyncio.to_thread(targets.py_spy, 300)
+        if py_spy is None:
+            self.notes.append(f"misses not profiled: {problem}")
+            return {}
+        seconds = self.args.profile_seconds or (4.0 if self.quick else 8.0)
+        profiles: dict[str, list[str]] = {}
+        done: dict[tuple[str, str], str] = {}
+        for verdict in misses:
+            key = (verdict.case, verdict.profile_target)
+            title = f"{verdict.case}: {verdict.profile_target} ({verdict.goal}: {verdict.shown()})"
+            if key in done:
+                profiles[title] = [f"same load as `{done[key]}` above"]
+                continue
+            case = report.case_by_key(verdict.case)
+            service = self.service_of(verdict.profile_target)
+            if service is None or time.monotonic() > self.deadline:
+                continue
+            self.log(f"profiling {title}")
+            out = self.workdir / f"profile-{verdict.case}-{verdict.profile_target}.txt"
+
+            async def drive(case: Case = case, target: str = verdict.profile_target) -> Batch:
+                return await self.batch(session, case, target, 10**6, seconds, warmup=False)
+
+            collapsed, failure = await profile.record(py_spy, service.pid, seconds, out, drive)
+            profiles[title] = [failure] if failure else profile.summarise(collapsed)
+            done[key] = title
+            kept = targets.PEERS / "profiles"
+            if not failure:
+                kept.mkdir(parents=True, exist_ok=True)
+                shutil.copy(out, kept / out.name)
+        return profiles
+
+    # -- the whole run ---------------------------------------------------------------------
+
+    async def run(self) -> int:
+        selected = set(self.args.cases.split(",")) if self.args.cases else None
+        unknown = (selected or set()) - {c.key for c in CASES}
+        if unknown:
+            print(f"unknown case(s): {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        session = load.new_session(max(c.concurrency for c in CASES))
+        info = report.RunInfo(
+            command="python -m benchmarks.run" + (" --quick" if self.quick else ""),
+            mode="quick" if self.quick else "full", started=time.strftime("%Y-%m-%d %H:%M %Z"),
+            seconds=0.0, rounds=self.rounds, loadavg_before=_loadavg(), loadavg_after="",
+            foreign_cores=math.nan,
+        )
+        try:
+            await self.start(session)
+            own_before, busy_before, wall_before = self._own_cpu(), report.busy_seconds(), time.monotonic()
+            for case in CASES:
+                if selected is None or case.key in selected:
+                    self.log(f"case {case.key}: {case.title}")
+                    await self.run_case(session, case)
+            own_cpu = self._own_cpu() - own_before
+            busy = report.busy_seconds() - busy_before
+            info.foreign_cores = max(0.0, busy - own_cpu) / max(1e-9, time.monotonic() - wall_before)
+            info.loadavg_after = _loadavg()
+            if not self.args.no_memory and time.monotonic() < self.deadline:
+                self.log(f"memory: {MEMORY_CONVERSATIONS} distinct {MEMORY_MESSAGES}-message conversations")
+                info.memory = await self.memory(session)
+                self.log(f"  {info.memory}")
+            self.log("verdicts:")
+            report.summary_lines(self.results, self.log)
+            if not self.args.no_profile:
+                info.profiles = await self.profile_misses(session)
+        finally:
+            await session.close()
+            for service in self.services.values():
+                service.stop()
+        info.seconds = time.monotonic() - self.started
+        info.notes = self.notes
+        info.sample_headers = self.sample_headers
+        info.compaction = targets.compaction_steps()[1]
+        info.tokens = {
+            "small": workloads.token_count(self.workload("small", "passthrough", False).template),
+            "200-message agent request": workloads.token_count(
+                self.workload("agent", "passthrough", False).template),
+        }
+        analysis = ANALYSIS.read_text() if ANALYSIS.exists() else ""
+        text = report.render(self.results, info, ROOT, self.litellm_version, analysis)
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        self.args.out.write_text(text)
+        self.log(f"wrote {self.args.out}")
+        if self.args.json is not None:
+            self.args.json.write_text(json.dumps(_raw(self.results), indent=1))
+        if not self.args.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        else:
+            self.log(f"kept {self.workdir}")
+        return 0
+
+    def _own_cpu(self) -> float:
+        times = os.times()
+        pids = [s.pid for s in self.services.values()]
+        return times.user + times.system + load.cpu_seconds(pids)
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def _raw(results: Mapping[str, Mapping[str, Batch]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for case, by_target in results.items():
+        out[case] = {
+            target: report.Figures.of(batch).__dict__ if batch.count else {"errors": batch.errors}
+            for target, batch in by_target.items()
+        }
+    out["verdicts"] = [
+        {"goal": v.goal, "measured": v.measured, "limit": v.limit, "status": v.status}
+        for v in report.verdicts(results)
+    ]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    bench = Bench(args)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    runner = uvloop.run if uvloop is not None else asyncio.run
+    try:
+        return runner(bench.run())
+    except targets.StartError as error:
+        print(f"benchmark aborted: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

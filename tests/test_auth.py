@@ -1,0 +1,236 @@
+"""Gateway keys and tenants (issue 10, gateway/auth.py), end to end and at the unit level.
+
+What a user would notice: with `auth.keys` configured, no key or a wrong key is a 401 and a model
+outside the key's globs is a 403, both as OpenAI error bodies the official client raises as
+`AuthenticationError` / `PermissionDeniedError`, with nothing sent upstream; a good key works on
+every surface (chat, models, passthrough, plan) and is never forwarded to the upstream, which gets
+the gateway-held key or no credential at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway import auth as auth_module
+from gateway.auth import Authenticator, Identity, presented_key
+from gateway.config import parse_config
+from tests.conftest import GatewayProcess
+from tests.fake_upstream import FakeUpstream
+from tests.gateway_process import gateway_process
+
+ALPHA = "sk-gw-alpha-0123456789"
+BETA = "sk-gw-beta-9876543210"
+UPSTREAM_KEY = "sk-upstream-held-by-the-gateway"
+SMALL = [{"role": "user", "content": "Say hi."}]
+
+
+def sha256(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def auth_config(fake: FakeUpstream) -> dict[str, Any]:
+    def model(name: str, **upstream: Any) -> dict[str, Any]:
+        return {"name": name, "upstream": {"base_url": fake.base_url, **upstream}, "context_window": 100_000}
+
+    return {
+        "auth": {
+            "keys": [
+                {"key_sha256": sha256(ALPHA), "tenant": "alpha", "models": ["m", "gpt-*"]},
+                {"key_sha256": sha256(BETA).upper(), "tenant": "beta"},  # models default: all
+            ]
+        },
+        "models": [model("m"), model("held", api_key="${UPSTREAM_KEY}"), model("gpt-*")],
+    }
+
+
+@pytest.fixture(scope="module")
+def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    config = auth_config(fake_upstream_server)
+    with gateway_process(config, tmp_path_factory.mktemp("auth"), env={"UPSTREAM_KEY": UPSTREAM_KEY}) as gw:
+        yield gw
+
+
+def client(gw: GatewayProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0, timeout=20)
+
+
+def upstream_headers(fake: FakeUpstream) -> dict[str, str]:
+    [recorded] = fake.requests()
+    return {k.lower(): v for k, v in recorded["headers"]}
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["message"]
+    return error
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+def test_no_key_or_a_wrong_key_is_401_and_nothing_goes_upstream(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    body = {"model": "m", "messages": SMALL}
+    no_key = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=20)
+    error = assert_openai_error(no_key, 401, "invalid_api_key")
+    assert error["type"] == "authentication_error"
+    for wrong in (f"Basic {ALPHA}", "Bearer", f"Bearer {ALPHA}x", f"Bearer {sha256(ALPHA)}"):
+        response = httpx.post(f"{gateway.base_url}/chat/completions", json=body, headers={"authorization": wrong}, timeout=20)
+        assert_openai_error(response, 401, "invalid_api_key")
+    with pytest.raises(openai.AuthenticationError) as info:
+        client(gateway, "sk-not-a-gateway-key").chat.completions.create(model="m", messages=SMALL)
+    assert info.value.status_code == 401
+    assert fake_upstream.requests() == []
+
+
+def test_a_good_key_works_and_is_never_forwarded(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    reply = client(gateway, ALPHA).chat.completions.create(model="m", messages=SMALL)
+    assert reply.choices[0].message.content
+    headers = upstream_headers(fake_upstream)
+    assert "authorization" not in headers and "api-key" not in headers
+    assert ALPHA not in str(fake_upstream.requests())
+
+    fake_upstream.reset()
+    client(gateway, BETA).chat.completions.create(model="held", messages=SMALL)
+    assert upstream_headers(fake_upstream)["authorization"] == f"Bearer {UPSTREAM_KEY}"
+
+    fake_upstream.reset()  # Azure's header works too, and is not forwarded either
+    response = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": SMALL}, headers={"api-key": BETA}, timeout=20)
+    assert response.status_code == 200
+    assert BETA not in str(fake_upstream.requests())
+
+
+def test_a_model_outside_the_keys_globs_is_403(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    alpha = client(gateway, ALPHA)
+    for model in ("held", "claude-3", "M"):  # configured, unknown, and case matters
+        with pytest.raises(openai.PermissionDeniedError) as info:
+            alpha.chat.completions.create(model=model, messages=SMALL)
+        assert info.value.status_code == 403
+        assert info.value.body["code"] == "model_not_allowed"
+        assert info.value.body["param"] == "model"
+    assert fake_upstream.requests() == []
+    assert alpha.chat.completions.create(model="gpt-4o-mini", messages=SMALL).choices  # glob
+    assert client(gateway, BETA).chat.completions.create(model="held", messages=SMALL).choices
+
+
+def test_models_list_shows_only_what_the_key_may_use(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    assert [m.id for m in client(gateway, ALPHA).models.list().data] == ["m"]
+    assert [m.id for m in client(gateway, BETA).models.list().data] == ["m", "held"]
+    with pytest.raises(openai.AuthenticationError):
+        client(gateway, "sk-wrong").models.list()
+
+
+def test_passthrough_needs_a_key_and_never_forwards_it(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        client(gateway, "sk-wrong").embeddings.create(model="m", input="hello")
+    assert httpx.get(f"{gateway.base_url}/files/abc", timeout=20).status_code == 401
+    assert fake_upstream.requests() == []
+    assert client(gateway, ALPHA).embeddings.create(model="m", input="hello").data
+    assert "authorization" not in upstream_headers(fake_upstream)
+    with pytest.raises(openai.PermissionDeniedError):
+        client(gateway, ALPHA).embeddings.create(model="held", input="hello")
+
+
+def test_plan_needs_a_key(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    body = {"model": "m", "messages": SMALL}
+    assert_openai_error(httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, timeout=20), 401, "invalid_api_key")
+    ok = httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, headers={"authorization": f"Bearer {ALPHA}"}, timeout=20)
+    assert ok.status_code == 200 and ok.json()["model"] == "m"
+    denied = httpx.post(f"{gateway.base_url}/compactgate/plan", json={**body, "model": "held"}, headers={"authorization": f"Bearer {ALPHA}"}, timeout=20)
+    assert_openai_error(denied, 403, "model_not_allowed")
+
+
+def test_401_comes_before_the_body_is_read(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    """An unauthenticated client cannot make the gateway wait for (or buffer) a large body."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 30000000\r\n\r\n{\"model\":"
+        )
+        started = time.monotonic()
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+    assert time.monotonic() - started < 5
+
+
+# -- units -------------------------------------------------------------------------------------
+
+
+def scope(*headers: tuple[str, str]) -> dict[str, Any]:
+    return {"headers": [(k.lower().encode(), v.encode()) for k, v in headers]}
+
+
+def keys_config(**extra: Any) -> Any:
+    keys = [{"key_sha256": sha256(k), "tenant": t} for k, t in (("k1", "one"), ("k2", "two"), ("k3", "three"))]
+    return parse_config({"auth": {"keys": keys}, **extra})
+
+
+def test_every_configured_hash_is_compared_even_after_a_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bytes] = []
+    real = auth_module.hmac.compare_digest
+
+    def counting(a: bytes, b: bytes) -> bool:
+        calls.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(auth_module.hmac, "compare_digest", counting)
+    authenticator = Authenticator(keys_config())
+    assert authenticator.identify(scope(("authorization", "Bearer k1"))).tenant == "t:one"
+    assert len(calls) == 3  # the first entry matched; the other two were still compared
+    calls.clear()
+    with pytest.raises(auth_module.AuthenticationError):
+        authenticator.identify(scope(("authorization", "Bearer nope")))
+    assert len(calls) == 3
+
+
+def test_without_keys_the_tenant_is_a_hash_of_the_credential() -> None:
+    authenticator = Authenticator(parse_config({}))
+    a1 = authenticator.identify(scope(("authorization", "Bearer sk-a")))
+    a2 = authenticator.identify(scope(("authorization", "Bearer sk-a")))
+    b = authenticator.identify(scope(("authorization", "Bearer sk-b")))
+    azure = authenticator.identify(scope(("api-key", "sk-a")))
+    assert a1 == a2 and a1.tenant != b.tenant and azure.tenant != a1.tenant
+    assert "sk-a" not in a1.tenant and a1.tenant.startswith("k:")
+    assert a1.may_use("anything")
+    headers = [(b"authorization", b"Bearer sk-a")]
+    assert authenticator.upstream_headers(headers) == headers  # the client's key goes upstream
+
+
+def test_tenant_header_is_honoured_only_without_keys() -> None:
+    open_gateway = Authenticator(parse_config({"tenant_header": "X-Tenant"}))
+    assert open_gateway.identify(scope(("x-tenant", "acme"))).tenant == "h:acme"
+    keyed = Authenticator(keys_config(tenant_header="X-Tenant"))
+    identity = keyed.identify(scope(("x-tenant", "two"), ("authorization", "Bearer k1")))
+    assert identity.tenant == "t:one"  # a client cannot claim another tenant's state
+    stripped = keyed.upstream_headers([(b"authorization", b"Bearer k1"), (b"api-key", b"k1"), (b"x-ok", b"1")])
+    assert stripped == [(b"x-ok", b"1")]
+
+
+@pytest.mark.parametrize(
+    ("headers", "key"),
+    [
+        ((("authorization", "Bearer abc"),), b"abc"),
+        ((("authorization", "bearer   abc  "),), b"abc"),
+        ((("authorization", "Basic abc"),), None),
+        ((("authorization", "Bearer"),), None),
+        ((("api-key", " abc "),), b"abc"),
+        ((), None),
+    ],
+)
+def test_presented_key(headers: tuple[tuple[str, str], ...], key: bytes | None) -> None:
+    assert presented_key(scope(*headers)) == key
+
+
+def test_identity_globs() -> None:
+    identity = Identity("t:x", ("gpt-4o*", "m"))
+    assert identity.may_use("gpt-4o-mini") and identity.may_use("m")
+    assert not identity.may_use("gpt-4") and not identity.may_use("mm")

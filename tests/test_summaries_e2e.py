@@ -1,0 +1,404 @@
+"""Summaries end to end (issue 5): real gateway processes, the fake upstream, a real Redis.
+
+A summarisation call is told apart from the client's own calls by what only the summariser
+sends: its system prompt, no tools. Windows are small (4 096 tokens, `chars:4`) so that a few
+dozen messages cross the thresholds.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.summarizer import SYSTEM_PROMPT
+from tests.conftest import GatewayProcess, GatewayStarter, Starter
+from tests.fake_upstream import FakeUpstream
+from tests.redis_server import RedisServer, start_redis
+
+WINDOW = 4096
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def model(fake: FakeUpstream, name: str = "m", policy: str = "summ") -> dict[str, Any]:
+    return {
+        "name": name,
+        "upstream": {"base_url": fake.base_url},
+        "context_window": WINDOW,
+        "tokenizer": "chars:4",
+        "policy": policy,
+        "retry": {"max_attempts": 1},
+    }
+
+
+def config_for(
+    fake: FakeUpstream,
+    steps: list[dict[str, Any]] | None = None,
+    store: str = "memory://",
+    models: list[dict[str, Any]] | None = None,
+    **summaries: Any,
+) -> dict[str, Any]:
+    return {
+        "store": store,
+        "models": models or [model(fake)],
+        "policies": {
+            "summ": {
+                "steps": steps or [{"type": "compaction", "summary_tokens": 200}, {"type": "fifo"}]
+            }
+        },
+        "summaries": {"retry_failed_after_s": 0, "wait_s": 30, **summaries},
+    }
+
+
+def chat_history(turns: int, size: int = 560, tag: str = "") -> list[dict[str, Any]]:
+    """A plain chat: about (size / 2) tokens per turn with chars:4; `tag` makes it unique."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful assistant."}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Question {i}{tag}: " + "q" * size})
+        messages.append({"role": "assistant", "content": f"Answer {i}: " + "a" * size})
+    messages.append({"role": "user", "content": "And now?"})
+    return messages
+
+
+def post(
+    gateway: GatewayProcess,
+    messages: list[dict[str, Any]],
+    key: str = "sk-tenant-a",
+    tools: bool = False,
+    timeout: float = 30,
+) -> tuple[httpx.Response, float]:
+    body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 256}
+    if tools:
+        body["tools"] = TOOLS
+    started = time.perf_counter()
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=timeout,
+    )
+    return response, time.perf_counter() - started
+
+
+def body_of(record: dict[str, Any]) -> dict[str, Any]:
+    return orjson.loads(base64.b64decode(record["body_b64"]))
+
+
+def is_summary_call(record: dict[str, Any]) -> bool:
+    messages = body_of(record).get("messages") or [{}]
+    return messages[0].get("content") == SYSTEM_PROMPT
+
+
+def summary_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
+    return [r for r in fake.chat_requests() if is_summary_call(r)]
+
+
+def client_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
+    return [r for r in fake.chat_requests() if not is_summary_call(r)]
+
+
+def forwarded_text(record: dict[str, Any]) -> str:
+    return orjson.dumps(body_of(record)["messages"]).decode()
+
+
+def authorization(record: dict[str, Any]) -> str:
+    return {k.lower(): v for k, v in record["headers"]}.get("authorization", "")
+
+
+def metric(gateway: GatewayProcess, name: str, labels: str = "") -> float:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}}" if labels else f"{name} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def wait_until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def summary_script(text: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "ok", "content": f"<summary>{text}</summary>", **extra}
+
+
+@pytest.fixture(scope="module")
+def redis_server(start_process_session: Starter) -> RedisServer:
+    return start_redis(start_process_session)
+
+
+# -- the three summarising steps through the gateway -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "placement_role"),
+    [
+        ({"type": "compaction", "summary_tokens": 200}, "user"),
+        ({"type": "sandwich", "summary_tokens": 200}, "system"),
+        ({"type": "summarize_old", "summary_length": 200}, "system"),
+    ],
+)
+def test_each_summarising_step_works_through_the_gateway(
+    start_gateway: GatewayStarter,
+    fake_upstream: FakeUpstream,
+    step: dict[str, Any],
+    placement_role: str,
+) -> None:
+    gateway = start_gateway(config_for(fake_upstream, [step, {"type": "fifo"}]))
+    fake_upstream.script([summary_script(f"SUMMARY-OF-{step['type']}")])
+    response, _ = post(gateway, chat_history(16))  # over the limit: the summary is needed now
+    assert response.status_code == 200
+    assert response.headers["x-compactgate-steps"].split(",")[0] == step["type"]
+    [call] = summary_calls(fake_upstream)
+    assert "tools" not in body_of(call)
+    assert authorization(call) == "Bearer sk-tenant-a"
+    [sent] = client_calls(fake_upstream)
+    placed = [m for m in body_of(sent)["messages"] if f"SUMMARY-OF-{step['type']}" in str(m)]
+    assert placed and placed[0]["role"] == placement_role
+    assert metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1
+    assert metric(gateway, "compactgate_summary_cache_total", 'result="miss"') >= 1
+
+
+# -- shared between replicas -----------------------------------------------------------------
+
+
+def test_second_replica_serves_the_first_ones_summary(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, redis_server: RedisServer
+) -> None:
+    config = config_for(fake_upstream, store=redis_server.url)
+    first, second = start_gateway(config), start_gateway(config)
+    fake_upstream.script([summary_script("SHARED-SUMMARY")])
+    messages = chat_history(16, tag="shared")
+    response, _ = post(first, messages)
+    assert response.headers["x-compactgate-steps"].startswith("compaction")
+    assert len(summary_calls(fake_upstream)) == 1
+
+    response, _ = post(second, messages)
+    assert response.headers["x-compactgate-steps"].startswith("compaction")
+    assert len(summary_calls(fake_upstream)) == 1  # no second summarisation
+    sent = client_calls(fake_upstream)[-1]
+    assert "SHARED-SUMMARY" in forwarded_text(sent)
+    assert metric(second, "compactgate_summary_cache_total", 'result="hit"') >= 1
+    assert metric(second, "compactgate_summarizer_calls_total", 'outcome="ok"') == 0
+
+
+def test_replicas_racing_on_one_conversation_summarise_once(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, redis_server: RedisServer
+) -> None:
+    config = config_for(fake_upstream, store=redis_server.url)
+    gateways = [start_gateway(config), start_gateway(config)]
+    fake_upstream.script([summary_script("RACED", kind="hang_before_headers", seconds=1)])
+    messages = chat_history(16, tag="race")
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda i: post(gateways[i % 2], messages)[0], range(6)))
+    assert [r.status_code for r in results] == [200] * 6
+    assert all(r.headers["x-compactgate-steps"].startswith("compaction") for r in results)
+    assert len(summary_calls(fake_upstream)) == 1
+    assert all("RACED" in forwarded_text(r) for r in client_calls(fake_upstream))
+
+
+# -- racing requests in one process ----------------------------------------------------------
+
+
+def test_racing_identical_requests_cause_one_summarisation(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(config_for(fake_upstream))
+    fake_upstream.script([summary_script("ONCE", kind="hang_before_headers", seconds=1)])
+    messages = chat_history(16)
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(lambda _: post(gateway, messages)[0], range(5)))
+    assert all(r.status_code == 200 for r in results)
+    assert all(r.headers["x-compactgate-steps"].startswith("compaction") for r in results)
+    assert len(summary_calls(fake_upstream)) == 1
+    assert len(client_calls(fake_upstream)) == 5
+    assert metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1
+
+
+# -- ahead of need ---------------------------------------------------------------------------
+
+
+def agent_session(prior_turns: int = 8) -> list[dict[str, Any]]:
+    """Earlier plain turns, then the current Turn, which grows by tool rounds."""
+    messages = chat_history(prior_turns, size=520)[:-1]
+    messages.append({"role": "user", "content": "Now read the files and fix the bug."})
+    return messages
+
+
+def tool_round(messages: list[dict[str, Any]], index: int) -> None:
+    call_id = f"call_{index}"
+    call = {"id": call_id, "type": "function",
+            "function": {"name": "read_file", "arguments": f'{{"path": "f{index}.py"}}'}}  # fmt: skip
+    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": f"# f{index}\n" + "x" * 560})
+
+
+@pytest.fixture
+def summary_upstream(start_process: Starter) -> FakeUpstream:
+    """A second fake upstream, for the summary model only (the step's `model:`, 001 2.6.2)."""
+    process = start_process(
+        [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
+    )
+    assert process.match is not None
+    return FakeUpstream(int(process.match.group(1)))
+
+
+def precompute_config(main: FakeUpstream, summarizer: FakeUpstream) -> dict[str, Any]:
+    steps = [{"type": "compaction", "summary_tokens": 200, "model": "summarizer"}, {"type": "fifo"}]
+    models = [model(main), {**model(summarizer, name="summarizer", policy="default")}]
+    return config_for(main, steps, models=models)
+
+
+def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(precompute_config(fake_upstream, summary_upstream))
+    summary_upstream.script([summary_script("PRECOMPUTED", kind="hang_before_headers", seconds=2)])
+    messages = agent_session()
+    slowest = 0.0
+    compacted_at = None
+    for index in range(40):
+        tool_round(messages, index)
+        response, elapsed = post(gateway, messages, tools=True)
+        assert response.status_code == 200
+        slowest = max(slowest, elapsed)
+        if response.headers["x-compactgate-steps"] != "none":
+            compacted_at = index
+            break
+        if summary_upstream.chat_requests():
+            # The precomputation is running (2 s); let it finish before the next tool round,
+            # as a slow tool would.
+            wait_until(lambda: summary_upstream.inflight()["completed"] == 1, 10)
+    assert compacted_at is not None, "the conversation never crossed the trigger"
+    assert response.headers["x-compactgate-steps"].startswith("compaction")
+    assert elapsed < 1.0, "the crossing request waited for its summary"
+    assert slowest < 1.0
+    assert len(summary_upstream.chat_requests()) == 1  # computed once, ahead of need
+    assert "PRECOMPUTED" in forwarded_text(fake_upstream.chat_requests()[-1])
+    assert metric(gateway, "compactgate_summary_cache_total", 'result="hit"') >= 1
+
+
+def test_a_request_that_fits_never_waits_for_a_summary_being_made(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(precompute_config(fake_upstream, summary_upstream))
+    summary_upstream.script([summary_script("SLOW", kind="hang_before_headers", seconds=2)])
+    messages = agent_session()
+    index = 0
+    while not summary_upstream.chat_requests():  # rounds until a precomputation starts
+        tool_round(messages, index)
+        response, elapsed = post(gateway, messages, tools=True)
+        assert response.headers["x-compactgate-steps"] == "none" and elapsed < 1.0
+        index += 1
+        assert index < 40, "no precomputation started"
+    # Keep going while it runs: the requests that cross the trigger are sent as they are.
+    crossed = 0
+    while summary_upstream.inflight()["completed"] == 0:
+        tool_round(messages, index)
+        index += 1
+        response, elapsed = post(gateway, messages, tools=True)
+        assert response.status_code == 200 and elapsed < 1.0
+        assert response.headers["x-compactgate-steps"] == "none"
+        crossed += 1
+    wait_until(lambda: metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1)
+    tool_round(messages, index)
+    response, elapsed = post(gateway, messages, tools=True)
+    assert response.headers["x-compactgate-steps"].startswith("compaction") and elapsed < 1.0
+    assert len(summary_upstream.chat_requests()) == 1
+    assert crossed >= 1
+
+
+# -- failures --------------------------------------------------------------------------------
+
+
+def test_summariser_failure_falls_back_to_the_next_step_and_is_not_cached(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(config_for(fake_upstream))
+    fake_upstream.script([{"kind": "error", "status": 400, "body": {"error": {"message": "no"}}}])
+    messages = chat_history(16)
+    response, _ = post(gateway, messages)
+    assert response.status_code == 200
+    assert response.headers["x-compactgate-steps"] == "fifo"  # R4.13: through the next step
+    assert metric(gateway, "compactgate_summarizer_calls_total", 'outcome="error"') == 1
+
+    fake_upstream.reset()
+    fake_upstream.script([summary_script("SECOND-TRY")])
+    response, _ = post(gateway, messages)
+    assert response.headers["x-compactgate-steps"].startswith("compaction")
+    assert len(summary_calls(fake_upstream)) == 1  # the failure was not cached
+    assert "SECOND-TRY" in forwarded_text(client_calls(fake_upstream)[0])
+
+
+def test_slow_summary_is_waited_for_at_most_wait_s_and_then_used(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(config_for(fake_upstream, wait_s=0.5))
+    fake_upstream.script([summary_script("LATE", kind="hang_before_headers", seconds=2)])
+    messages = chat_history(16)
+    response, elapsed = post(gateway, messages)
+    assert response.headers["x-compactgate-steps"] == "fifo"
+    assert 0.4 < elapsed < 1.5
+    wait_until(lambda: metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1)
+    response, elapsed = post(gateway, messages)
+    assert response.headers["x-compactgate-steps"].startswith("compaction") and elapsed < 1.0
+    assert len(summary_calls(fake_upstream)) == 1
+    assert "LATE" in forwarded_text(client_calls(fake_upstream)[-1])
+
+
+def test_redis_outage_degrades_to_no_cache(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, start_process: Starter
+) -> None:
+    server = start_redis(start_process)
+    gateway = start_gateway(config_for(fake_upstream, store=server.url))
+    server.stop()
+    response, _ = post(gateway, chat_history(16, tag="outage"))
+    assert response.status_code == 200
+    assert response.headers["x-compactgate-steps"].startswith("compaction")
+    assert metric(gateway, "compactgate_store_errors_total", 'op="get"') >= 1
+    assert "store unavailable" in gateway.output()
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+def test_one_tenants_summary_is_never_used_for_another(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(config_for(fake_upstream))
+    messages = chat_history(16)
+    fake_upstream.script([summary_script("ALPHA")])
+    post(gateway, messages, key="sk-tenant-a")
+    fake_upstream.script([summary_script("BRAVO")])
+    response, _ = post(gateway, messages, key="sk-tenant-b")
+    assert response.headers["x-compactgate-steps"].startswith("compaction")
+    calls = summary_calls(fake_upstream)
+    assert [authorization(c) for c in calls] == ["Bearer sk-tenant-a", "Bearer sk-tenant-b"]
+    sent_b = client_calls(fake_upstream)[-1]
+    assert "BRAVO" in forwarded_text(sent_b) and "ALPHA" not in forwarded_text(sent_b)
+
+    post(gateway, messages, key="sk-tenant-a")
+    assert len(summary_calls(fake_upstream)) == 2  # A's own summary, from the cache
+    sent_a = client_calls(fake_upstream)[-1]
+    assert "ALPHA" in forwarded_text(sent_a) and "BRAVO" not in forwarded_text(sent_a)
