@@ -23,6 +23,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.redis_server import RedisServer, start_redis
 
 WINDOW = 4096
+TRIGGER = int((WINDOW - 256) * 0.8)  # about where compaction's threshold is (max_tokens 256)
 TOOLS = [
     {
         "type": "function",
@@ -303,7 +304,7 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
     gateway = start_gateway(precompute_config(fake_upstream, summary_upstream))
-    summary_upstream.script([summary_script("SLOW", kind="hang_before_headers", seconds=2)])
+    summary_upstream.script([summary_script("SLOW", kind="hang_before_headers", seconds=3)])
     messages = agent_session()
     index = 0
     while not summary_upstream.chat_requests():  # rounds until a precomputation starts
@@ -312,21 +313,21 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
         assert response.headers["x-compactgate-steps"] == "none" and elapsed < 1.0
         index += 1
         assert index < 40, "no precomputation started"
-    # Keep going while it runs: the requests that cross the trigger are sent as they are.
-    crossed = 0
-    while summary_upstream.inflight()["completed"] == 0:
+    # Three more rounds while it runs (3 s): the ones past the trigger are sent as they are.
+    crossed = False
+    for _ in range(3):
         tool_round(messages, index)
         index += 1
         response, elapsed = post(gateway, messages, tools=True)
         assert response.status_code == 200 and elapsed < 1.0
         assert response.headers["x-compactgate-steps"] == "none"
-        crossed += 1
+        crossed = crossed or int(response.headers["x-compactgate-tokens-before"]) > TRIGGER
+    assert crossed and summary_upstream.inflight()["completed"] == 0
     wait_until(lambda: metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1)
     tool_round(messages, index)
     response, elapsed = post(gateway, messages, tools=True)
     assert response.headers["x-compactgate-steps"].startswith("compaction") and elapsed < 1.0
     assert len(summary_upstream.chat_requests()) == 1
-    assert crossed >= 1
 
 
 # -- failures --------------------------------------------------------------------------------

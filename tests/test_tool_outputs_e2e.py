@@ -164,3 +164,29 @@ def test_no_expansion_tools_when_nothing_was_masked(gateway: GatewayProcess, fak
     [sent] = fake_upstream.chat_requests()
     assert [t["function"]["name"] for t in sent["json"]["tools"]] == ["read_log"]
     assert json.dumps(sent["json"]).count("tool_output_cache") == 0
+
+
+def test_with_redis_a_ref_stored_by_one_replica_expands_through_another(
+    start_gateway: GatewayStarter, start_process: Any, fake_upstream: FakeUpstream
+) -> None:
+    from tests.redis_server import start_redis
+
+    redis = start_redis(start_process)
+    config = {
+        "store": redis.url,
+        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 6000,
+                    "max_output_tokens": 300, "tokenizer": "chars:4", "policy": "p"}],
+        "policies": {"p": {"steps": [{"type": "tool_output_cache", "context_budget_tokens": 500}, {"type": "fifo"}]}},
+    }
+    replica_a, replica_b = start_gateway(config), start_gateway(config)
+    ref = masked_ref(replica_a)
+    assert masked_ref(replica_b) == ref  # same secret on both: the forwarded prefix is identical
+    client(replica_a).chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)  # A stores it
+    # B never saw the log: its own request masks a different output, and the model asks for A's ref.
+    other = [m if m.get("tool_call_id") != "call_0" else {**m, "content": "other output line\n" * 1200} for m in history()]
+    fake_upstream.reset()
+    fake_upstream.script([internal_call("tool_output_cache_grep", ref_id=ref, pattern="disk full"), {"kind": "ok", "content": "via b"}])
+    answer = client(replica_b).chat.completions.create(model="m", messages=other, tools=CLIENT_TOOLS)
+    assert answer.choices[0].message.content == "via b"
+    [result] = tool_results(fake_upstream.chat_requests()[1])
+    assert LOG_LINES[123] in result
