@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ from .stores import open_store
 from .tool_outputs import ToolOutputCache
 from .summaries import Precompute, SummaryService
 from .summarizer import Summarizer
+from .tokens import PRIMING_TOKENS
 from .upstream import UpstreamClient, UpstreamResponse, forward_headers, passthrough_path
 
 log = logging.getLogger("compactgate")
@@ -351,7 +352,14 @@ class ChatCompletions:
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> Prepared:
         """Prepare the client's original request again against a tighter window."""
-        window = _retry_window(self.gw.effective_window(route), previous, error)
+        pipeline = self.gw.pipeline
+        tools = pipeline.tools_tokens(request, route)
+
+        def limit_at(window: int) -> int:
+            budget = pipeline.budget(request, route, tools, window)
+            return budget.limit if budget is not None else window
+
+        window = _retry_window(self.gw.effective_window(route), previous, error, limit_at)
         return await self.gw.pipeline.prepare(
             request, route, tenant, window=window, force=True, observe=False, headers=headers
         )
@@ -497,26 +505,46 @@ def _upstream_url(route: Route, path: str) -> str:
     return base + path
 
 
-def _retry_window(current: int | None, previous: Prepared, error: ContextError) -> int:
+def _retry_window(
+    current: int | None, previous: Prepared, error: ContextError, limit_at: Callable[[int], int]
+) -> int:
     """The window to compact against after a context error: tighter, in our own token units.
 
     If the upstream said how many tokens the prompt had, scale its limit into our estimate's units
     (our tokenizer may count differently); otherwise aim well below what we just sent.
+    Either way the messages then get a budget below what was just sent (90 %, or 60 % when the
+    error states no numbers), so every retry makes progress. `limit_at(window)` is the messages
+    budget the pipeline derives from a window; the output reserve in it may be a share of the
+    window (20 % by default), so the bound is found by search, never by subtracting the previous
+    attempt's reserve (that one was a share of the configured, wrong, window).
     """
-    budget = previous.budget
-    reserve_and_fixed = (budget.reserved_output + budget.fixed_tokens) if budget else 0
-    sent = previous.tokens_after
+    sent = previous.sent_tokens
+    messages = max(1, sent - previous.tokens_by_region.get("tools", 0) - PRIMING_TOKENS)
+    allowance = int(messages * 0.9)
     if error.limit is not None and error.requested is not None and error.requested > 0:
         scaled = int(error.limit * sent / error.requested)
         window = scaled if error.requested > sent else min(scaled, error.limit)
     elif error.limit is not None:
         window = error.limit
     else:
-        window = reserve_and_fixed + int(max(0, sent - reserve_and_fixed) * 0.6)
-    window = min(window, reserve_and_fixed + int(max(1, sent - reserve_and_fixed) * 0.9))
+        allowance = int(messages * 0.6)
+        window = current if current is not None else max(1, sent)
+        for _ in range(64):  # grow until the bound below binds (no window was ever known)
+            if limit_at(window) > allowance:
+                break
+            window *= 2
     if current is not None:
         window = min(window, current)
-    return max(window, reserve_and_fixed + 1)
+    if limit_at(window) > allowance:
+        low, high = 1, window  # the largest window whose messages budget is within allowance
+        while low < high:
+            middle = (low + high + 1) // 2
+            if limit_at(middle) <= allowance:
+                low = middle
+            else:
+                high = middle - 1
+        window = low
+    return max(1, window)
 
 
 async def _first_chunk(response: UpstreamResponse) -> bytes:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from policies.pinning import PinRule
 from policies.registry import STEPS
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
@@ -121,22 +122,6 @@ def _step_union() -> Any:
 
 
 StepItem = _step_union()
-
-
-class PinRule(_Strict):
-    role: str | None = None
-    tool_name: str | None = None
-    content_regex: str | None = None
-
-    @field_validator("content_regex")
-    @classmethod
-    def _regex(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression: {exc}") from None
-        return value
 
 
 class PolicyConfig(_Strict):

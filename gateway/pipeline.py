@@ -22,6 +22,7 @@ import orjson
 
 from policies import Budget, ChainResult, Conversation, Env, Message, StepReport, StoredOutput, run_chain
 from policies.invariants import check, check_tool_pairs
+from policies.pinning import apply_pin_rules
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
 from .chat_request import ChatRequest
@@ -130,8 +131,7 @@ class Pipeline:
 
     def conversation(self, request: ChatRequest, route: Route) -> Conversation:
         count = route.counter.message
-        return Conversation(
-            tuple(
+        messages = tuple(
                 Message(
                     data=data,
                     tokens=count(data),
@@ -141,8 +141,8 @@ class Pipeline:
                     origin=i,
                 )
                 for i, (data, marks) in enumerate(zip(request.messages, request.marks, strict=True))
-            )
         )
+        return Conversation(apply_pin_rules(messages, route.policy_config.pin_rules))
 
     def env(self, route: Route, tenant: str, summaries: DictSummaries) -> Env:
         secret = self.ref_secret + tenant.encode()

@@ -147,3 +147,20 @@ def test_injected_stream_usage_is_invisible_to_the_client(start_gateway: Gateway
     with httpx.stream("POST", f"{gw.base_url}/chat/completions",
                       json={**body, "stream_options": {"include_usage": True}}, timeout=20) as response:
         assert b'"prompt_tokens"' in b"".join(response.iter_bytes())
+
+
+def test_pin_rules_keep_matching_messages(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+    messages = agent_history(20)
+    messages[1] = {"role": "user", "content": "TODO: never forget the deploy window is Friday"}
+    gw = start_gateway({
+        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 4000,
+                    "max_output_tokens": 200, "tokenizer": "chars:4", "policy": "p"}],
+        "policies": {"p": {"steps": [{"type": "fifo"}], "pin_rules": [{"content_regex": "^TODO:"}, {"tool_name": "read", "content_regex": "line 3 "}]}},
+    })
+    plan = httpx.post(f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": messages}, timeout=20).json()
+    assert plan["steps"][0]["messages_removed"] > 0
+    sent = plan["messages"]
+    assert messages[1] in sent  # pinned by the content rule, though its Turn was dropped
+    assert any(m.get("tool_call_id") == "c3" for m in sent)  # pinned tool result ...
+    assert any(m.get("tool_calls", [{}])[0].get("id") == "c3" for m in sent if m.get("tool_calls"))  # ... with its call
+    assert not any(m.get("tool_call_id") == "c2" for m in sent)

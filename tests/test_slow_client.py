@@ -1,0 +1,115 @@
+"""Slow clients (issue 10): a body trickled byte by byte is cut off by `body_read_timeout_s`.
+
+What a user would notice: the trickling client gets a 408 OpenAI error once the timeout has
+passed (not before, not never), nothing of its request reaches the upstream, and while it (and a
+crowd like it) trickles, everybody else is served at normal speed by the same single worker.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import orjson
+import pytest
+
+from tests.conftest import GatewayProcess
+from tests.fake_upstream import FakeUpstream
+from tests.gateway_process import gateway_process
+
+TIMEOUT_S = 2.0
+SMALL = [{"role": "user", "content": "Say hi."}]
+BODY = orjson.dumps({"model": "m", "messages": SMALL})
+
+
+@pytest.fixture(scope="module")
+def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    config = {
+        "server": {"body_read_timeout_s": TIMEOUT_S},
+        "models": [{"name": "m", "upstream": {"base_url": fake_upstream_server.base_url}, "context_window": 100_000}],
+    }
+    with gateway_process(config, tmp_path_factory.mktemp("slow")) as gw:
+        yield gw
+
+
+class Trickler(threading.Thread):
+    """Sends the request head at once, then the body one byte every `interval` seconds, and
+    reads whatever the gateway answers (the answer may come while it is still sending)."""
+
+    def __init__(self, port: int, interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
+        self.interval = interval
+        self.answer = b""
+        self.answered_after = -1.0
+        self.started_at = time.monotonic()
+
+    def run(self) -> None:
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer sk-slow\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+        )
+        self.started_at = time.monotonic()
+        self.sock.sendall(head)
+        reader = threading.Thread(target=self._read, daemon=True)
+        reader.start()
+        try:
+            for byte in BODY:
+                if self.answer:
+                    break
+                self.sock.sendall(bytes([byte]))
+                time.sleep(self.interval)
+        except OSError:
+            pass  # the gateway closed the connection on us: expected after its 408
+        reader.join(15)
+        self.sock.close()
+
+    def _read(self) -> None:
+        try:
+            data = self.sock.recv(65536)
+        except OSError:
+            return
+        self.answered_after = time.monotonic() - self.started_at
+        self.answer = data
+
+
+def parse_response(raw: bytes) -> tuple[int, dict[str, object]]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, orjson.loads(body)
+
+
+def test_a_trickled_body_is_cut_off_with_408_and_nothing_goes_upstream(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    trickler = Trickler(gateway.port)  # ~6 s to send the whole body: well past the timeout
+    trickler.start()
+    trickler.join(20)
+    assert trickler.answer, "the gateway never answered the slow client"
+    status, body = parse_response(trickler.answer)
+    assert status == 408
+    error = body["error"]
+    assert isinstance(error, dict) and error["code"] == "request_timeout" and error["message"]
+    assert TIMEOUT_S - 0.2 <= trickler.answered_after < TIMEOUT_S + 3
+    assert fake_upstream.chat_requests() == []
+
+
+def test_other_clients_are_served_while_many_clients_trickle(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    tricklers = [Trickler(gateway.port, interval=0.05) for _ in range(30)]
+    for t in tricklers:
+        t.start()
+    api = openai.OpenAI(base_url=gateway.base_url, api_key="sk-normal", max_retries=0, timeout=10)
+    served = 0
+    slowest = 0.0
+    while any(not t.answer for t in tricklers) and served < 200:
+        started = time.monotonic()
+        assert api.chat.completions.create(model="m", messages=SMALL).choices
+        slowest = max(slowest, time.monotonic() - started)
+        served += 1
+    for t in tricklers:
+        t.join(20)
+    assert served >= 5  # normal requests kept flowing during the whole timeout window
+    assert slowest < 1.0
+    assert all(parse_response(t.answer)[0] == 408 for t in tricklers)
+    assert len(fake_upstream.chat_requests()) == served  # only the normal ones went upstream
