@@ -83,4 +83,4 @@ MEMORY_MESSAGES = 20
 
 def warmup_requests(concurrency: int) -> int:
     """Requests sent (and not counted) before each batch: reopens keep-alive connections."""
-    return 3 if concurrency == 1 else 2 * concurrency
+    return 3 if concurrency == 1 else concurrency

@@ -18,6 +18,10 @@ OWN_CODE = ("gateway/", "policies/")
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")
 _RUNTIME = ("runpy", "asyncio/runners.py", "uvicorn/main.py", "uvicorn/server.py",
             "uvicorn/_compat.py", "gateway/cli.py", "gateway/__main__.py")
+# A sample whose innermost Python frame is the loop runner is in uvloop's C code: waiting in
+# epoll or doing socket I/O for a callback. py-spy cannot tell the two apart, so those samples
+# are counted apart and left out of the percentages.
+_LOOP_LEAF = "asyncio/runners.py"
 
 
 def _function(frame: str) -> tuple[str, str]:
@@ -48,18 +52,22 @@ def summarise(collapsed: str, top: int = 12) -> list[str]:
     self_time: Counter[str] = Counter()
     own: Counter[str] = Counter()
     other: Counter[str] = Counter()
-    total = 0
+    total = in_loop = 0
     for line in collapsed.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
-        total += count
         frames = stack.split(";")
         leaf = frames[-1]
+        if _LOOP_LEAF in leaf:
+            in_loop += count
+            continue
+        total += count
         match = _FRAME.match(leaf)
         if match is not None:
-            leaf = f"{match.group('func')} ({_short_path(match.group('file'))}:{match.group('line')})"
+            where = f"{_short_path(match.group('file'))}:{match.group('line')}"
+            leaf = f"{match.group('func')} ({where})"
         self_time[leaf] += count
         seen: set[str] = set()
         for frame in frames:
@@ -77,7 +85,8 @@ def summarise(collapsed: str, top: int = 12) -> list[str]:
         return rows
 
     return [
-        f"{total} samples",
+        f"{total} samples in Python code (100 %); {in_loop} more in the event loop's C code "
+        "(epoll wait or socket I/O), left out",
         *block("hottest lines (self time)", self_time),
         *block("gateway/ and policies/ functions (inclusive)", own),
         *block("library functions (inclusive)", other),

@@ -42,7 +42,8 @@ def build_app(upstream: str) -> Starlette:
         auth = request.headers.get("authorization")
         if auth:
             headers["authorization"] = auth
-        response = await state["session"].post(upstream + request.url.path, data=body, headers=headers)
+        session = state["session"]
+        response = await session.post(upstream + request.url.path, data=body, headers=headers)
         content_type = response.headers.get("content-type", "application/json")
         if content_type.startswith("text/event-stream"):
 

@@ -70,6 +70,14 @@ def overhead_ratio(results: Results, case: str, slower: str, faster: str) -> flo
     return math.inf if b <= 0 else a / b
 
 
+def cpu_over(results: Results, case: str, target: str, floor: str) -> float:
+    """CPU ms per request of `target` minus that of `floor`."""
+    mine, base = figures(results, case, target), figures(results, case, floor)
+    if mine is None or base is None:
+        return math.nan
+    return mine.cpu_ms - base.cpu_ms
+
+
 def throughput_ratio(results: Results, case: str, a: str, b: str) -> float:
     fa, fb = figures(results, case, a), figures(results, case, b)
     if fa is None or fb is None or not fb.rps:
@@ -304,6 +312,12 @@ def _section_ratios(results: Results) -> list[str]:
         for target in ("gateway", "relay", "litellm"):
             value = added(results, case.key, target)
             row.append(_fmt(value) if target in case.targets else "")
+        if "relay" in case.targets:
+            floor = added(results, case.key, "gateway") - added(results, case.key, "relay")
+            row.append(_fmt(floor))
+            row.append(_fmt(cpu_over(results, case.key, "gateway", "relay")))
+        else:
+            row += ["", ""]
         if case.stream:
             row.append(_fmt(added(results, case.key, "gateway", ttfb=True)))
         else:
@@ -324,13 +338,17 @@ def _section_ratios(results: Results) -> list[str]:
     lines = [
         "## Ratios",
         "",
-        "Added p50 = target p50 minus direct p50 in the same case. \"LiteLLM / gateway\" is how "
-        "many times more latency LiteLLM adds; throughput ratios are requests per second at "
-        "that concurrency.",
+        "Added p50 = target p50 minus direct p50 in the same case; \"gateway over floor\" = "
+        "gateway added minus relay added, the gateway's own cost above a do-nothing Python "
+        "relay on the same stack (less sensitive to machine load than the absolute figures); "
+        "\"CPU/req over floor\" the same for CPU time per request. "
+        "\"LiteLLM / gateway\" is how many times more latency LiteLLM adds; throughput ratios "
+        "are requests per second at that concurrency.",
         "",
     ]
     lines += _table(
-        ("case", "gateway added", "relay floor added", "LiteLLM added", "gateway TTFB added",
+        ("case", "gateway added", "relay floor added", "LiteLLM added", "gateway over floor",
+         "CPU/req over floor", "gateway TTFB added",
          "LiteLLM / gateway", "throughput gateway / LiteLLM", "throughput gateway / direct",
          "other gateway targets, added"),
         rows,
@@ -382,16 +400,16 @@ def _section_paths(results: Results, info: RunInfo) -> list[str]:
             + ", ".join(f"{k} {v:,}" for k, v in info.tokens.items()) + "."
         )
     for key, headers in info.sample_headers.items():
-        shown = ", ".join(f"{k.removeprefix('x-compactgate-')}={v}" for k, v in sorted(headers.items())
-                          if not k.endswith("request-id"))
+        shown = ", ".join(f"{k.removeprefix('x-compactgate-')}={v}"
+                          for k, v in sorted(headers.items()) if not k.endswith("request-id"))
         lines.append(f"- Gateway headers of a `{key}` answer: {shown}.")
     for case, label in (("compact-seen", "seen before"), ("compact-first", "first time seen")):
         cost = compaction_cost(results, case)
         if not math.isnan(cost):
             lines.append(
                 f"- Compaction, {label}: the compacting model's p50 is {_fmt(cost)} above the "
-                f"passthrough model's on the same requests ({_fmt(added(results, case, 'gateway-compact'))}"
-                " above direct)."
+                "passthrough model's on the same requests "
+                f"({_fmt(added(results, case, 'gateway-compact'))} above direct)."
             )
     emergency = figures(results, "emergency", "gateway-emergency")
     direct = figures(results, "emergency", "direct")
@@ -416,6 +434,13 @@ def _section_paths(results: Results, info: RunInfo) -> list[str]:
             f"MiB, {memory['per_conversation_kib']:.1f} KiB per conversation; "
             f"{int(memory['errors'])} errors)."
         )
+        if "second_mib" in memory:
+            lines.append(
+                f"  After {int(memory['conversations']):,} more: {memory['second_mib']:.1f} MiB "
+                f"({memory['second_per_conversation_kib']:.1f} KiB per conversation). The first "
+                "thousand partly reuses memory freed at start-up (loading the tokenizer), so the "
+                "second is the steadier growth rate."
+            )
     for note in info.notes:
         lines.append(f"- Note: {note}")
     return [*lines, ""]

@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-profile", action="store_true",
                         help="do not profile missed targets with py-spy")
     parser.add_argument("--profile-seconds", type=float, default=None,
-                        help="seconds of load per profiled miss (default 8, quick 4)")
+                        help="seconds of load per profiled miss (default 8, quick 3)")
     parser.add_argument("--max-minutes", type=float, default=20,
                         help="stop measuring new batches after this long (default 20)")
     parser.add_argument("--keep-workdir", action="store_true",
@@ -119,7 +119,8 @@ class Bench:
         return self.workloads[key]
 
     def body_for(self, case: Case, target: str) -> load.BodyFor:
-        kind = {"gateway-compact": "compact", "gateway-emergency": "emergency"}.get(target, "passthrough")
+        kinds = {"gateway-compact": "compact", "gateway-emergency": "emergency"}
+        kind = kinds.get(target, "passthrough")
         workload = self.workload(case.shape, kind, case.stream)
         if kind == "emergency":
             return workload.distinct_model
@@ -151,14 +152,16 @@ class Bench:
         if not await self.wait_ready(session, self.services["gateway"], 120):
             raise targets.StartError("the gateway did not become ready:\n"
                                      + self.services["gateway"].log_tail())
-        if "relay" in self.services and not await self.wait_ready(session, self.services["relay"], 60):
+        relay = self.services.get("relay")
+        if relay is not None and not await self.wait_ready(session, relay, 60):
             self.notes.append("the relay floor did not answer; left out")
             self.services.pop("relay").stop()
         if peer is not None:
             await peer
         elif self.args.no_litellm:
             self.notes.append("LiteLLM left out (--no-litellm): its ratios are n/a")
-        self.log("ready: " + ", ".join(f"{n} pid {s.pid} port {s.port}" for n, s in self.services.items()))
+        running = (f"{name} pid {s.pid} port {s.port}" for name, s in self.services.items())
+        self.log("ready: " + ", ".join(running))
 
     async def start_litellm(self, session: aiohttp.ClientSession) -> None:
         if not targets.litellm_installed():
@@ -177,8 +180,17 @@ class Bench:
                               "ends: " + service.log_tail(3).replace("\n", " / ")[:300])
             self.log(self.notes[-1])
             self.services.pop("litellm").stop()
+            return
+        self.notes.append(
+            f"LiteLLM {self.litellm_version} ran as its own CLI starts it (`litellm --config ... "
+            "--num_workers 1`): uvicorn with its default HTTP parser (h11: httptools is not a "
+            "dependency of litellm[proxy]), a master key (it refuses to start without one), no "
+            "database, cost map from its package (LITELLM_LOCAL_MODEL_COST_MAP)."
+        )
 
-    async def wait_ready(self, session: aiohttp.ClientSession, service: Service, timeout: float) -> bool:
+    async def wait_ready(
+        self, session: aiohttp.ClientSession, service: Service, timeout: float
+    ) -> bool:
         """Poll with a real chat request until it answers 200 (bounded by `timeout`)."""
         body = self.workload("small", "passthrough", False).template
         headers = {"content-type": "application/json", "authorization": self.authorization}
@@ -206,8 +218,9 @@ class Bench:
         common = dict(stream=case.stream, concurrency=case.concurrency, headers_for=headers_for,
                       authorization=self.authorization)
         if warmup:
-            warm = await load.run(session, url, body_for, requests=warmup_requests(case.concurrency),
-                                  max_seconds=10, first_index=self.index, **common)
+            warm = await load.run(session, url, body_for,
+                                  requests=warmup_requests(case.concurrency), max_seconds=10,
+                                  first_index=self.index, **common)
             self.index += warm.sent
         measured = await load.run(session, url, body_for, requests=requests, max_seconds=seconds,
                                   pids=[service.pid], first_index=self.index, **common)
@@ -243,7 +256,8 @@ class Bench:
 
     async def memory(self, session: aiohttp.ClientSession) -> dict[str, float]:
         """RSS of a fresh gateway: idle (after a warm-up) and after N distinct conversations."""
-        config = targets.gateway_config(self.services["upstream"], self.services["upstream-emergency"])
+        config = targets.gateway_config(self.services["upstream"],
+                                        self.services["upstream-emergency"])
         service = targets.start_gateway(self.workdir, config, name="gateway-memory")
         self.services["gateway-memory"] = service
         try:
@@ -262,15 +276,26 @@ class Bench:
                                    requests=MEMORY_CONVERSATIONS, first_index=base + 100, **common)
             await asyncio.sleep(1.0)
             after = load.rss_bytes(service.pid)
+            figures = {
+                "idle_mib": idle / 2**20, "after_mib": after / 2**20,
+                "delta_mib": (after - idle) / 2**20, "conversations": batch.count,
+                "messages": MEMORY_MESSAGES, "errors": batch.errors,
+                "per_conversation_kib": (after - idle) / 1024 / max(1, batch.count),
+            }
+            if not self.quick:  # a second thousand: the growth once start-up garbage is reused
+                more = await load.run(session, url, conversation.first_time, concurrency=4,
+                                      requests=MEMORY_CONVERSATIONS,
+                                      first_index=base + 100 + MEMORY_CONVERSATIONS, **common)
+                await asyncio.sleep(1.0)
+                second = load.rss_bytes(service.pid)
+                figures["second_mib"] = second / 2**20
+                growth = (second - after) / 1024 / max(1, more.count)
+                figures["second_per_conversation_kib"] = growth
+                figures["errors"] += more.errors
         finally:
             service.stop()
             self.services.pop("gateway-memory", None)
-        delta = after - idle
-        return {
-            "idle_mib": idle / 2**20, "after_mib": after / 2**20, "delta_mib": delta / 2**20,
-            "conversations": batch.count, "messages": MEMORY_MESSAGES, "errors": batch.errors,
-            "per_conversation_kib": delta / 1024 / max(1, batch.count),
-        }
+        return figures
 
     async def profile_misses(self, session: aiohttp.ClientSession) -> dict[str, list[str]]:
         misses = [v for v in report.verdicts(self.results) if v.status == "MISS"]
@@ -280,7 +305,7 @@ class Bench:
         if py_spy is None:
             self.notes.append(f"misses not profiled: {problem}")
             return {}
-        seconds = self.args.profile_seconds or (4.0 if self.quick else 8.0)
+        seconds = self.args.profile_seconds or (3.0 if self.quick else 8.0)
         profiles: dict[str, list[str]] = {}
         done: dict[tuple[str, str], str] = {}
         for verdict in misses:
@@ -325,17 +350,20 @@ class Bench:
         )
         try:
             await self.start(session)
-            own_before, busy_before, wall_before = self._own_cpu(), report.busy_seconds(), time.monotonic()
+            own_before, busy_before = self._own_cpu(), report.busy_seconds()
+            wall_before = time.monotonic()
             for case in CASES:
                 if selected is None or case.key in selected:
                     self.log(f"case {case.key}: {case.title}")
                     await self.run_case(session, case)
             own_cpu = self._own_cpu() - own_before
             busy = report.busy_seconds() - busy_before
-            info.foreign_cores = max(0.0, busy - own_cpu) / max(1e-9, time.monotonic() - wall_before)
+            wall = max(1e-9, time.monotonic() - wall_before)
+            info.foreign_cores = max(0.0, busy - own_cpu) / wall
             info.loadavg_after = _loadavg()
             if not self.args.no_memory and time.monotonic() < self.deadline:
-                self.log(f"memory: {MEMORY_CONVERSATIONS} distinct {MEMORY_MESSAGES}-message conversations")
+                self.log(f"memory: {MEMORY_CONVERSATIONS} distinct {MEMORY_MESSAGES}-message "
+                         "conversations")
                 info.memory = await self.memory(session)
                 self.log(f"  {info.memory}")
             self.log("verdicts:")

@@ -129,7 +129,9 @@ def _read_ready(process: subprocess.Popen[bytes], timeout: float) -> int | None:
     return None
 
 
-def start_upstream(workdir: Path, name: str = "upstream", reject_above: int | None = None) -> Service:
+def start_upstream(
+    workdir: Path, name: str = "upstream", reject_above: int | None = None
+) -> Service:
     argv = [sys.executable, "-m", "benchmarks.fast_upstream", "--port", "0"]
     if reject_above is not None:
         argv += ["--reject-above", str(reject_above)]
@@ -143,7 +145,8 @@ def start_upstream(workdir: Path, name: str = "upstream", reject_above: int | No
 
 
 def start_relay(workdir: Path, upstream: Service) -> Service:
-    argv = [sys.executable, "-m", "benchmarks.relay_floor", "--upstream", upstream.origin, "--port", "0"]
+    argv = [sys.executable, "-m", "benchmarks.relay_floor", "--upstream", upstream.origin,
+            "--port", "0"]
     process, log = _spawn("relay", argv, workdir)
     port = _read_ready(process, 30)
     service = Service("relay", process, port or 0, log)
@@ -154,7 +157,8 @@ def start_relay(workdir: Path, upstream: Service) -> Service:
 
 
 def compaction_steps() -> tuple[list[str], str]:
-    """The compaction chain and a note: tool_output_cache + fifo, or fifo alone if not registered."""
+    """The compaction chain and its note: tool_output_cache + fifo, or fifo if the former is not
+    registered yet."""
     from policies.registry import STEPS
 
     if "tool_output_cache" in STEPS:
@@ -208,7 +212,9 @@ def litellm_python() -> Path:
 
 def litellm_installed() -> bool:
     marker = LITELLM_VENV / "installed.txt"
-    return marker.exists() and marker.read_text().strip() == LITELLM_SPEC and litellm_python().exists()
+    if not marker.exists() or not litellm_python().exists():
+        return False
+    return marker.read_text().strip() == LITELLM_SPEC
 
 
 def install_litellm(timeout: float) -> str | None:
@@ -222,7 +228,8 @@ def install_litellm(timeout: float) -> str | None:
         with open(log, "wb") as out:
             if not litellm_python().exists():
                 subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True,
-                               stdout=out, stderr=out, timeout=max(1.0, deadline - time.monotonic()))
+                               stdout=out, stderr=out,
+                               timeout=max(1.0, deadline - time.monotonic()))
             subprocess.run(
                 [str(litellm_python()), "-m", "pip", "install", "--disable-pip-version-check",
                  "-q", LITELLM_SPEC],

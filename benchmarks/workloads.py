@@ -80,7 +80,8 @@ def _code(rng: random.Random, mark: str, lines: int) -> str:
         if number % 3 == 1:
             text = f"def {ident}_{number}(self, {rng.choice(_WORDS)}: int) -> str:"
         elif number % 3 == 2:
-            text = f"    value = self.{rng.choice(_IDENTS)}({rng.randint(0, 9999)}, '{rng.choice(_WORDS)}')"
+            call = f"{rng.choice(_IDENTS)}({rng.randint(0, 9999)}, '{rng.choice(_WORDS)}')"
+            text = f"    value = self.{call}"
         else:
             text = f"    return value  # {_prose(rng, 5)}"
         out.append(f"{number:5d}  {text}")
@@ -92,7 +93,8 @@ def _log(rng: random.Random, mark: str, lines: int) -> str:
     for _ in range(lines):
         out.append(
             f"2025-03-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:"
-            f"{rng.randint(0, 59):02d}Z {rng.choice(_LEVELS)} {rng.choice(_IDENTS)}: {_prose(rng, 9)}"
+            f"{rng.randint(0, 59):02d}Z {rng.choice(_LEVELS)} {rng.choice(_IDENTS)}: "
+            + _prose(rng, 9)
         )
     return "\n".join(out)
 
@@ -205,7 +207,7 @@ def agent(model: str, stream: bool = False, count: int = 200) -> Workload:
 
 
 def token_count(body: bytes, encoding: str = "o200k_base") -> int:
-    """Tokens of a body's messages and tools, counted as the gateway counts them (for the report)."""
+    """Tokens of a body's messages and tools as the gateway counts them (for the report)."""
     from gateway.tokenizers import load_tokenizer
     from gateway.tokens import CountCache, MessageCounter
 

@@ -51,7 +51,14 @@ from .chat_request import ChatRequest, parse_chat_request
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
 from .events import EventLog, reward
-from .errors import GatewayError, ModelNotFoundError, NotFoundError, UpstreamError
+from .errors import (
+    ContextLengthExceededError,
+    GatewayError,
+    ModelNotFoundError,
+    NotFoundError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
 from .limits import ConcurrencyLimits, register_gauges
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
@@ -71,6 +78,7 @@ access_log = logging.getLogger("compactgate.access")
 
 CHAT_PATH = "/v1/chat/completions"
 IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
+SHUTTING_DOWN = "The gateway is shutting down and could not finish this response; retry it."
 STREAM_TAIL_BYTES = 8192  # the end of a stream is kept to read its usage chunk
 
 
@@ -238,20 +246,32 @@ class ChatCompletions:
                     request, route, gw.tenant(scope), scope["headers"], gw.effective_window(route)
                 )
         except GatewayError as error:
-            exchange.status = error.status
-            with contextlib.suppress(OSError):
-                await send_error(watcher.send, error, [(b"x-compactgate-request-id", exchange.request_id.encode())])
+            await self.report(watcher, exchange, error)
         except ClientDisconnected:
             exchange.status = 499
         except asyncio.CancelledError:
-            if not watcher.disconnected:
-                raise
-            exchange.status = 499
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if watcher.disconnected:
+                exchange.status = 499
+            else:  # the server's shutdown deadline passed: end the response cleanly
+                await self.report(watcher, exchange, GatewayError(SHUTTING_DOWN))
         finally:
             watcher.stop()
             gw.metrics.inflight.dec()
             self.record(exchange)
+
+    async def report(
+        self, watcher: DisconnectWatcher, exchange: Exchange, error: GatewayError
+    ) -> None:
+        """Send `error` as the response, or, when the response has already started (a stream
+        that stalled or outlived the shutdown deadline), as its last event."""
+        with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
+            if watcher.started:
+                await watcher.end_with_error(error)
+                return
+            exchange.status = error.status
+            request_id = exchange.request_id.encode("latin-1", "replace")
+            await send_error(watcher.send, error, [(b"x-compactgate-request-id", request_id)])
 
     async def serve(
         self, scope: Scope, send: Send, request: ChatRequest, route: Route, exchange: Exchange
@@ -290,8 +310,17 @@ class ChatCompletions:
                 context_error = _stream_context_error(first)
                 if context_error is not None and await self.can_retry(route, exchange, context_error):
                     response.close()
-                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
+                    try:
+                        prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
+                    except ContextLengthExceededError:
+                        if first:  # the upstream said the context overflowed: that is the answer
+                            raise
+                        # An empty stream was only a guess at an overflow: report what happened.
+                        raise UpstreamError("The upstream answered 200 with an empty stream.") from None
                     continue
+                if not first:  # retries spent: never relay a silent empty 200
+                    response.close()
+                    raise UpstreamError("The upstream answered 200 with an empty stream.")
                 if prepared.expandable:
                     response, first, exchange.internal_rounds = await gw.expansion.resolve_stream(
                         response, first, prepared.body, route, url, sending, tenant
@@ -312,6 +341,8 @@ class ChatCompletions:
                 return
             data = await response.read()
             response.release()
+            if 200 <= response.status < 300 and not data:
+                raise UpstreamError("The upstream answered with an empty body.")
             status, relay_headers = response.status, response.relay_headers()
             if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
                 resolved = await gw.expansion.resolve(data, prepared.body, route, url, sending, tenant)
@@ -395,7 +426,7 @@ class ChatCompletions:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if stripper is not None and (rest := stripper.flush()):
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
-        except UpstreamError as error:
+        except (UpstreamError, UpstreamTimeoutError) as error:
             # Headers are gone: the only way to tell the client is an SSE error event.
             log.warning("request %s: upstream stream failed: %s", exchange.request_id, error.message)
             event = b"data: " + error.body() + b"\n\n"

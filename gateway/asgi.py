@@ -88,13 +88,32 @@ class DisconnectWatcher:
         self._send = send
         self._task: asyncio.Task[None] | None = None
         self.disconnected = False
+        self.started = False  # the response head has been sent
+        self.event_stream = False  # ... as text/event-stream
         self.finished = False  # the last body chunk is being sent: a disconnect now is normal
 
     async def send(self, message: Message) -> None:
-        """`send` for the handler: marks the response finished before its last chunk."""
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
+        """`send` for the handler: notes the response's start, and marks it finished before its
+        last chunk."""
+        if message["type"] == "http.response.start":
+            self.started = True
+            self.event_stream = any(
+                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                for k, v in message.get("headers", ())
+            )
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
         await self._send(message)
+
+    async def end_with_error(self, error: GatewayError) -> None:
+        """Report `error` on a response whose head is already sent: a stream gets it as a last
+        SSE event (the only way left to tell the client), then the body is ended."""
+        if self.finished:
+            return
+        if self.event_stream:
+            event = b"data: " + error.body() + b"\n\n"
+            await self.send({"type": "http.response.body", "body": event, "more_body": True})
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def start(self) -> None:
         owner = asyncio.current_task()

@@ -14,7 +14,8 @@ from .config import Config, ConfigError, default_config, load_config
 CONFIG_ENV = "COMPACTGATE_CONFIG"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `compactgate` argument parser (also used by tests that check deploy/ entrypoints)."""
     parser = argparse.ArgumentParser(prog="compactgate", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -40,8 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
     demo.add_argument("--turns", type=int, default=14)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
     if args.command == "check-config":

@@ -331,7 +331,9 @@ class Summarizer:
     ) -> str:
         sections: list[str] = []
         if previous:
-            sections.append(f"{PREVIOUS_LABEL}\n<previous_summary>\n{previous}\n</previous_summary>")
+            sections.append(
+                f"{PREVIOUS_LABEL}\n<previous_summary>\n{previous}\n</previous_summary>"
+            )
         if combine:
             body = "\n\n".join(f"<part>\n{p}\n</part>" for p in pieces)
             sections.append(f"<summaries>\n{body}\n</summaries>")

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.echo_upstream import estimate_prompt_tokens
 from tests.conftest import GatewayProcess, Starter, free_port
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
 
@@ -51,11 +52,9 @@ def conversation(turns: int = 14, size: int = 900) -> list[dict[str, Any]]:
     return messages
 
 
-def fake_tokens(messages: list[dict[str, Any]]) -> int:
+def fake_tokens(messages: list[dict[str, Any]], tools: list[Any] | None = None) -> int:
     """The fake upstream's own prompt count (chars of the JSON of messages and tools / 4)."""
-    from gateway.echo_upstream import estimate_prompt_tokens
-
-    return estimate_prompt_tokens({"messages": messages})
+    return estimate_prompt_tokens({"messages": messages, "tools": tools})
 
 
 MESSAGES = conversation()
@@ -124,8 +123,8 @@ def plan_window(gateway: GatewayProcess, model: str) -> int | None:
 def assert_valid_retry(first: dict[str, Any], retry: dict[str, Any]) -> None:
     """The retried request is smaller and keeps what must never be dropped (R3)."""
     sent = retry["messages"]
-    assert fake_tokens(sent) < fake_tokens(first["messages"])
-    assert fake_tokens(sent) <= LIMIT
+    assert estimate_prompt_tokens(retry) < estimate_prompt_tokens(first)
+    assert estimate_prompt_tokens(retry) <= LIMIT  # what the fake accepted
     assert sent[0] == {"role": "system", "content": SYSTEM}
     assert sent[-1] == {"role": "user", "content": LATEST}
     assert_tool_pairs(sent)
@@ -167,7 +166,7 @@ def test_non_streaming_context_error_is_recovered(
     completion = raw.parse()
     assert completion.choices[0].message.content == f"echo: {LATEST}"
     retries = int(raw.headers["x-compactgate-retries"])
-    assert retries >= 1
+    assert 1 <= retries <= 2  # max_retries
     bodies = chat_bodies(fake_upstream)
     assert len(bodies) == retries + 1
     assert_valid_retry(bodies[0], bodies[-1])
@@ -194,7 +193,7 @@ def test_streaming_context_error_is_recovered(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == f"echo: {LATEST}"
     assert chunks[-1].choices[0].finish_reason == "stop"
-    assert retries >= 1
+    assert 1 <= retries <= 2
     bodies = chat_bodies(fake_upstream)
     assert len(bodies) == retries + 1
     assert all(b["stream"] is True for b in bodies)
@@ -276,10 +275,11 @@ def test_nothing_fits_with_default_truncate_still_answers(
     raw = client.chat.completions.with_raw_response.create(model="lenient", messages=messages, max_tokens=50)
     assert raw.parse().choices[0].message.content
     assert int(raw.headers["x-compactgate-retries"]) >= 1
-    sent = chat_bodies(fake_upstream)[-1]["messages"]
+    last = chat_bodies(fake_upstream)[-1]
+    sent = last["messages"]
     assert sent[0] == {"role": "system", "content": SYSTEM}
     assert sent[-1]["role"] == "user" and "characters cut by compactgate" in sent[-1]["content"]
-    assert fake_tokens(sent) <= LIMIT
+    assert estimate_prompt_tokens(last) <= LIMIT
 
 
 # -- bounded: never loops ---------------------------------------------------------------------------
@@ -335,8 +335,19 @@ def test_streaming_quirks_are_recovered(
     bodies = chat_bodies(fake_upstream)
     assert len(bodies) == 2
     assert_tool_pairs(bodies[1]["messages"])
-    assert fake_tokens(bodies[1]["messages"]) < fake_tokens(bodies[0]["messages"])
+    assert estimate_prompt_tokens(bodies[1]) < estimate_prompt_tokens(bodies[0])
     assert bodies[1]["messages"][-1] == {"role": "user", "content": LATEST}
+
+
+def test_an_empty_stream_after_the_last_retry_is_a_502_not_a_silent_200(
+    client: openai.OpenAI, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script([{"kind": "empty_200"}] * 5)
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="quirks", messages=MESSAGES, max_tokens=50, stream=True)
+    assert info.value.status_code == 502
+    assert info.value.code == "bad_gateway"
+    assert len(fake_upstream.chat_requests()) == 3  # the first attempt and max_retries (2)
 
 
 def test_finish_reason_length_is_not_a_context_error(
@@ -355,3 +366,53 @@ def test_finish_reason_length_is_not_a_context_error(
     assert chunks[-1].choices[0].finish_reason == "length"
     assert len(fake_upstream.chat_requests()) == 2
     assert plan_window(gateway, "length") == CONFIGURED_WINDOW
+
+
+# -- the retry's window, in-process -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("signature", "limit", "requested", "max_tokens"),
+    [
+        ("openai", LIMIT, fake_tokens(MESSAGES), None),  # both numbers stated
+        ("openai", LIMIT, fake_tokens(MESSAGES), 50),  # an explicit output reserve
+        ("gemini", LIMIT, None, None),  # only the limit
+        ("bedrock", None, None, None),  # no numbers at all
+    ],
+)
+async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_window(
+    signature: str, limit: int | None, requested: int | None, max_tokens: int | None
+) -> None:
+    """Regression: the retry window was floored at the first attempt's output reserve, 20 % of
+    the configured 64,000 tokens, so the "tighter" window was 12,836 and nothing was cut."""
+    from gateway.app import ChatCompletions, Gateway
+    from gateway.chat_request import parse_chat_request
+    from gateway.config import parse_config
+    from gateway.context_errors import ContextError
+
+    upstream = {"base_url": "http://127.0.0.1:9/v1"}
+    config = parse_config({"models": [{"name": "m", "upstream": upstream, "tokenizer": "chars:4",
+                                       "context_window": CONFIGURED_WINDOW}]})
+    gw = Gateway(config)
+    route = gw.router.resolve("m")
+    assert route is not None
+    body: dict[str, Any] = {"model": "m", "messages": MESSAGES}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    request = parse_chat_request(json.dumps(body).encode(), 10_000)
+    first = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+    assert first.tokens_after == first.tokens_before  # the configured window let it through
+    error = ContextError(signature, limit, requested)
+    gw.learn_window(route, error)
+    retry = await ChatCompletions(gw).recompact(request, route, "t", first, error, observe=False)
+    assert retry.budget is not None
+    assert retry.budget.context_window <= (limit or CONFIGURED_WINDOW)
+    if limit is not None:  # one retry is enough when the limit is stated
+        assert fake_tokens(retry.messages) <= LIMIT
+    else:  # no numbers: the messages' budget is 60 % of what was sent
+        sent_messages = first.tokens_after - first.tokens_by_region["tools"]
+        assert retry.budget.limit <= 0.6 * sent_messages
+        assert retry.tokens_after < 0.7 * first.tokens_after
+    assert retry.messages[0] == {"role": "system", "content": SYSTEM}
+    assert retry.messages[-1] == {"role": "user", "content": LATEST}
+    assert_tool_pairs(retry.messages)

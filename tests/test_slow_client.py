@@ -8,6 +8,7 @@ crowd like it) trickles, everybody else is served at normal speed by the same si
 from __future__ import annotations
 
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -68,12 +69,29 @@ class Trickler(threading.Thread):
         self.sock.close()
 
     def _read(self) -> None:
+        data = b""
         try:
-            data = self.sock.recv(65536)
+            while not _complete(data):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    break
+                if not data:
+                    self.answered_after = time.monotonic() - self.started_at
+                data += chunk
         except OSError:
-            return
-        self.answered_after = time.monotonic() - self.started_at
+            pass
         self.answer = data
+
+
+def _complete(raw: bytes) -> bool:
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
 
 
 def parse_response(raw: bytes) -> tuple[int, dict[str, object]]:
@@ -96,20 +114,20 @@ def test_a_trickled_body_is_cut_off_with_408_and_nothing_goes_upstream(gateway: 
 
 
 def test_other_clients_are_served_while_many_clients_trickle(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    api = openai.OpenAI(base_url=gateway.base_url, api_key="sk-normal", max_retries=0, timeout=10)
+    assert api.chat.completions.create(model="m", messages=SMALL).choices  # warm (tokenizer loaded)
     tricklers = [Trickler(gateway.port, interval=0.05) for _ in range(30)]
     for t in tricklers:
         t.start()
-    api = openai.OpenAI(base_url=gateway.base_url, api_key="sk-normal", max_retries=0, timeout=10)
-    served = 0
-    slowest = 0.0
-    while any(not t.answer for t in tricklers) and served < 200:
+    latencies: list[float] = []
+    while any(not t.answer for t in tricklers) and len(latencies) < 400:
         started = time.monotonic()
         assert api.chat.completions.create(model="m", messages=SMALL).choices
-        slowest = max(slowest, time.monotonic() - started)
-        served += 1
+        latencies.append(time.monotonic() - started)
     for t in tricklers:
         t.join(20)
-    assert served >= 5  # normal requests kept flowing during the whole timeout window
-    assert slowest < 1.0
+    # normal requests kept flowing during the whole timeout window, at normal speed
+    assert len(latencies) >= 10
+    assert statistics.median(latencies) < 0.25 and max(latencies) < 2
     assert all(parse_response(t.answer)[0] == 408 for t in tricklers)
-    assert len(fake_upstream.chat_requests()) == served  # only the normal ones went upstream
+    assert len(fake_upstream.chat_requests()) == 1 + len(latencies)  # only the normal ones

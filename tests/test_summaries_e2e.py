@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -249,20 +250,24 @@ def agent_session(prior_turns: int = 8) -> list[dict[str, Any]]:
 
 def tool_round(messages: list[dict[str, Any]], index: int) -> None:
     call_id = f"call_{index}"
-    call = {"id": call_id, "type": "function",
-            "function": {"name": "read_file", "arguments": f'{{"path": "f{index}.py"}}'}}  # fmt: skip
+    arguments = orjson.dumps({"path": f"f{index}.py"}).decode()
+    function = {"name": "read_file", "arguments": arguments}
+    call = {"id": call_id, "type": "function", "function": function}
     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    messages.append({"role": "tool", "tool_call_id": call_id, "content": f"# f{index}\n" + "x" * 560})
+    output = f"# f{index}\n" + "x" * 560
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
 
 
 @pytest.fixture
-def summary_upstream(start_process: Starter) -> FakeUpstream:
+def summary_upstream(start_process: Starter) -> Iterator[FakeUpstream]:
     """A second fake upstream, for the summary model only (the step's `model:`, 001 2.6.2)."""
     process = start_process(
         [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
     )
     assert process.match is not None
-    return FakeUpstream(int(process.match.group(1)))
+    fake = FakeUpstream(int(process.match.group(1)))
+    yield fake
+    fake.close()
 
 
 def precompute_config(main: FakeUpstream, summarizer: FakeUpstream) -> dict[str, Any]:

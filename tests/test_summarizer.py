@@ -44,9 +44,7 @@ def calls_of(metrics: Metrics, outcome: str) -> float:
     return value or 0.0
 
 
-def request_of(
-    messages: list[dict[str, Any]], **kwargs: Any
-) -> SummaryRequest:
+def request_of(messages: list[dict[str, Any]], **kwargs: Any) -> SummaryRequest:
     options: dict[str, Any] = {
         "purpose": "compaction",
         "instructions": "Summarise it. Put the summary inside <summary></summary> tags.",

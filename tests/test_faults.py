@@ -1,0 +1,297 @@
+"""Fault injection (issue 6 items 3-5): a misbehaving upstream, and the client still gets one answer.
+
+The fake upstream refuses connections, hangs before its headers or in the middle of a stream,
+fails with 500s and 429s, drops the connection before or after its headers, or answers an empty
+200. Whatever it does, each client request gets exactly one response, in time: the gateway
+retries what is safe to retry (nothing has reached the client yet), maps timeouts to 504 and
+broken upstreams to 502, and once a stream has begun it ends it with an SSE error event. All the
+while, requests to a healthy upstream through the same gateway keep succeeding.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import GatewayProcess, Starter, free_port
+from tests.fake_upstream import FakeUpstream
+
+FIRST_BYTE_TIMEOUT = 1.5
+IDLE_TIMEOUT = 1.0
+TOTAL_TIMEOUT = 3.0
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Say something, in a few words please."},
+]
+ECHO = "echo: Say something, in a few words please."
+
+
+@pytest.fixture(scope="module")
+def healthy_upstream(start_process_session: Starter) -> Iterator[FakeUpstream]:
+    """A second fake upstream that always behaves: the traffic that must not notice the faults."""
+    process = start_process_session(
+        [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
+    )
+    assert process.match is not None
+    fake = FakeUpstream(int(process.match.group(1)))
+    yield fake
+    fake.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    start_process_session: Starter,
+    fake_upstream_server: FakeUpstream,
+    healthy_upstream: FakeUpstream,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> GatewayProcess:
+    retry = {"max_attempts": 3, "backoff_base_seconds": 0.05, "max_delay_seconds": 2}
+    config = {
+        "server": {
+            "connect_timeout_s": 1,
+            "first_byte_timeout_s": FIRST_BYTE_TIMEOUT,
+            "stream_idle_timeout_s": IDLE_TIMEOUT,
+            "upstream_timeout_s": TOTAL_TIMEOUT,
+        },
+        "models": [
+            {"name": "flaky", "upstream": {"base_url": fake_upstream_server.base_url},
+             "context_window": 8000, "retry": retry},
+            {"name": "dead", "upstream": {"base_url": f"http://127.0.0.1:{free_port()}/v1"},
+             "context_window": 8000, "retry": {**retry, "max_attempts": 2}},
+            {"name": "healthy", "upstream": {"base_url": healthy_upstream.base_url},
+             "context_window": 8000},
+        ],
+    }
+    path: Path = tmp_path_factory.mktemp("faults") / "gateway.json"
+    path.write_text(json.dumps(config))
+    port = free_port()
+    process = start_process_session(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
+        r"Uvicorn running on|CompactGate listening on",
+        30,
+    )
+    return GatewayProcess(process, port, path)
+
+
+# -- what the client saw ---------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """One client request's whole response, read to its end."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+    seconds: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[Any]:
+        """The SSE events: parsed JSON, or the string "[DONE]"."""
+        out: list[Any] = []
+        for block in self.body.split(b"\n\n"):
+            block = block.strip()
+            if not block:
+                continue
+            assert block.startswith(b"data: "), f"not an SSE event: {block[:80]!r}"
+            data = block[6:]
+            out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+        return out
+
+    def text(self) -> str:
+        return "".join(
+            e["choices"][0]["delta"].get("content") or ""
+            for e in self.events()
+            if isinstance(e, dict) and e.get("choices")
+        )
+
+
+def call(gateway: GatewayProcess, model: str, stream: bool = False) -> Seen:
+    body = {"model": model, "messages": MESSAGES, "stream": stream}
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body, timeout=30) as r:
+        data = r.read()
+    return Seen(r.status_code, r.headers, data, time.monotonic() - started)
+
+
+def assert_completed(seen: Seen, stream: bool) -> None:
+    """A normal answer, exactly once."""
+    assert seen.status == 200, seen.body[:300]
+    if stream:
+        events = seen.events()
+        assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+        assert seen.text() == ECHO
+        assert not any(isinstance(e, dict) and "error" in e for e in events)
+    else:
+        assert seen.json()["choices"][0]["message"]["content"] == ECHO
+
+
+def assert_error(seen: Seen, status: int, code: str) -> None:
+    """One OpenAI error body, never a silent or empty answer."""
+    assert seen.status == status, seen.body[:300]
+    error = seen.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["message"]
+
+
+def assert_stream_broken_off(seen: Seen) -> None:
+    """Headers were sent, then the upstream failed: the stream ends with one SSE error event."""
+    assert seen.status == 200
+    assert seen.headers["content-type"].startswith("text/event-stream")
+    events = seen.events()
+    assert "[DONE]" not in events
+    errors = [e for e in events if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1 and events[-1] is errors[0]
+    assert errors[0]["error"]["message"]
+    assert len(events) >= 2, "the chunks sent before the failure were relayed"
+
+
+def while_healthy_traffic(gateway: GatewayProcess, fault: Callable[[], Seen]) -> Seen:
+    """Run `fault` while healthy requests go through the same gateway; all must succeed."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(fault)
+        time.sleep(0.2)  # the faulty request is in flight (retrying, hanging ...)
+        for stream in (False, True, False):
+            seen = call(gateway, "healthy", stream=stream)
+            assert_completed(seen, stream)
+            assert seen.seconds < 2, "a healthy request waited on the faulty one"
+        return pending.result(timeout=30)
+
+
+# -- the faults ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_refused_connection_is_retried_then_502(gateway: GatewayProcess, stream: bool) -> None:
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "dead", stream))
+    assert_error(seen, 502, "upstream_unreachable")
+    assert seen.seconds < 5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_hang_before_headers_is_504_within_the_first_byte_timeout(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    fake_upstream.script([{"kind": "hang_before_headers", "seconds": 20}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream))
+    assert_error(seen, 504, "upstream_timeout")
+    assert FIRST_BYTE_TIMEOUT - 0.1 <= seen.seconds < FIRST_BYTE_TIMEOUT + 2
+    assert len(fake_upstream.chat_requests()) == 1  # a timeout is not retried
+    assert fake_upstream.wait_idle()["inflight"] == 0  # and the hung upstream call was dropped
+
+
+def test_hang_mid_stream_ends_the_stream_with_an_error_event(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script([{"kind": "hang_mid_stream", "after_chunks": 2, "seconds": 20}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream=True))
+    assert_stream_broken_off(seen)
+    assert seen.events()[-1]["error"]["code"] == "upstream_timeout"
+    assert IDLE_TIMEOUT - 0.1 <= seen.seconds < IDLE_TIMEOUT + 2
+    assert len(fake_upstream.chat_requests()) == 1
+    assert fake_upstream.wait_idle()["inflight"] == 0
+
+
+def test_hang_mid_body_is_504_within_the_total_timeout(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script([{"kind": "hang_mid_stream", "after_chunks": 1, "seconds": 20}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky"))
+    assert_error(seen, 504, "upstream_timeout")
+    assert seen.seconds < TOTAL_TIMEOUT + 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_500_twice_then_success_is_retried(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    error = {"kind": "error", "status": 500, "body": {"error": {"message": "boom", "type": "server_error"}}}
+    fake_upstream.script([error, error, {"kind": "ok"}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream))
+    assert_completed(seen, stream)
+    assert len(fake_upstream.chat_requests()) == 3
+
+
+def test_500_until_attempts_run_out_relays_the_upstream_error(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    error = {"kind": "error", "status": 503, "body": {"error": {"message": "overloaded", "type": "server_error"}}}
+    fake_upstream.script([error] * 5)
+    seen = call(gateway, "flaky")
+    assert seen.status == 503 and seen.json() == error["body"]
+    assert len(fake_upstream.chat_requests()) == 3  # max_attempts
+
+
+def test_429_retry_after_is_honoured(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+    limited = {"kind": "error", "status": 429, "headers": {"Retry-After": "1"},
+               "body": {"error": {"message": "slow down", "type": "rate_limit_error"}}}
+    fake_upstream.script([limited, {"kind": "ok"}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky"))
+    assert_completed(seen, stream=False)
+    first, second = fake_upstream.chat_requests()
+    assert 0.9 <= second["time"] - first["time"] < 2.0
+    assert seen.seconds >= 0.9
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_drop_before_headers_is_retried(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    fake_upstream.script([{"kind": "drop"}, {"kind": "ok"}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream))
+    assert_completed(seen, stream)
+    assert len(fake_upstream.chat_requests()) == 2
+
+
+def test_drop_mid_stream_is_not_retried_and_ends_with_an_error_event(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script([{"kind": "drop_mid_stream", "after_chunks": 2}, {"kind": "ok"}])
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream=True))
+    assert_stream_broken_off(seen)
+    assert len(fake_upstream.chat_requests()) == 1  # bytes reached the client: no retry
+    assert seen.seconds < 3
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_empty_200_is_never_relayed_silently(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
+) -> None:
+    # Streaming, an empty 200 may be llama-cpp-python's overflow quirk (test_reactive retries a
+    # long conversation); two short messages cannot be made smaller, so the answer is a 502.
+    fake_upstream.script([{"kind": "empty_200"}] * 4)
+    seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream))
+    assert_error(seen, 502, "bad_gateway")
+    assert len(fake_upstream.chat_requests()) == 1
+
+
+def test_the_openai_client_sees_each_outcome_once(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    """What an SDK user sees: a completion after retries, a typed error for a dead upstream."""
+    client = openai.OpenAI(base_url=gateway.base_url, api_key="sk-x", max_retries=0, timeout=30)
+    with client:
+        fake_upstream.script([{"kind": "drop"}, {"kind": "error", "status": 502, "raw": "bad gateway"},
+                              {"kind": "ok"}])
+        completion = client.chat.completions.create(model="flaky", messages=MESSAGES)  # type: ignore[arg-type]
+        assert completion.choices[0].message.content == ECHO
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model="dead", messages=MESSAGES)  # type: ignore[arg-type]
+        assert info.value.status_code == 502
+        fake_upstream.script([{"kind": "hang_mid_stream", "after_chunks": 2, "seconds": 20}])
+        stream = client.chat.completions.create(model="flaky", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIError):
+            for _ in stream:
+                pass

@@ -1,0 +1,164 @@
+"""End to end against a REAL upstream: llama.cpp's server with a real 2,048-token window (issue 6).
+
+The gateway is configured the way operators get it wrong: a window of 8,192 tokens and no
+tokenizer for the model (the `chars:4` heuristic). A ~3,000-token conversation therefore goes
+upstream unchanged, llama.cpp refuses it with its own `exceed_context_size_error`, and the
+gateway must learn the real window, compact the client's request and retry, so that the client
+(the official openai client) gets a normal completion, streaming or not.
+
+Prompt processing runs at a few hundred tokens/s on two cores: a handful of requests, short
+answers, generous timeouts. Skipped only when the optional extra is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway import local_llm
+from gateway.context_errors import classify
+from tests.conftest import GatewayProcess, Starter, free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        local_llm.available() is not None,
+        reason=f"the optional local-model extra is not installed: {local_llm.available()}",
+    ),
+]
+
+N_CTX = 2048
+CONFIGURED_WINDOW = 8192
+SYSTEM = "You are a helpful assistant for a small bakery. Answer in one short sentence."
+LATEST = "What time do we open on Saturday?"
+TIMEOUT = 600  # seconds a client waits for one (recovered) completion
+
+
+def conversation(turns: int = 22) -> list[dict[str, Any]]:
+    """About 3,000 tokens of a plausible support chat, ending with a short question."""
+    topics = ["sourdough", "croissants", "rye bread", "cinnamon rolls", "baguettes", "muffins",
+              "gluten-free loaves", "apple pie", "brioche", "scones", "focaccia"]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    for turn in range(turns):
+        topic = topics[turn % len(topics)]
+        messages.append({"role": "user", "content": (
+            f"Question {turn + 1}: a customer asked about our {topic}. They want to know the "
+            f"ingredients, how long the {topic} stay fresh, whether we can reserve a batch for "
+            "the weekend, and if the recipe changed since last spring. What should I tell them?"
+        )})
+        messages.append({"role": "assistant", "content": (
+            f"Tell them our {topic} are made every morning from flour, water, salt and butter "
+            f"where the recipe needs it; they keep for {2 + turn % 3} days in a paper bag. A "
+            "batch can be reserved by phone until Thursday evening, and the recipe has not "
+            "changed except for a slightly longer proof, which gives a deeper flavour."
+        )})
+    messages.append({"role": "user", "content": LATEST})
+    return messages
+
+
+MESSAGES = conversation()
+
+
+@pytest.fixture(scope="module")
+def llama(start_process_session: Starter) -> str:
+    """The real server's base URL (…/v1)."""
+    process = start_process_session(
+        [sys.executable, "-m", "tests.llamacpp_server", "--n-ctx", str(N_CTX)], r"^READY (\S+)$", 180
+    )
+    assert process.match is not None
+    return process.match.group(1)
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    start_process_session: Starter, llama: str, tmp_path_factory: pytest.TempPathFactory
+) -> GatewayProcess:
+    def model(name: str) -> dict[str, Any]:
+        # One route per mode: a window learned by one must not spare the other its recovery.
+        return {"name": name, "upstream": {"base_url": llama}, "context_window": CONFIGURED_WINDOW,
+                "tokenizer": "chars:4"}
+
+    config = {
+        "server": {"upstream_timeout_s": TIMEOUT, "stream_idle_timeout_s": TIMEOUT},
+        "models": [model("smollm-plain"), model("smollm-stream")],
+    }
+    path: Path = tmp_path_factory.mktemp("llamacpp") / "gateway.json"
+    path.write_text(json.dumps(config))
+    port = free_port()
+    process = start_process_session(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
+        r"Uvicorn running on|CompactGate listening on",
+        30,
+    )
+    return GatewayProcess(process, port, path)
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway.base_url, api_key="none", max_retries=0, timeout=TIMEOUT) as c:
+        yield c
+
+
+def plan_window(gateway: GatewayProcess, model: str) -> int | None:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["context_window"]
+
+
+def test_the_real_server_refuses_overflow_with_an_error_the_gateway_recognises(llama: str) -> None:
+    """Directly, no gateway: llama.cpp's own body (refused before any prompt processing)."""
+    for stream in (False, True):
+        body = {"messages": MESSAGES, "max_tokens": 8, "stream": stream}
+        response = httpx.post(f"{llama}/chat/completions", json=body, timeout=60)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["type"] == "exceed_context_size_error"
+        assert error["n_ctx"] == N_CTX and error["n_prompt_tokens"] > N_CTX
+        found = classify(response.status_code, response.content)
+        assert found is not None and found.signature == "llamacpp"
+        assert (found.limit, found.requested) == (N_CTX, error["n_prompt_tokens"])
+
+
+def test_non_streaming_recovers_from_the_real_context_error(
+    gateway: GatewayProcess, client: openai.OpenAI
+) -> None:
+    assert plan_window(gateway, "smollm-plain") == CONFIGURED_WINDOW
+    raw = client.chat.completions.with_raw_response.create(
+        model="smollm-plain", messages=MESSAGES, max_tokens=12, temperature=0  # type: ignore[arg-type]
+    )
+    completion = raw.parse()
+    assert completion.object == "chat.completion"
+    assert isinstance(completion.choices[0].message.content, str)
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage is not None and 0 < completion.usage.prompt_tokens < N_CTX
+    assert int(raw.headers["x-compactgate-retries"]) >= 1
+    assert int(raw.headers["x-compactgate-tokens-after"]) < int(raw.headers["x-compactgate-tokens-before"])
+    assert raw.headers["x-compactgate-steps"] != "none"
+    assert plan_window(gateway, "smollm-plain") == N_CTX
+    assert "2048-token context window (llamacpp)" in gateway.output()
+
+
+def test_streaming_recovers_from_the_real_context_error(
+    gateway: GatewayProcess, client: openai.OpenAI
+) -> None:
+    with client.chat.completions.with_streaming_response.create(
+        model="smollm-stream", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,  # type: ignore[arg-type]
+    ) as response:
+        assert response.http_response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        retries = int(response.headers["x-compactgate-retries"])
+        chunks = list(response.parse())
+    assert retries >= 1
+    assert chunks and all(c.object == "chat.completion.chunk" for c in chunks)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals in (["stop"], ["length"])
+    assert plan_window(gateway, "smollm-stream") == N_CTX
