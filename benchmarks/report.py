@@ -452,8 +452,10 @@ def _section_profiles(info: RunInfo) -> list[str]:
     lines = [
         "## Profiles of the misses (py-spy)",
         "",
-        "`py-spy record --nonblocking` on the gateway process while the case's load ran; "
-        "percentages are of samples in which the process was on CPU.",
+        "`py-spy record --nonblocking --rate 250` on the gateway process while the case's load "
+        "ran. Percentages are of the samples that were in Python code; samples whose innermost "
+        "frame is the event loop itself (uvloop's C code: waiting, or socket I/O) are counted "
+        "apart. The collapsed stacks are kept in `benchmarks/.peers/profiles/` (not committed).",
         "",
     ]
     for key, text in info.profiles.items():

@@ -56,8 +56,14 @@ async def events(request: Request) -> Response:
         limit = min(500, max(1, int(request.query_params.get("limit", "50"))))
         after = int(request.query_params.get("after", "0"))
     except ValueError:
-        body = {"error": {"message": "limit and after must be integers.", "type": "invalid_request_error",
-                          "param": "limit", "code": None}}
+        body = {
+            "error": {
+                "message": "limit and after must be integers.",
+                "type": "invalid_request_error",
+                "param": "limit",
+                "code": None,
+            }
+        }
         return JSONResponse(body, status_code=400)
     return JSONResponse(log.snapshot(limit=limit, after=after))
 

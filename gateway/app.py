@@ -271,7 +271,10 @@ class ChatCompletions:
                 return
             exchange.status = error.status
             request_id = exchange.request_id.encode("latin-1", "replace")
-            await send_error(watcher.send, error, [(b"x-compactgate-request-id", request_id)])
+            headers = [(b"x-compactgate-request-id", request_id)]
+            if exchange.retries:  # e.g. nothing fits after the upstream's context error
+                headers.append((b"x-compactgate-retries", str(exchange.retries).encode()))
+            await send_error(watcher.send, error, headers)
 
     async def serve(
         self, scope: Scope, send: Send, request: ChatRequest, route: Route, exchange: Exchange

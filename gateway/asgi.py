@@ -52,12 +52,18 @@ async def read_body(receive: Receive, scope: Scope, limit: int, timeout: float) 
                 if not message.get("more_body", False):
                     break
     except TimeoutError:
-        raise RequestTimeoutError(f"The request body was not received within {timeout:g} s.") from None
+        raise RequestTimeoutError(
+            f"The request body was not received within {timeout:g} s."
+        ) from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def send_bytes(
-    send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]], content_type: bytes | None
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: Iterable[tuple[bytes, bytes]],
+    content_type: bytes | None,
 ) -> None:
     raw = list(headers)
     if content_type is not None:
@@ -67,11 +73,15 @@ async def send_bytes(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_json(send: Send, status: int, value: Any, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def send_json(
+    send: Send, status: int, value: Any, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
     await send_bytes(send, status, orjson.dumps(value), headers, b"application/json")
 
 
-async def send_error(send: Send, error: GatewayError, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+async def send_error(
+    send: Send, error: GatewayError, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
     extra = [*headers, *((k.encode(), v.encode()) for k, v in error.headers.items())]
     await send_bytes(send, error.status, error.body(), extra, b"application/json")
 

@@ -54,8 +54,13 @@ class Calibration:
             route.counter.use_tokenizer(tokenizer.with_correction(corrected))
         if state.samples in (1, 10, 100) or state.samples % 1000 == 0:
             log.info(
-                "model %s: estimate %d vs reported %d prompt tokens; correction now %.4f (%d samples)",
-                route.name, estimated, reported, state.correction, state.samples,
+                "model %s: estimate %d vs reported %d prompt tokens; "
+                "correction now %.4f (%d samples)",
+                route.name,
+                estimated,
+                reported,
+                state.correction,
+                state.samples,
             )
 
     def correction(self, route_name: str) -> float | None:

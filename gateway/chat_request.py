@@ -52,7 +52,10 @@ class ChatRequest:
         payload = dict(self.payload)
         if inject_usage:
             options = self.payload.get("stream_options")
-            payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+            payload["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
         if messages is not None:
             payload["messages"] = messages
         elif self.has_extension:
@@ -72,7 +75,9 @@ def parse_chat_request(body: bytes, max_messages: int) -> ChatRequest:
     _check_nesting(body, payload)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise InvalidRequestError("`model` is required and must be a non-empty string.", param="model")
+        raise InvalidRequestError(
+            "`model` is required and must be a non-empty string.", param="model"
+        )
     stream = payload.get("stream", False)
     if stream is None:
         stream = False
@@ -85,7 +90,8 @@ def parse_chat_request(body: bytes, max_messages: int) -> ChatRequest:
         raise InvalidRequestError("`messages` must contain at least one message.", param="messages")
     if len(raw_messages) > max_messages:
         raise InvalidRequestError(
-            f"`messages` has {len(raw_messages)} messages; this gateway accepts at most {max_messages}.",
+            f"`messages` has {len(raw_messages)} messages; "
+            f"this gateway accepts at most {max_messages}.",
             param="messages",
         )
     messages: list[dict[str, Any]] = []
@@ -138,10 +144,13 @@ def _check_message(message: Any, index: int) -> None:
         raise InvalidRequestError(f"{where} must be an object.", param=where)
     role = message.get("role")
     if not isinstance(role, str):
-        raise InvalidRequestError(f"{where}.role is required and must be a string.", param=f"{where}.role")
+        raise InvalidRequestError(
+            f"{where}.role is required and must be a string.", param=f"{where}.role"
+        )
     if role not in ROLES:
         raise InvalidRequestError(
-            f"{where}.role {role!r} is not one of {', '.join(sorted(ROLES))}.", param=f"{where}.role"
+            f"{where}.role {role!r} is not one of {', '.join(sorted(ROLES))}.",
+            param=f"{where}.role",
         )
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
@@ -162,7 +171,9 @@ def _check_message(message: Any, index: int) -> None:
                     param=f"{where}.content[{part_index}].text",
                 )
     if role in ("user", "system", "developer") and content is None:
-        raise InvalidRequestError(f"{where}.content is required for role {role}.", param=f"{where}.content")
+        raise InvalidRequestError(
+            f"{where}.content is required for role {role}.", param=f"{where}.content"
+        )
     name = message.get("name")
     if name is not None and not isinstance(name, str):
         raise InvalidRequestError(f"{where}.name must be a string.", param=f"{where}.name")
@@ -175,7 +186,8 @@ def _check_message(message: Any, index: int) -> None:
     if tool_calls is not None:
         if role != "assistant" or not isinstance(tool_calls, list):
             raise InvalidRequestError(
-                f"{where}.tool_calls must be an array on an assistant message.", param=f"{where}.tool_calls"
+                f"{where}.tool_calls must be an array on an assistant message.",
+                param=f"{where}.tool_calls",
             )
         for call_index, call in enumerate(tool_calls):
             _check_tool_call(call, f"{where}.tool_calls[{call_index}]")
@@ -187,7 +199,9 @@ def _check_tool_call(call: Any, where: str) -> None:
     function = call.get("function")
     if function is not None:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise InvalidRequestError(f"{where}.function.name must be a string.", param=f"{where}.function")
+            raise InvalidRequestError(
+                f"{where}.function.name must be a string.", param=f"{where}.function"
+            )
         arguments = function.get("arguments")
         if arguments is not None and not isinstance(arguments, str):
             raise InvalidRequestError(
@@ -221,7 +235,9 @@ def _marks(value: Any, index: int) -> Marks:
         raise InvalidRequestError(f"{where} must be an object.", param=where)
     unknown = set(value) - {"pin", "priority", "type"}
     if unknown:
-        raise InvalidRequestError(f"{where} has unknown keys: {', '.join(sorted(unknown))}.", param=where)
+        raise InvalidRequestError(
+            f"{where} has unknown keys: {', '.join(sorted(unknown))}.", param=where
+        )
     pin = value.get("pin", False)
     if not isinstance(pin, bool):
         raise InvalidRequestError(f"{where}.pin must be a boolean.", param=f"{where}.pin")

@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     serve.add_argument("--log-level", default="info")
     serve.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
         help="on SIGTERM, how long in-flight responses may take to finish (default 30)",
     )
 
@@ -79,7 +82,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     if path:
         os.environ[CONFIG_ENV] = os.path.abspath(path)
     options = dict(
@@ -130,7 +135,9 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
     )
     options = {k: v for k, v in options.items() if k not in ("host", "port")}
     if args.workers > 1:
-        uv_config = uvicorn.Config("gateway.app:create_app", factory=True, workers=args.workers, **options)
+        uv_config = uvicorn.Config(
+            "gateway.app:create_app", factory=True, workers=args.workers, **options
+        )
         server = uvicorn.Server(uv_config)
         Multiprocess(uv_config, target=server.run, sockets=sockets).run()
     else:
@@ -168,7 +175,9 @@ def summarise(config: Config, path: str) -> str:
     lines = [f"{path}: valid", "", "models:"]
     for model in config.models:
         route = router.resolve(model.name) if "*" not in model.name else None
-        window = f"{route.context_window} ({route.window_source})" if route else "from registry per name"
+        window = (
+            f"{route.context_window} ({route.window_source})" if route else "from registry per name"
+        )
         upstream = model.upstream.base_url or f"litellm:{model.upstream.model or model.name}"
         lines.append(
             f"  {model.name:<24} -> {upstream}  window={window}  "
@@ -178,14 +187,17 @@ def summarise(config: Config, path: str) -> str:
     lines += ["", "policies:"]
     names = sorted({*config.policies, "default"})
     for name in names:
-        policy = router._policies[name]  # noqa: SLF001 - the summary shows the compiled chain
+        policy = router._policies[name]
         pc = config.policy(name)
         chain = " -> ".join(step.type for step in policy.steps)
         lines.append(
             f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
             f"recovery={pc.recovery_mode}: {chain}"
         )
-    lines += ["", f"store: {config.store}   auth: {'on' if config.auth and config.auth.keys else 'off'}"]
+    lines += [
+        "",
+        f"store: {config.store}   auth: {'on' if config.auth and config.auth.keys else 'off'}",
+    ]
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ import orjson
 
 
 class GatewayError(Exception):
-    """A failure the gateway reports to the client; `status`, `type`, `code` come from ERROR_TABLE."""
+    """A failure reported to the client; `status`, `type` and `code` come from ERROR_TABLE."""
 
     def __init__(
         self,

@@ -65,14 +65,16 @@ class Totals:
 class EventLog:
     def __init__(self, config: EventLogConfig) -> None:
         self.config = config
-        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=max(1, config.keep))
+        self.events: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=max(1, config.keep)
+        )
         self.totals = Totals()
         self._sequence = 0
         self._out: IO[bytes] | None = None
         if config.path == "-":
             self._out = sys.stdout.buffer
         elif config.path:
-            self._out = open(config.path, "ab")  # noqa: SIM115 - kept open for the process
+            self._out = open(config.path, "ab")
 
     def close(self) -> None:
         if self._out is not None and self._out is not sys.stdout.buffer:

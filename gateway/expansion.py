@@ -53,7 +53,11 @@ def with_tools(payload: dict[str, Any], cache: ToolOutputCache) -> dict[str, Any
     while head < len(messages) and messages[head].get("role") in ("system", "developer"):
         head += 1
     messages.insert(head, {"role": "system", "content": cache.system_note()})
-    return {**payload, "messages": messages, "tools": [*(payload.get("tools") or []), *cache.tool_definitions()]}
+    return {
+        **payload,
+        "messages": messages,
+        "tools": [*(payload.get("tools") or []), *cache.tool_definitions()],
+    }
 
 
 @dataclass(slots=True)
@@ -96,7 +100,9 @@ class Expansion:
             if not internal:
                 break
             await self._append_round(payload, message.get("content"), internal, tenant)
-            response = await send_with_retries(self.upstream, route, url, headers, orjson.dumps(payload), self.metrics)
+            response = await send_with_retries(
+                self.upstream, route, url, headers, orjson.dumps(payload), self.metrics
+            )
             data = await response.read()
             response.release()
             rounds += 1
@@ -152,15 +158,20 @@ class Expansion:
             await self._append_round(payload, content or None, self._internal(calls), tenant)
             rounds += 1
             self.metrics.internal_tool_rounds.labels(self.metrics.model_label(route.name)).inc()
-            response = await send_with_retries(self.upstream, route, url, headers, orjson.dumps(payload), self.metrics)
+            response = await send_with_retries(
+                self.upstream, route, url, headers, orjson.dumps(payload), self.metrics
+            )
             if response.status >= 400:
                 return response, b"", rounds
 
     def _internal(self, calls: Sequence[Any]) -> list[dict[str, Any]]:
         names = self.cache.names
         return [
-            c for c in calls
-            if isinstance(c, dict) and isinstance(c.get("function"), dict) and c["function"].get("name") in names
+            c
+            for c in calls
+            if isinstance(c, dict)
+            and isinstance(c.get("function"), dict)
+            and c["function"].get("name") in names
         ]
 
     async def _append_round(
@@ -172,8 +183,12 @@ class Expansion:
         ]
         for call in calls:
             function = call["function"]
-            result = await self.cache.execute(tenant, function.get("name", ""), function.get("arguments") or "")
-            payload["messages"].append({"role": "tool", "tool_call_id": call.get("id", ""), "content": result})
+            result = await self.cache.execute(
+                tenant, function.get("name", ""), function.get("arguments") or ""
+            )
+            payload["messages"].append(
+                {"role": "tool", "tool_call_id": call.get("id", ""), "content": result}
+            )
 
 
 class _StreamReader:
@@ -222,7 +237,10 @@ class _StreamReader:
             self._content.append(delta["content"])
             self._decide("relay")
         for call in delta.get("tool_calls") or ():
-            slot = self._calls.setdefault(call.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            slot = self._calls.setdefault(
+                call.get("index", 0),
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+            )
             if call.get("id"):
                 slot["id"] = call["id"]
             function = call.get("function") or {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -64,13 +65,21 @@ class ConcurrencyLimits:
 
 
 def register_gauges(registry: CollectorRegistry, limits: ConcurrencyLimits) -> None:
-    """Leak detectors, read at scrape time: asyncio tasks alive in this worker (back to its idle
-    baseline when nothing is in flight) and tenants holding a slot. No tenant is ever a label."""
+    """Leak detectors, read at scrape time: asyncio tasks alive in this worker and the blocks
+    CPython has allocated (both back to their idle baseline when nothing is in flight; RSS alone
+    cannot say, as the allocator keeps freed memory), and tenants holding a slot. No tenant is
+    ever a label."""
     Gauge(
         "compactgate_asyncio_tasks", "asyncio tasks alive in this worker", registry=registry
     ).set_function(_tasks_alive)
     Gauge(
-        "compactgate_tenants_in_flight", "Tenants with a request in flight (concurrency limit)",
+        "compactgate_python_allocated_blocks",
+        "Memory blocks CPython has allocated (live objects)",
+        registry=registry,
+    ).set_function(sys.getallocatedblocks)
+    Gauge(
+        "compactgate_tenants_in_flight",
+        "Tenants with a request in flight (concurrency limit)",
         registry=registry,
     ).set_function(lambda: limits.tenants)
 

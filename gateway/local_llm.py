@@ -133,7 +133,7 @@ class LocalModel:
         self.stop()
 
 
-class _keep_python_signal_handlers:  # noqa: N801 (a context manager used like a function)
+class _keep_python_signal_handlers:
     """llama.cpp's server installs its own SIGINT/SIGTERM handlers; put Python's back, so Ctrl-C
     and a supervisor's SIGTERM still reach the Python program that embeds it."""
 

@@ -26,7 +26,23 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 MAX_MODEL_LABELS = 200
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
 )
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
 RATIO_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.03, -0.01, 0, 0.01, 0.03, 0.05, 0.1, 0.2, 0.5)
@@ -40,45 +56,75 @@ class Metrics:
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry
         self.requests = Counter(
-            "compactgate_requests", "Chat completion requests by model and status", ["model", "status"], registry=r
+            "compactgate_requests",
+            "Chat completion requests by model and status",
+            ["model", "status"],
+            registry=r,
         )
         self.request_seconds = Histogram(
-            "compactgate_request_duration_seconds", "Total time per request, as the client sees it",
-            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+            "compactgate_request_duration_seconds",
+            "Total time per request, as the client sees it",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.upstream_seconds = Histogram(
-            "compactgate_upstream_duration_seconds", "Time spent waiting for and reading the upstream",
-            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+            "compactgate_upstream_duration_seconds",
+            "Time spent waiting for and reading the upstream",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.overhead_seconds = Histogram(
-            "compactgate_gateway_overhead_seconds", "The gateway's own time per request (total - upstream)",
-            ["model"], buckets=OVERHEAD_BUCKETS, registry=r,
+            "compactgate_gateway_overhead_seconds",
+            "The gateway's own time per request (total - upstream)",
+            ["model"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
         )
         self.tokens_before = Counter(
-            "compactgate_tokens_before", "Prompt tokens the client sent (estimated)", ["model"], registry=r
+            "compactgate_tokens_before",
+            "Prompt tokens the client sent (estimated)",
+            ["model"],
+            registry=r,
         )
         self.tokens_after = Counter(
-            "compactgate_tokens_after", "Prompt tokens forwarded upstream (estimated)", ["model"], registry=r
+            "compactgate_tokens_after",
+            "Prompt tokens forwarded upstream (estimated)",
+            ["model"],
+            registry=r,
         )
         self.tokens_saved = Counter(
             "compactgate_tokens_saved", "Prompt tokens removed by compaction", ["model"], registry=r
         )
         self.compactions = Counter(
-            "compactgate_compactions", "Requests changed by a step, by step type", ["step"], registry=r
+            "compactgate_compactions",
+            "Requests changed by a step, by step type",
+            ["step"],
+            registry=r,
         )
         self.context_errors = Counter(
-            "compactgate_context_errors", "Context-window errors from upstreams, by provider signature",
-            ["signature"], registry=r,
+            "compactgate_context_errors",
+            "Context-window errors from upstreams, by provider signature",
+            ["signature"],
+            registry=r,
         )
         self.emergency_retries = Counter(
-            "compactgate_emergency_retries", "Retries after a context-window error", ["model"], registry=r
+            "compactgate_emergency_retries",
+            "Retries after a context-window error",
+            ["model"],
+            registry=r,
         )
         self.window_lowered = Counter(
-            "compactgate_window_lowered", "Times a model's effective window was lowered from an error",
-            ["model"], registry=r,
+            "compactgate_window_lowered",
+            "Times a model's effective window was lowered from an error",
+            ["model"],
+            registry=r,
         )
         self.upstream_retries = Counter(
-            "compactgate_upstream_retries", "Retries after 429/5xx/connection failures", ["model", "reason"],
+            "compactgate_upstream_retries",
+            "Retries after 429/5xx/connection failures",
+            ["model", "reason"],
             registry=r,
         )
         self.summary_cache = Counter(
@@ -88,26 +134,41 @@ class Metrics:
             "compactgate_summarizer_calls", "Summariser calls by outcome", ["outcome"], registry=r
         )
         self.summarizer_seconds = Histogram(
-            "compactgate_summarizer_duration_seconds", "Summariser call latency", buckets=LATENCY_BUCKETS,
+            "compactgate_summarizer_duration_seconds",
+            "Summariser call latency",
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.estimate_error = Histogram(
-            "compactgate_estimate_error_ratio", "(estimate - reported prompt_tokens) / reported", ["model"],
-            buckets=RATIO_BUCKETS, registry=r,
+            "compactgate_estimate_error_ratio",
+            "(estimate - reported prompt_tokens) / reported",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
         )
         self.inflight = Gauge(
-            "compactgate_inflight_requests", "Requests being served", registry=r, multiprocess_mode="livesum"
+            "compactgate_inflight_requests",
+            "Requests being served",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.store_errors = Counter(
-            "compactgate_store_errors", "Store operations that failed (degraded to no cache)", ["op"], registry=r
+            "compactgate_store_errors",
+            "Store operations that failed (degraded to no cache)",
+            ["op"],
+            registry=r,
         )
         self.invariant_violations = Counter(
-            "compactgate_invariant_violations", "Compactions refused because they broke an invariant",
-            ["rule"], registry=r,
+            "compactgate_invariant_violations",
+            "Compactions refused because they broke an invariant",
+            ["rule"],
+            registry=r,
         )
         self.internal_tool_rounds = Counter(
-            "compactgate_internal_tool_rounds", "Extra upstream rounds run to expand masked tool outputs",
-            ["model"], registry=r,
+            "compactgate_internal_tool_rounds",
+            "Extra upstream rounds run to expand masked tool outputs",
+            ["model"],
+            registry=r,
         )
         self._models: set[str] = set()
 

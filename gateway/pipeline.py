@@ -15,7 +15,7 @@ import hashlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -23,6 +23,7 @@ import orjson
 from policies import Budget, ChainResult, Conversation, Env, Message, StepReport, StoredOutput, run_chain
 from policies.invariants import check, check_tool_pairs
 from policies.pinning import apply_pin_rules
+from policies.rollup import SummarisingConfig as Summarising
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
 from .chat_request import ChatRequest
@@ -35,7 +36,7 @@ from .tokens import PRIMING_TOKENS
 
 log = logging.getLogger("compactgate.pipeline")
 
-MAX_SUMMARY_ROUNDS = 3
+MAX_SUMMARY_ROUNDS = 8  # links of a rolling summary fetched one after the other
 OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
 
 
@@ -102,7 +103,9 @@ class Pipeline:
         inject_stream_usage: bool = False,
         fetch_summaries: SummaryFetcher | None = None,
         tool_outputs: ToolOutputCache | None = None,
+        summary_source: Callable[[Route, str], DictSummaries] | None = None,
     ) -> None:
+        self._summary_source = summary_source  # (route, tenant) -> the chain's summary source
         self._tool_outputs = tool_outputs
         self._metrics = metrics
         self._margin = safety_margin
@@ -247,30 +250,46 @@ class Pipeline:
         force: bool,
         headers: Sequence[tuple[bytes, bytes]] | None = None,
     ) -> ChainResult:
-        summaries = DictSummaries()
+        make_source = self._summary_source
+        summaries = make_source(route, tenant) if make_source is not None else DictSummaries()
         env = self.env(route, tenant, summaries)
         result = run_chain(conversation, budget, route.policy, env, force=force)
-        # Wait for a missing summary only when the request cannot be sent without compaction.
-        urgent = force or conversation.tokens > budget.limit
-        ask = SummaryAsk(None if headers is None else tuple(headers), wait=urgent)
+        ask = SummaryAsk(None if headers is None else tuple(headers), wait=force)
         for _ in range(MAX_SUMMARY_ROUNDS):
-            if not result.pending:
+            if not result.pending or self._fetch is None:
                 break
-            answers: Mapping[bytes, SummaryAnswer] = {}
-            if self._fetch is not None:
-                answers = await self._fetch(result.pending, route, tenant, ask)
-            if not urgent and any(a.status == "missing" for a in answers.values()):
-                # Being computed in the background, and the request fits as it is (R4.6): send
-                # it unchanged now rather than wait or lose messages to a fallback step.
-                tokens = conversation.tokens
-                pending = result.pending
-                return ChainResult(conversation, tokens, tokens, triggered=True, pending=pending)
+            answers = dict(await self._fetch(result.pending, route, tenant, ask))
+            missing = [r for r in result.pending if _status(answers, r) == "missing"]
+            if missing:
+                # Being made in the background (R4.6). If the steps up to the summarising ones
+                # already fit the request without them, send that now (no fallback step loses
+                # messages); else wait for them, at most `summaries.wait_s`.
+                early = self._without_fallbacks(conversation, budget, route, env, force)
+                if early is not None:
+                    return early
+                waited = await self._fetch(missing, route, tenant, SummaryAsk(ask.headers, True))
+                answers.update(waited)
             for request in result.pending:
                 key = request.canonical()
                 summaries.answers[key] = answers.get(key) or SummaryAnswer("failed")
             summaries.missing.clear()
             result = run_chain(conversation, budget, route.policy, env, force=force)
         return result
+
+    def _without_fallbacks(
+        self, conversation: Conversation, budget: Budget, route: Route, env: Env, force: bool
+    ) -> ChainResult | None:
+        """The chain cut after its last summarising step, if that alone fits the request."""
+        steps = route.policy.steps
+        last = [i for i, s in enumerate(steps) if isinstance(getattr(s, "config", None), Summarising)]
+        if not last:
+            return None
+        policy = replace(route.policy, steps=steps[: last[-1] + 1])
+        early = run_chain(conversation, budget, policy, env, force=force)
+        allowed = {step.type for step in policy.steps}
+        if early.tokens_after > budget.limit or any(r.type not in allowed for r in early.steps):
+            return None  # it needs emergency, recovery, or a fallback step: wait instead
+        return early
 
     def _valid(self, original: Conversation, chain: ChainResult) -> bool:
         violations = check(original, chain.conversation, allow_truncated=chain.recovery is not None)
@@ -303,3 +322,8 @@ def _system_text(request: ChatRequest) -> str | None:
             content = message.get("content")
             return content if isinstance(content, str) else None
     return None
+
+
+def _status(answers: Mapping[bytes, SummaryAnswer], request: SummaryRequest) -> str:
+    answer = answers.get(request.canonical())
+    return answer.status if answer is not None else "failed"

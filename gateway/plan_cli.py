@@ -31,7 +31,10 @@ def run_plan(path: str, config: Config, as_json: bool = False) -> int:
     try:
         report = asyncio.run(_plan(body, config))
     except GatewayError as error:
-        print(f"{path}: {error.message}" + (f" (param: {error.param})" if error.param else ""), file=sys.stderr)
+        print(
+            f"{path}: {error.message}" + (f" (param: {error.param})" if error.param else ""),
+            file=sys.stderr,
+        )
         return 1
     if as_json:
         sys.stdout.buffer.write(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
@@ -45,9 +48,13 @@ async def _plan(body: bytes, config: Config) -> dict[str, Any]:
     request = parse_chat_request(body, config.server.max_messages)
     route = gateway.router.resolve(request.model)
     if route is None:
-        raise ModelNotFoundError(f"The model `{request.model}` is not served by this config.", param="model")
+        raise ModelNotFoundError(
+            f"The model `{request.model}` is not served by this config.", param="model"
+        )
     window = gateway.effective_window(route)
-    prepared = await gateway.pipeline.prepare(request, route, "plan:" + str(os.getuid()), window=window)
+    prepared = await gateway.pipeline.prepare(
+        request, route, "plan:" + str(os.getuid()), window=window
+    )
     return plan_report(prepared, window)
 
 
@@ -55,20 +62,24 @@ def render(report: dict[str, Any]) -> str:
     """The plan as a table a person reads in one screen."""
     window = report["context_window"]
     lines = [
-        f"model            {report['model']}  (upstream {report['upstream_model']}, tokenizer {report['tokenizer']})",
-        f"context window   {window if window is not None else 'unknown'}  ({report['window_source']})",
+        f"model            {report['model']}  "
+        f"(upstream {report['upstream_model']}, tokenizer {report['tokenizer']})",
+        f"context window   {window if window is not None else 'unknown'}  "
+        f"({report['window_source']})",
     ]
     if report["budget"] is not None:
         lines += [
             f"reserved output  {report['reserved_output']}",
-            f"message budget   {report['budget']}  (compact above {report['trigger']}, down to {report['target']})",
+            f"message budget   {report['budget']}  "
+            f"(compact above {report['trigger']}, down to {report['target']})",
         ]
     regions = report["tokens_by_region"]
     roles = ", ".join(f"{role} {count}" for role, count in sorted(report["counts_by_role"].items()))
     lines += [
         f"tokens           {report['tokens_before']} -> {report['tokens_after']}  "
         f"({'fits' if report['fits'] else 'DOES NOT FIT'})",
-        f"by region        system {regions['system']}, tools {regions['tools']}, history {regions['history']}",
+        f"by region        system {regions['system']}, tools {regions['tools']}, "
+        f"history {regions['history']}",
         f"messages sent    {len(report['messages'])}  ({roles})",
         f"policy           {report['policy']}",
         "",
@@ -76,11 +87,13 @@ def render(report: dict[str, Any]) -> str:
     if not report["steps"]:
         lines.append("steps            none (under the trigger: sent unchanged)")
     else:
-        lines.append(f"{'step':<24} {'before':>8} {'after':>8} {'removed':>8} {'replaced':>9} {'added':>6}")
+        lines.append(
+            f"{'step':<24} {'before':>8} {'after':>8} {'removed':>8} {'replaced':>9} {'added':>6}"
+        )
         for step in report["steps"]:
             lines.append(
                 f"{step['type']:<24} {step['tokens_before']:>8} {step['tokens_after']:>8} "
-                f"{step['messages_removed']:>8} {step['messages_replaced']:>9} {step['messages_added']:>6}"
-                + ("" if step["changed"] else "   (no change)")
+                f"{step['messages_removed']:>8} {step['messages_replaced']:>9} "
+                f"{step['messages_added']:>6}" + ("" if step["changed"] else "   (no change)")
             )
     return "\n".join(lines)

@@ -39,7 +39,9 @@ async def send_with_retries(
             if attempt >= policy.max_attempts:
                 raise
             metrics.upstream_retries.labels(metrics.model_label(route.name), "connect").inc()
-            await asyncio.sleep(backoff(attempt, policy.backoff_base_seconds, policy.max_delay_seconds))
+            await asyncio.sleep(
+                backoff(attempt, policy.backoff_base_seconds, policy.max_delay_seconds)
+            )
             attempt += 1
             continue
         if response.status not in RETRY_STATUSES or attempt >= policy.max_attempts:

@@ -64,7 +64,7 @@ def default_step_configs() -> list:
     try:
         from policies.registry import DEFAULT_STEPS  # type: ignore[attr-defined]
     except ImportError:
-        DEFAULT_STEPS = ({"type": "fifo"},)  # noqa: N806
+        DEFAULT_STEPS = ({"type": "fifo"},)
     return [parse_step_config(s) if isinstance(s, dict) else s for s in DEFAULT_STEPS]
 
 
@@ -74,9 +74,7 @@ class Router:
     def __init__(self, config: Config) -> None:
         self._config = config
         self._counters: dict[str, MessageCounter] = {}
-        self._policies = {
-            name: compile_policy(name, pc) for name, pc in config.policies.items()
-        }
+        self._policies = {name: compile_policy(name, pc) for name, pc in config.policies.items()}
         self._policies.setdefault("default", compile_policy("default", config.policy("default")))
         self._exact: dict[str, Route] = {}
         self._globs: list[ModelConfig] = []
@@ -133,7 +131,9 @@ class Router:
             window_source=source,
             max_output_tokens=max_output,
             tokenizer=spec,
-            counter=self._counter(spec) if not spec.startswith("chars:") else self._own_counter(spec),
+            counter=self._counter(spec)
+            if not spec.startswith("chars:")
+            else self._own_counter(spec),
             policy_name=policy_name,
             policy_config=self._config.policy(policy_name),
             policy=self._policies[policy_name],
@@ -143,15 +143,16 @@ class Router:
         )
 
 
-def _window(
-    model: ModelConfig, info: model_registry.ModelInfo | None
-) -> tuple[int | None, str]:
+def _window(model: ModelConfig, info: model_registry.ModelInfo | None) -> tuple[int | None, str]:
     hard = info.max_input_tokens if info else None
     if model.context_window is not None:
         if hard is not None and model.context_window > hard:
             log.warning(
                 "model %s: context_window %d is above the registry's %d; using %d",
-                model.name, model.context_window, hard, hard,
+                model.name,
+                model.context_window,
+                hard,
+                hard,
             )
             return hard, "registry (config above hard limit)"
         return model.context_window, "config"

@@ -29,7 +29,9 @@ class UsageStripper:
             if b'"choices":[]' in event and b'"usage":{' in event:
                 self.usage_event = event + b"\n\n"
                 continue
-            out.append(event.replace(b',"usage":null', b"").replace(b'"usage":null,', b"") + b"\n\n")
+            out.append(
+                event.replace(b',"usage":null', b"").replace(b'"usage":null,', b"") + b"\n\n"
+            )
         return b"".join(out)
 
     def flush(self) -> bytes:

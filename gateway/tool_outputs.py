@@ -52,7 +52,9 @@ class ToolOutputCache:
             stored_at = self._recent.get(key)
             if stored_at is not None and now - stored_at < self.config.ttl_s / 2:
                 continue
-            if await self._store.put(key, output.text.encode("utf-8", "surrogatepass"), self.config.ttl_s):
+            if await self._store.put(
+                key, output.text.encode("utf-8", "surrogatepass"), self.config.ttl_s
+            ):
                 self._recent[key] = now
                 self._recent.move_to_end(key)
                 while len(self._recent) > _RECENT_MAX:
@@ -68,7 +70,10 @@ class ToolOutputCache:
     # -- the model's tools -------------------------------------------------------------------
 
     def tool_definitions(self) -> list[dict[str, Any]]:
-        ref = {"type": "string", "description": "The ref id from a '[tool output trimmed; ref=...]' note."}
+        ref = {
+            "type": "string",
+            "description": "The ref id from a '[tool output trimmed; ref=...]' note.",
+        }
         return [
             {
                 "type": "function",
@@ -80,8 +85,16 @@ class ToolOutputCache:
                         "type": "object",
                         "properties": {
                             "ref_id": ref,
-                            "offset": {"type": "integer", "description": "First line to read (1-based); default 1."},
-                            "limit": {"type": "integer", "description": f"Lines to read; default {self.config.default_limit}."},
+                            "offset": {
+                                "type": "integer",
+                                "description": "First line to read (1-based); default 1.",
+                            },
+                            "limit": {
+                                "type": "integer",
+                                "description": (
+                                    f"Lines to read; default {self.config.default_limit}."
+                                ),
+                            },
                         },
                         "required": ["ref_id"],
                     },
@@ -91,14 +104,21 @@ class ToolOutputCache:
                 "type": "function",
                 "function": {
                     "name": self.config.grep_tool,
-                    "description": "Search an earlier, trimmed tool output with a regular expression. "
+                    "description": "Search an earlier, trimmed tool output with a regular "
+                    "expression. "
                     "Returns the matching lines with their numbers.",
                     "parameters": {
                         "type": "object",
                         "properties": {
                             "ref_id": ref,
-                            "pattern": {"type": "string", "description": "A Python regular expression."},
-                            "context": {"type": "integer", "description": "Lines of context around each match; default 0."},
+                            "pattern": {
+                                "type": "string",
+                                "description": "A Python regular expression.",
+                            },
+                            "context": {
+                                "type": "integer",
+                                "description": "Lines of context around each match; default 0.",
+                            },
                         },
                         "required": ["ref_id", "pattern"],
                     },
@@ -108,7 +128,8 @@ class ToolOutputCache:
 
     def system_note(self) -> str:
         return (
-            f"Some earlier tool outputs were trimmed to fit the context window; each note shows a ref. "
+            "Some earlier tool outputs were trimmed to fit the context window; "
+            "each note shows a ref. "
             f"Use {self.config.read_tool} to read one and {self.config.grep_tool} to search one."
         )
 
@@ -122,7 +143,9 @@ class ToolOutputCache:
             return "error: the arguments must be a JSON object"
         ref = args.get("ref_id")
         if not isinstance(ref, str) or not ref:
-            return "error: ref_id is required (the ref from a '[tool output trimmed; ref=...]' note)"
+            return (
+                "error: ref_id is required (the ref from a '[tool output trimmed; ref=...]' note)"
+            )
         text = await self._text(tenant, ref)
         if text is None:
             return f"error: unknown ref_id {ref!r} (it may have expired); ask for the output again"
@@ -138,7 +161,10 @@ def read(text: str, ref: str, offset: Any, limit: Any, default_limit: int) -> st
     start = offset if isinstance(offset, int) and not isinstance(offset, bool) else 1
     count = limit if isinstance(limit, int) and not isinstance(limit, bool) else default_limit
     if start < 1:
-        return f"error: offset must be >= 1 (lines are numbered from 1); the output has {len(lines)} lines"
+        return (
+            "error: offset must be >= 1 (lines are numbered from 1); "
+            f"the output has {len(lines)} lines"
+        )
     if count < 1:
         return "error: limit must be >= 1"
     if start > max(1, len(lines)):

@@ -32,9 +32,19 @@ from .errors import (
 # Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those aiohttp recomputes.
 HOP_BY_HOP = frozenset(
     {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-        "proxy-connection", "expect",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "proxy-connection",
+        "expect",
     }
 )
 _UNSAFE_PATH = re.compile(rb"[\x00-\x1f\x7f\\]")
@@ -182,7 +192,7 @@ def passthrough_path(raw_path: bytes, prefix: str = "/v1") -> str:
     """
     if not raw_path.startswith(prefix.encode() + b"/"):
         raise InvalidRequestError(f"Only paths under {prefix}/ are forwarded.")
-    rest = raw_path[len(prefix):]
+    rest = raw_path[len(prefix) :]
     decoded = unquote_to_bytes(rest)
     if _UNSAFE_PATH.search(decoded) or any(s in (b".", b"..") for s in decoded.split(b"/")):
         raise InvalidRequestError(

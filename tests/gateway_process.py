@@ -33,7 +33,17 @@ def gateway_process(
     path.write_text(json.dumps(config))
     port = free_port()
     process = start_process(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port), *args],
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--config",
+            str(path),
+            "--port",
+            str(port),
+            *args,
+        ],
         r"Uvicorn running on",
         60,
         env={**os.environ, **(env or {})},

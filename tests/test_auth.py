@@ -38,7 +38,11 @@ def sha256(key: str) -> str:
 
 def auth_config(fake: FakeUpstream) -> dict[str, Any]:
     def model(name: str, **upstream: Any) -> dict[str, Any]:
-        return {"name": name, "upstream": {"base_url": fake.base_url, **upstream}, "context_window": 100_000}
+        return {
+            "name": name,
+            "upstream": {"base_url": fake.base_url, **upstream},
+            "context_window": 100_000,
+        }
 
     return {
         "auth": {
@@ -52,9 +56,13 @@ def auth_config(fake: FakeUpstream) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     config = auth_config(fake_upstream_server)
-    with gateway_process(config, tmp_path_factory.mktemp("auth"), env={"UPSTREAM_KEY": UPSTREAM_KEY}) as gw:
+    with gateway_process(
+        config, tmp_path_factory.mktemp("auth"), env={"UPSTREAM_KEY": UPSTREAM_KEY}
+    ) as gw:
         yield gw
 
 
@@ -78,13 +86,20 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
 # -- end to end --------------------------------------------------------------------------------
 
 
-def test_no_key_or_a_wrong_key_is_401_and_nothing_goes_upstream(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_no_key_or_a_wrong_key_is_401_and_nothing_goes_upstream(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     body = {"model": "m", "messages": SMALL}
     no_key = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=20)
     error = assert_openai_error(no_key, 401, "invalid_api_key")
     assert error["type"] == "authentication_error"
     for wrong in (f"Basic {ALPHA}", "Bearer", f"Bearer {ALPHA}x", f"Bearer {sha256(ALPHA)}"):
-        response = httpx.post(f"{gateway.base_url}/chat/completions", json=body, headers={"authorization": wrong}, timeout=20)
+        response = httpx.post(
+            f"{gateway.base_url}/chat/completions",
+            json=body,
+            headers={"authorization": wrong},
+            timeout=20,
+        )
         assert_openai_error(response, 401, "invalid_api_key")
     with pytest.raises(openai.AuthenticationError) as info:
         client(gateway, "sk-not-a-gateway-key").chat.completions.create(model="m", messages=SMALL)
@@ -92,7 +107,9 @@ def test_no_key_or_a_wrong_key_is_401_and_nothing_goes_upstream(gateway: Gateway
     assert fake_upstream.requests() == []
 
 
-def test_a_good_key_works_and_is_never_forwarded(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_a_good_key_works_and_is_never_forwarded(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     reply = client(gateway, ALPHA).chat.completions.create(model="m", messages=SMALL)
     assert reply.choices[0].message.content
     headers = upstream_headers(fake_upstream)
@@ -104,12 +121,19 @@ def test_a_good_key_works_and_is_never_forwarded(gateway: GatewayProcess, fake_u
     assert upstream_headers(fake_upstream)["authorization"] == f"Bearer {UPSTREAM_KEY}"
 
     fake_upstream.reset()  # Azure's header works too, and is not forwarded either
-    response = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": SMALL}, headers={"api-key": BETA}, timeout=20)
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        json={"model": "m", "messages": SMALL},
+        headers={"api-key": BETA},
+        timeout=20,
+    )
     assert response.status_code == 200
     assert BETA not in str(fake_upstream.requests())
 
 
-def test_a_model_outside_the_keys_globs_is_403(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_a_model_outside_the_keys_globs_is_403(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     alpha = client(gateway, ALPHA)
     for model in ("held", "claude-3", "M"):  # configured, unknown, and case matters
         with pytest.raises(openai.PermissionDeniedError) as info:
@@ -122,14 +146,18 @@ def test_a_model_outside_the_keys_globs_is_403(gateway: GatewayProcess, fake_ups
     assert client(gateway, BETA).chat.completions.create(model="held", messages=SMALL).choices
 
 
-def test_models_list_shows_only_what_the_key_may_use(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_models_list_shows_only_what_the_key_may_use(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     assert [m.id for m in client(gateway, ALPHA).models.list().data] == ["m"]
     assert [m.id for m in client(gateway, BETA).models.list().data] == ["m", "held"]
     with pytest.raises(openai.AuthenticationError):
         client(gateway, "sk-wrong").models.list()
 
 
-def test_passthrough_needs_a_key_and_never_forwards_it(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_passthrough_needs_a_key_and_never_forwards_it(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     with pytest.raises(openai.AuthenticationError):
         client(gateway, "sk-wrong").embeddings.create(model="m", input="hello")
     assert httpx.get(f"{gateway.base_url}/files/abc", timeout=20).status_code == 401
@@ -142,19 +170,35 @@ def test_passthrough_needs_a_key_and_never_forwards_it(gateway: GatewayProcess, 
 
 def test_plan_needs_a_key(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
     body = {"model": "m", "messages": SMALL}
-    assert_openai_error(httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, timeout=20), 401, "invalid_api_key")
-    ok = httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, headers={"authorization": f"Bearer {ALPHA}"}, timeout=20)
+    assert_openai_error(
+        httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, timeout=20),
+        401,
+        "invalid_api_key",
+    )
+    ok = httpx.post(
+        f"{gateway.base_url}/compactgate/plan",
+        json=body,
+        headers={"authorization": f"Bearer {ALPHA}"},
+        timeout=20,
+    )
     assert ok.status_code == 200 and ok.json()["model"] == "m"
-    denied = httpx.post(f"{gateway.base_url}/compactgate/plan", json={**body, "model": "held"}, headers={"authorization": f"Bearer {ALPHA}"}, timeout=20)
+    denied = httpx.post(
+        f"{gateway.base_url}/compactgate/plan",
+        json={**body, "model": "held"},
+        headers={"authorization": f"Bearer {ALPHA}"},
+        timeout=20,
+    )
     assert_openai_error(denied, 403, "model_not_allowed")
 
 
-def test_401_comes_before_the_body_is_read(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_401_comes_before_the_body_is_read(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     """An unauthenticated client cannot make the gateway wait for (or buffer) a large body."""
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 30000000\r\n\r\n{\"model\":"
+            b'Content-Length: 30000000\r\n\r\n{"model":'
         )
         started = time.monotonic()
         answer = sock.recv(65536)
@@ -170,11 +214,16 @@ def scope(*headers: tuple[str, str]) -> dict[str, Any]:
 
 
 def keys_config(**extra: Any) -> Any:
-    keys = [{"key_sha256": sha256(k), "tenant": t} for k, t in (("k1", "one"), ("k2", "two"), ("k3", "three"))]
+    keys = [
+        {"key_sha256": sha256(k), "tenant": t}
+        for k, t in (("k1", "one"), ("k2", "two"), ("k3", "three"))
+    ]
     return parse_config({"auth": {"keys": keys}, **extra})
 
 
-def test_every_configured_hash_is_compared_even_after_a_match(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_configured_hash_is_compared_even_after_a_match(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     calls: list[bytes] = []
     real = auth_module.hmac.compare_digest
 
@@ -211,7 +260,9 @@ def test_tenant_header_is_honoured_only_without_keys() -> None:
     keyed = Authenticator(keys_config(tenant_header="X-Tenant"))
     identity = keyed.identify(scope(("x-tenant", "two"), ("authorization", "Bearer k1")))
     assert identity.tenant == "t:one"  # a client cannot claim another tenant's state
-    stripped = keyed.upstream_headers([(b"authorization", b"Bearer k1"), (b"api-key", b"k1"), (b"x-ok", b"1")])
+    stripped = keyed.upstream_headers(
+        [(b"authorization", b"Bearer k1"), (b"api-key", b"k1"), (b"x-ok", b"1")]
+    )
     assert stripped == [(b"x-ok", b"1")]
 
 

@@ -25,16 +25,28 @@ def parse(value: object) -> object:
         ({"model": "m", "messages": [{"role": 3, "content": "x"}]}, "messages[0].role"),
         ({"model": "m", "messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
         ({"model": "m", "messages": [{"role": "user"}]}, "messages[0].content"),
-        ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
-        ({"model": "m", "messages": [{"role": "user", "content": [{"text": "no type"}]}]}, "messages[0].content[0]"),
+        (
+            {"model": "m", "messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+            "messages[0].content[0]",
+        ),
         (
             {"model": "m", "messages": [{"role": "assistant", "tool_calls": [{"id": 1}]}]},
             "messages[0].tool_calls[0]",
         ),
         ({"model": "m", "stream": "yes", "messages": [{"role": "user", "content": "x"}]}, "stream"),
-        ({"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         (
-            {"model": "m", "messages": [{"role": "user", "content": "x", "compactgate": {"priority": 9}}]},
+            {"model": "m", "max_tokens": 0, "messages": [{"role": "user", "content": "x"}]},
+            "max_tokens",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x", "compactgate": {"priority": 9}}],
+            },
             "messages[0].compactgate.priority",
         ),
     ],
@@ -45,7 +57,10 @@ def test_bad_bodies_name_the_param(body: object, param: str) -> None:
     assert info.value.param == param
     assert info.value.status == 400
     error = orjson.loads(info.value.body())["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    assert (
+        set(error) == {"message", "type", "param", "code"}
+        and error["type"] == "invalid_request_error"
+    )
 
 
 @pytest.mark.parametrize("raw", [b"", b"{", b"[1,2]", b"\xff\xfe", b'"text"'])
@@ -66,11 +81,21 @@ def test_extension_is_read_and_stripped_unknown_fields_kept() -> None:
         "model": "m",
         "temperature": 0.2,
         "x_vendor": {"a": 1},
-        "messages": [{"role": "user", "content": "keep me", "compactgate": {"pin": True, "priority": 1, "type": "plan_ref"}}],
+        "messages": [
+            {
+                "role": "user",
+                "content": "keep me",
+                "compactgate": {"pin": True, "priority": 1, "type": "plan_ref"},
+            }
+        ],
     }
     request = parse(body)
     assert request.has_extension
-    assert request.marks[0].pin and request.marks[0].priority == 1 and request.marks[0].kind == "plan_ref"
+    assert (
+        request.marks[0].pin
+        and request.marks[0].priority == 1
+        and request.marks[0].kind == "plan_ref"
+    )
     forwarded = request.forward_payload(None, None)
     assert forwarded["messages"] == [{"role": "user", "content": "keep me"}]
     assert forwarded["temperature"] == 0.2 and forwarded["x_vendor"] == {"a": 1}

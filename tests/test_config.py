@@ -52,7 +52,9 @@ def test_issue_example_loads_with_every_contract_key(tmp_path: Path) -> None:
 
 
 def test_json_is_valid_yaml_too(tmp_path: Path) -> None:
-    raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "context_window": 100}]}
+    raw = {
+        "models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "context_window": 100}]
+    }
     config = load_config(write(tmp_path, json.dumps(raw), "c.json"), environ={})
     assert config.models[0].context_window == 100
 
@@ -77,14 +79,21 @@ def test_unset_variable_without_default_names_its_path() -> None:
     raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1", "api_key": "${NOPE}"}}]}
     with pytest.raises(ConfigError) as info:
         parse_config(raw, environ={})
-    assert info.value.problems == ["models[0].upstream.api_key: environment variable NOPE is not set"]
+    assert info.value.problems == [
+        "models[0].upstream.api_key: environment variable NOPE is not set"
+    ]
 
 
 def test_every_problem_is_reported_with_its_yaml_path() -> None:
     raw = {
         "models": [
             {"name": "ok", "upstream": {"base_url": "http://h/v1"}},
-            {"name": "bad", "upstream": {"base_url": "ftp://h"}, "context_window": 0, "colour": "red"},
+            {
+                "name": "bad",
+                "upstream": {"base_url": "ftp://h"},
+                "context_window": 0,
+                "colour": "red",
+            },
         ],
         "policies": {"p": {"trigger_ratio": 0.5, "target_ratio": 0.7, "steps": [{"type": "nope"}]}},
     }
@@ -118,7 +127,9 @@ def test_model_naming_an_unknown_policy_is_rejected() -> None:
 
 
 def test_tokenizer_spec_is_checked() -> None:
-    raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "tokenizer": "chars:-1"}]}
+    raw = {
+        "models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "tokenizer": "chars:-1"}]
+    }
     with pytest.raises(ConfigError) as info:
         parse_config(raw, environ={})
     assert info.value.problems[0].startswith("models[0].tokenizer:")
@@ -131,12 +142,18 @@ def test_default_config_forwards_every_model_to_the_upstream_env() -> None:
     assert default_config({}).models[0].upstream.base_url == "https://api.openai.com/v1"
 
 
-def test_check_config_exit_codes_and_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_exit_codes_and_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     good = write(tmp_path, ISSUE_EXAMPLE, "good.yaml")
     assert main(["check-config", str(good)]) == 0
     out = capsys.readouterr().out
     assert "small-8k" in out and "window=8192 (config)" in out and "agent" in out and "fifo" in out
-    bad = write(tmp_path, "models:\n  - name: x\n    upstream: {base_url: http://h/v1}\n    context_window: -5\n", "bad.yaml")
+    bad = write(
+        tmp_path,
+        "models:\n  - name: x\n    upstream: {base_url: http://h/v1}\n    context_window: -5\n",
+        "bad.yaml",
+    )
     assert main(["check-config", str(bad)]) == 1
     assert "models[0].context_window: must be > 0" in capsys.readouterr().out
 

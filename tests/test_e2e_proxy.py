@@ -26,7 +26,12 @@ SMALL = [
 
 
 def config_for(fake: FakeUpstream, **model: Any) -> dict[str, Any]:
-    entry = {"name": "m", "upstream": {"base_url": fake.base_url}, "context_window": 100_000, **model}
+    entry = {
+        "name": "m",
+        "upstream": {"base_url": fake.base_url},
+        "context_window": 100_000,
+        **model,
+    }
     return {"server": {"max_body_bytes": 200_000}, "models": [entry]}
 
 
@@ -43,22 +48,36 @@ def without_volatile(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in ("id", "created")}
 
 
-def test_non_streaming_response_is_what_the_upstream_returned(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    fake_upstream.script([{"kind": "ok", "content": "hi there"}, {"kind": "ok", "content": "hi there"}])
+def test_non_streaming_response_is_what_the_upstream_returned(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.script(
+        [{"kind": "ok", "content": "hi there"}, {"kind": "ok", "content": "hi there"}]
+    )
     direct = client(fake_upstream.base_url).chat.completions.create(model="m", messages=SMALL)
-    via = client(gateway.base_url).chat.completions.with_raw_response.create(model="m", messages=SMALL)
+    via = client(gateway.base_url).chat.completions.with_raw_response.create(
+        model="m", messages=SMALL
+    )
     assert without_volatile(via.parse().model_dump()) == without_volatile(direct.model_dump())
     assert via.headers["x-compactgate-steps"] == "none"
     assert via.headers["x-compactgate-retries"] == "0"
-    assert int(via.headers["x-compactgate-tokens-before"]) == int(via.headers["x-compactgate-tokens-after"]) > 0
+    assert (
+        int(via.headers["x-compactgate-tokens-before"])
+        == int(via.headers["x-compactgate-tokens-after"])
+        > 0
+    )
     assert via.headers["x-compactgate-request-id"]
 
 
-def test_streaming_chunks_are_relayed_unchanged(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_streaming_chunks_are_relayed_unchanged(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.script([{"kind": "ok", "content": "one two three"}] * 2)
     body = {"model": "m", "messages": SMALL, "stream": True}
     direct = httpx.post(f"{fake_upstream.base_url}/chat/completions", json=body, timeout=20)
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body, timeout=20) as response:
+    with httpx.stream(
+        "POST", f"{gateway.base_url}/chat/completions", json=body, timeout=20
+    ) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         assert response.headers["x-compactgate-steps"] == "none"
         relayed = b"".join(response.iter_bytes())
@@ -74,12 +93,16 @@ def test_streaming_chunks_are_relayed_unchanged(gateway: GatewayProcess, fake_up
 
     assert events(relayed) == events(direct.content)
     assert relayed.endswith(b"data: [DONE]\n\n")
-    stream = client(gateway.base_url).chat.completions.create(model="m", messages=SMALL, stream=True)
+    stream = client(gateway.base_url).chat.completions.create(
+        model="m", messages=SMALL, stream=True
+    )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text  # the official client parses the relayed stream
 
 
-def test_upstream_receives_the_clients_exact_bytes(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_upstream_receives_the_clients_exact_bytes(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     raw = (
         b'{"model":"m","messages":[{"role":"user","content":"x\\u00e9 \xf0\x9f\x98\x80"}],'
         b'"temperature":0.25,"x_unknown_field":{"nested":[1,2,{"a":null}]},"logit_bias":{"50256":-100}}'
@@ -87,7 +110,11 @@ def test_upstream_receives_the_clients_exact_bytes(gateway: GatewayProcess, fake
     response = httpx.post(
         f"{gateway.base_url}/chat/completions",
         content=raw,
-        headers={"content-type": "application/json", "authorization": "Bearer sk-abc", "x-custom": "kept"},
+        headers={
+            "content-type": "application/json",
+            "authorization": "Bearer sk-abc",
+            "x-custom": "kept",
+        },
         timeout=20,
     )
     assert response.status_code == 200
@@ -101,26 +128,59 @@ def test_upstream_receives_the_clients_exact_bytes(gateway: GatewayProcess, fake
 def test_rename_and_extension_change_only_those_fields(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:
-    gw = start_gateway(config_for(fake_upstream, upstream={"base_url": fake_upstream.base_url, "model": "real-name"}))
+    gw = start_gateway(
+        config_for(
+            fake_upstream, upstream={"base_url": fake_upstream.base_url, "model": "real-name"}
+        )
+    )
     messages = [{"role": "user", "content": "hello", "compactgate": {"pin": True}}]
-    body = {"model": "m", "messages": messages, "seed": 7, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+    body = {
+        "model": "m",
+        "messages": messages,
+        "seed": 7,
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    }
     assert httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=20).status_code == 200
     [recorded] = fake_upstream.chat_requests()
-    assert recorded["json"] == {**body, "model": "real-name", "messages": [{"role": "user", "content": "hello"}]}
+    assert recorded["json"] == {
+        **body,
+        "model": "real-name",
+        "messages": [{"role": "user", "content": "hello"}],
+    }
 
 
-def test_gateway_held_key_replaces_the_client_key(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
-    gw = start_gateway(config_for(fake_upstream, upstream={"base_url": fake_upstream.base_url, "api_key": "${GW_KEY}"}), env={"GW_KEY": "sk-gateway"})
+def test_gateway_held_key_replaces_the_client_key(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gw = start_gateway(
+        config_for(
+            fake_upstream, upstream={"base_url": fake_upstream.base_url, "api_key": "${GW_KEY}"}
+        ),
+        env={"GW_KEY": "sk-gateway"},
+    )
     client(gw.base_url).chat.completions.create(model="m", messages=SMALL)
     [recorded] = fake_upstream.chat_requests()
-    assert dict((k.lower(), v) for k, v in recorded["headers"])["authorization"] == "Bearer sk-gateway"
+    assert (
+        dict((k.lower(), v) for k, v in recorded["headers"])["authorization"] == "Bearer sk-gateway"
+    )
     assert "sk-gateway" not in gw.output()
 
 
-def test_upstream_errors_keep_their_status_and_body(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    body = {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+def test_upstream_errors_keep_their_status_and_body(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    body = {
+        "error": {
+            "message": "Incorrect API key provided",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
     fake_upstream.script([{"kind": "error", "status": 401, "body": body}])
-    response = httpx.post(f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": SMALL}, timeout=20)
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": SMALL}, timeout=20
+    )
     assert response.status_code == 401
     assert response.json() == body
     with pytest.raises(openai.AuthenticationError):
@@ -135,17 +195,56 @@ def test_upstream_errors_keep_their_status_and_body(gateway: GatewayProcess, fak
         (b'{"model": "m"}', 400, "messages", None),
         (b'{"model": "m", "messages": "hi"}', 400, "messages", None),
         (b'{"model": "m", "messages": []}', 400, "messages", None),
-        (b'{"model": "m", "messages": [{"role": "robot", "content": "x"}]}', 400, "messages[0].role", None),
-        (b'{"model": "m", "messages": [{"role": "user", "content": {"a": 1}}]}', 400, "messages[0].content", None),
-        (b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}', 404, "model", "model_not_found"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 250_000 + b'"}]}', 413, None, "request_too_large"),
+        (
+            b'{"model": "m", "messages": [{"role": "robot", "content": "x"}]}',
+            400,
+            "messages[0].role",
+            None,
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": {"a": 1}}]}',
+            400,
+            "messages[0].content",
+            None,
+        ),
+        (
+            b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}',
+            404,
+            "model",
+            "model_not_found",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * 250_000 + b'"}]}',
+            413,
+            None,
+            "request_too_large",
+        ),
     ],
-    ids=["invalid-json", "no-messages", "messages-not-list", "messages-empty", "unknown-role", "bad-content", "unknown-model", "too-large"],
+    ids=[
+        "invalid-json",
+        "no-messages",
+        "messages-not-list",
+        "messages-empty",
+        "unknown-role",
+        "bad-content",
+        "unknown-model",
+        "too-large",
+    ],
 )
 def test_bad_input_is_a_clear_error_and_nothing_goes_upstream(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream, raw: bytes, status: int, param: str | None, code: str | None
+    gateway: GatewayProcess,
+    fake_upstream: FakeUpstream,
+    raw: bytes,
+    status: int,
+    param: str | None,
+    code: str | None,
 ) -> None:
-    response = httpx.post(f"{gateway.base_url}/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=20)
+    response = httpx.post(
+        f"{gateway.base_url}/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=20,
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -158,16 +257,31 @@ def test_bad_input_is_a_clear_error_and_nothing_goes_upstream(
     assert client(gateway.base_url).chat.completions.create(model="m", messages=SMALL).choices
 
 
-def test_upstream_unreachable_is_502(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+def test_upstream_unreachable_is_502(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    gw = start_gateway({"models": [{"name": "m", "upstream": {"base_url": dead}, "context_window": 8000, "retry": {"max_attempts": 1}}]})
+    gw = start_gateway(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": dead},
+                    "context_window": 8000,
+                    "retry": {"max_attempts": 1},
+                }
+            ]
+        }
+    )
     with pytest.raises(openai.APIStatusError) as info:
         client(gw.base_url).chat.completions.create(model="m", messages=SMALL)
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_unreachable"
 
 
-def test_upstream_timeout_is_504(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+def test_upstream_timeout_is_504(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
     config = config_for(fake_upstream)
     config["server"] = {"upstream_timeout_s": 1, "first_byte_timeout_s": 1}
     gw = start_gateway(config)
@@ -180,10 +294,14 @@ def test_upstream_timeout_is_504(start_gateway: GatewayStarter, fake_upstream: F
     assert time.monotonic() - started < 4
 
 
-def test_client_disconnect_mid_stream_cancels_the_upstream_request(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_client_disconnect_mid_stream_cancels_the_upstream_request(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.script([{"kind": "slow_stream", "chunks": 50, "interval": 0.1}])
     body = {"model": "m", "messages": SMALL, "stream": True}
-    with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body, timeout=20) as response:
+    with httpx.stream(
+        "POST", f"{gateway.base_url}/chat/completions", json=body, timeout=20
+    ) as response:
         for _ in response.iter_raw():
             break  # first chunk arrived: hang up
     deadline = time.monotonic() + 5

@@ -1,4 +1,4 @@
-"""Fault injection (issue 6 items 3-5): a misbehaving upstream, and the client still gets one answer.
+"""Fault injection (issue 6 items 3-5): a misbehaving upstream; the client still gets one answer.
 
 The fake upstream refuses connections, hangs before its headers or in the middle of a stream,
 fails with 500s and 429s, drops the connection before or after its headers, or answers an empty
@@ -64,12 +64,23 @@ def gateway(
             "upstream_timeout_s": TOTAL_TIMEOUT,
         },
         "models": [
-            {"name": "flaky", "upstream": {"base_url": fake_upstream_server.base_url},
-             "context_window": 8000, "retry": retry},
-            {"name": "dead", "upstream": {"base_url": f"http://127.0.0.1:{free_port()}/v1"},
-             "context_window": 8000, "retry": {**retry, "max_attempts": 2}},
-            {"name": "healthy", "upstream": {"base_url": healthy_upstream.base_url},
-             "context_window": 8000},
+            {
+                "name": "flaky",
+                "upstream": {"base_url": fake_upstream_server.base_url},
+                "context_window": 8000,
+                "retry": retry,
+            },
+            {
+                "name": "dead",
+                "upstream": {"base_url": f"http://127.0.0.1:{free_port()}/v1"},
+                "context_window": 8000,
+                "retry": {**retry, "max_attempts": 2},
+            },
+            {
+                "name": "healthy",
+                "upstream": {"base_url": healthy_upstream.base_url},
+                "context_window": 8000,
+            },
         ],
     }
     path: Path = tmp_path_factory.mktemp("faults") / "gateway.json"
@@ -217,7 +228,11 @@ def test_hang_mid_body_is_504_within_the_total_timeout(
 def test_500_twice_then_success_is_retried(
     gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
 ) -> None:
-    error = {"kind": "error", "status": 500, "body": {"error": {"message": "boom", "type": "server_error"}}}
+    error = {
+        "kind": "error",
+        "status": 500,
+        "body": {"error": {"message": "boom", "type": "server_error"}},
+    }
     fake_upstream.script([error, error, {"kind": "ok"}])
     seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky", stream))
     assert_completed(seen, stream)
@@ -227,7 +242,11 @@ def test_500_twice_then_success_is_retried(
 def test_500_until_attempts_run_out_relays_the_upstream_error(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:
-    error = {"kind": "error", "status": 503, "body": {"error": {"message": "overloaded", "type": "server_error"}}}
+    error = {
+        "kind": "error",
+        "status": 503,
+        "body": {"error": {"message": "overloaded", "type": "server_error"}},
+    }
     fake_upstream.script([error] * 5)
     seen = call(gateway, "flaky")
     assert seen.status == 503 and seen.json() == error["body"]
@@ -235,8 +254,12 @@ def test_500_until_attempts_run_out_relays_the_upstream_error(
 
 
 def test_429_retry_after_is_honoured(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    limited = {"kind": "error", "status": 429, "headers": {"Retry-After": "1"},
-               "body": {"error": {"message": "slow down", "type": "rate_limit_error"}}}
+    limited = {
+        "kind": "error",
+        "status": 429,
+        "headers": {"Retry-After": "1"},
+        "body": {"error": {"message": "slow down", "type": "rate_limit_error"}},
+    }
     fake_upstream.script([limited, {"kind": "ok"}])
     seen = while_healthy_traffic(gateway, lambda: call(gateway, "flaky"))
     assert_completed(seen, stream=False)
@@ -265,6 +288,18 @@ def test_drop_mid_stream_is_not_retried_and_ends_with_an_error_event(
     assert seen.seconds < 3
 
 
+def test_an_error_event_that_is_no_context_error_is_relayed_not_retried(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    error = {"error": {"message": "The server is overloaded.", "type": "server_error"}}
+    fake_upstream.script([{"kind": "stream_error_event", "body": error}, {"kind": "ok"}])
+    seen = call(gateway, "flaky", stream=True)
+    assert seen.status == 200
+    assert seen.events() == [error]
+    assert seen.headers["x-compactgate-retries"] == "0"
+    assert len(fake_upstream.chat_requests()) == 1
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_an_empty_200_is_never_relayed_silently(
     gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
@@ -283,8 +318,13 @@ def test_the_openai_client_sees_each_outcome_once(
     """What an SDK user sees: a completion after retries, a typed error for a dead upstream."""
     client = openai.OpenAI(base_url=gateway.base_url, api_key="sk-x", max_retries=0, timeout=30)
     with client:
-        fake_upstream.script([{"kind": "drop"}, {"kind": "error", "status": 502, "raw": "bad gateway"},
-                              {"kind": "ok"}])
+        fake_upstream.script(
+            [
+                {"kind": "drop"},
+                {"kind": "error", "status": 502, "raw": "bad gateway"},
+                {"kind": "ok"},
+            ]
+        )
         completion = client.chat.completions.create(model="flaky", messages=MESSAGES)  # type: ignore[arg-type]
         assert completion.choices[0].message.content == ECHO
         with pytest.raises(openai.APIStatusError) as info:

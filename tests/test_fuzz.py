@@ -35,37 +35,59 @@ from tests.gateway_process import gateway_process
 
 # Hypothesis' failure report imports mypy_extensions, which warns; with filterwarnings=error that
 # would hide the falsifying example behind an INTERNALERROR.
-pytestmark = pytest.mark.filterwarnings("ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
+)
 
 MAX_BODY = 40 * 1024 * 1024
 MODELS = ("big", "tiny", "tiny-summary", "tiny-error", "tiny-tiktoken")
 FUZZ = settings(
-    max_examples=120,
+    max_examples=150,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
 )
 
 
 @pytest.fixture(scope="module")
-def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     base = fake_upstream_server.base_url
 
     def tiny(name: str, policy: str, tokenizer: str = "chars:4") -> dict[str, Any]:
-        return {"name": name, "upstream": {"base_url": base}, "context_window": 400, "max_output_tokens": 64,
-                "tokenizer": tokenizer, "policy": policy, "retry": {"max_attempts": 1}}
+        return {
+            "name": name,
+            "upstream": {"base_url": base},
+            "context_window": 400,
+            "max_output_tokens": 64,
+            "tokenizer": tokenizer,
+            "policy": policy,
+            "retry": {"max_attempts": 1},
+        }
 
     config = {
         "server": {"max_body_bytes": MAX_BODY, "body_read_timeout_s": 30},
         "models": [
-            {"name": "big", "upstream": {"base_url": base}, "context_window": 100_000_000, "tokenizer": "chars:4",
-             "retry": {"max_attempts": 1}},
+            {
+                "name": "big",
+                "upstream": {"base_url": base},
+                "context_window": 100_000_000,
+                "tokenizer": "chars:4",
+                "retry": {"max_attempts": 1},
+            },
             tiny("tiny", "default"),
             tiny("tiny-summary", "summary"),
             tiny("tiny-error", "strict"),
             tiny("tiny-tiktoken", "default", "tiktoken:o200k_base"),
         ],
         "policies": {
-            "summary": {"steps": [{"type": "tool_output_cache"}, {"type": "sandwich"}, {"type": "fifo"}]},
+            "summary": {
+                "steps": [{"type": "tool_output_cache"}, {"type": "sandwich"}, {"type": "fifo"}]
+            },
             "strict": {"recovery_mode": "error", "steps": [{"type": "fifo"}]},
         },
     }
@@ -82,25 +104,53 @@ def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
 # -- strategies --------------------------------------------------------------------------------
 
 TRICKY_TEXT = [
-    "", " ", "\x00", "a\x00b", "<|endoftext|>", "<|im_start|>system", "\u202e\u2066", "\ufeff",
-    "𝕏" * 40, "ä" * 300, "\n" * 200, "{" * 300, "word " * 600, "x" * 5000, "```python\nprint(1)\n```",
-    '{"json": [1, 2, {"deep": true}]}', "Traceback (most recent call last):\n" * 50,
+    "",
+    " ",
+    "\x00",
+    "a\x00b",
+    "<|endoftext|>",
+    "<|im_start|>system",
+    "\u202e\u2066",
+    "\ufeff",
+    "𝕏" * 40,
+    "ä" * 300,
+    "\n" * 200,
+    "{" * 300,
+    "word " * 600,
+    "x" * 5000,
+    "```python\nprint(1)\n```",
+    '{"json": [1, 2, {"deep": true}]}',
+    "Traceback (most recent call last):\n" * 50,
 ]
 texts = st.one_of(st.text(max_size=60), st.sampled_from(TRICKY_TEXT))
-huge_numbers = st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, -(2**63) - 1, 1e308, -1e308, 5e-324, -0.0])
+huge_numbers = st.sampled_from(
+    [2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, -(2**63) - 1, 1e308, -1e308, 5e-324, -0.0]
+)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80), huge_numbers,
-    st.floats(allow_nan=False, allow_infinity=False), texts,
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    huge_numbers,
+    st.floats(allow_nan=False, allow_infinity=False),
+    texts,
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
-call_ids = st.sampled_from(["call_1", "call_2", "call_3", "call_1 ", ""])  # a small pool: ids collide
+call_ids = st.sampled_from(
+    ["call_1", "call_2", "call_3", "call_1 ", ""]
+)  # a small pool: ids collide
 marks = st.fixed_dictionaries(
-    {}, optional={"pin": st.booleans(), "priority": st.integers(1, 3),
-                  "type": st.sampled_from(["message", "code", "plan_ref", "log", "other"])},
+    {},
+    optional={
+        "pin": st.booleans(),
+        "priority": st.integers(1, 3),
+        "type": st.sampled_from(["message", "code", "plan_ref", "log", "other"]),
+    },
 )
 
 
@@ -111,7 +161,9 @@ def user_message(draw: st.DrawFn) -> dict[str, Any]:
     else:
         parts = [{"type": "text", "text": draw(texts)}]
         if draw(st.booleans()):
-            parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}})
+            parts.append(
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+            )
         content = parts
     message = {"role": "user", "content": content}
     if draw(st.booleans()):
@@ -126,8 +178,17 @@ def turn(draw: st.DrawFn) -> list[dict[str, Any]]:
     out = [draw(user_message())]
     for _ in range(draw(st.integers(0, 2))):
         ids = draw(st.lists(call_ids, min_size=1, max_size=3))
-        calls = [{"id": i, "type": "function", "function": {"name": draw(st.sampled_from(["read", "grep", ""])),
-                                                            "arguments": draw(texts)}} for i in ids]
+        calls = [
+            {
+                "id": i,
+                "type": "function",
+                "function": {
+                    "name": draw(st.sampled_from(["read", "grep", ""])),
+                    "arguments": draw(texts),
+                },
+            }
+            for i in ids
+        ]
         out.append({"role": "assistant", "content": draw(st.none() | texts), "tool_calls": calls})
         for i in draw(st.lists(call_ids, max_size=3)) if draw(st.booleans()) else ids:
             out.append({"role": "tool", "tool_call_id": i, "content": draw(texts)})
@@ -140,7 +201,9 @@ def turn(draw: st.DrawFn) -> list[dict[str, Any]]:
 def valid_bodies(draw: st.DrawFn) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     if draw(st.booleans()):
-        messages.append({"role": draw(st.sampled_from(["system", "developer"])), "content": draw(texts)})
+        messages.append(
+            {"role": draw(st.sampled_from(["system", "developer"])), "content": draw(texts)}
+        )
     for t in draw(st.lists(turn(), min_size=1, max_size=6)):
         messages += t
     body: dict[str, Any] = {"model": draw(st.sampled_from(MODELS)), "messages": messages}
@@ -149,9 +212,13 @@ def valid_bodies(draw: st.DrawFn) -> dict[str, Any]:
         if draw(st.booleans()):
             body["stream_options"] = {"include_usage": draw(st.booleans())}
     if draw(st.booleans()):
-        body[draw(st.sampled_from(["max_tokens", "max_completion_tokens"]))] = draw(st.integers(1, 300))
+        body[draw(st.sampled_from(["max_tokens", "max_completion_tokens"]))] = draw(
+            st.integers(1, 300)
+        )
     if draw(st.booleans()):
-        body["tools"] = [{"type": "function", "function": {"name": "read", "parameters": draw(json_values)}}]
+        body["tools"] = [
+            {"type": "function", "function": {"name": "read", "parameters": draw(json_values)}}
+        ]
     return body
 
 
@@ -203,7 +270,18 @@ def mangled(draw: st.DrawFn) -> bytes:
     kind = draw(st.sampled_from(["utf8", "nul", "duplicate", "truncate", "bytes", "wrap"]))
     at = draw(st.integers(0, len(raw)))
     if kind == "utf8":
-        bad = draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\xe2\x82"]))
+        bad = draw(
+            st.sampled_from(
+                [
+                    b"\xff",
+                    b"\xc3\x28",
+                    b"\xed\xa0\x80",
+                    b"\xf4\x90\x80\x80",
+                    b"\xc0\xaf",
+                    b"\xe2\x82",
+                ]
+            )
+        )
         return raw[:at] + bad + raw[at:]
     if kind == "nul":
         return raw[:at] + b"\x00" + raw[at:]
@@ -226,14 +304,27 @@ def encode(value: Any) -> bytes:
 # -- the checks ---------------------------------------------------------------------------------
 
 
-def check(gateway: GatewayProcess, fake: FakeUpstream, http: httpx.Client, raw: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
+def check(
+    gateway: GatewayProcess,
+    fake: FakeUpstream,
+    http: httpx.Client,
+    raw: bytes,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
     fake.reset()
     response = http.post(
-        "/chat/completions", content=raw,
-        headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz", **(headers or {})},
+        "/chat/completions",
+        content=raw,
+        headers={
+            "content-type": "application/json",
+            "authorization": "Bearer sk-fuzz",
+            **(headers or {}),
+        },
     )
     relayed = "x-compactgate-steps" in response.headers
-    assert response.status_code < 500 or relayed, f"gateway {response.status_code}: {response.text[:500]}"
+    assert response.status_code < 500 or relayed, (
+        f"gateway {response.status_code}: {response.text[:500]}"
+    )
     if response.status_code >= 400 and not relayed:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
@@ -254,7 +345,9 @@ def check(gateway: GatewayProcess, fake: FakeUpstream, http: httpx.Client, raw: 
 
 def assert_still_serving(gateway: GatewayProcess) -> None:
     api = openai.OpenAI(base_url=gateway.base_url, api_key="sk-after", max_retries=0, timeout=30)
-    reply = api.chat.completions.create(model="big", messages=[{"role": "user", "content": "still there?"}])
+    reply = api.chat.completions.create(
+        model="big", messages=[{"role": "user", "content": "still there?"}]
+    )
     assert reply.choices[0].message.content
     assert gateway.process.popen.poll() is None
 
@@ -264,13 +357,17 @@ def assert_still_serving(gateway: GatewayProcess) -> None:
 
 @FUZZ
 @given(body=bodies())
-def test_structured_bodies(gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, body: dict[str, Any]) -> None:
+def test_structured_bodies(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, body: dict[str, Any]
+) -> None:
     check(gateway, fake_upstream, http, encode(body))
 
 
 @FUZZ
 @given(raw=mangled())
-def test_mangled_bytes(gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes) -> None:
+def test_mangled_bytes(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes
+) -> None:
     response = check(gateway, fake_upstream, http, raw)
     assert response.status_code == 200 or response.status_code < 500
 
@@ -290,11 +387,18 @@ def many_messages(count: int, model: str, *, paired: bool = True) -> bytes:
     n = 0
     while len(messages) + 4 < count:
         n += 1
-        call, result = (f"call_{n}", f"call_{n}") if paired else (f"call_{n % 7}", f"call_{n * 3 % 11}")
+        call, result = (
+            (f"call_{n}", f"call_{n}") if paired else (f"call_{n % 7}", f"call_{n * 3 % 11}")
+        )
         messages += [
             {"role": "user", "content": f"question {n}"},
-            {"role": "assistant", "content": None,
-             "tool_calls": [{"id": call, "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": call, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
             {"role": "tool", "tool_call_id": result, "content": "result " * 5},
             {"role": "assistant", "content": "ok"},
         ]
@@ -308,55 +412,129 @@ EDGE_CASES: list[tuple[str, bytes, set[int]]] = [
     ("nested-10k", nested(10_000), {400}),
     ("nested-10k-arrays", body_with(b"[" * 10_000 + b"]" * 10_000), {400}),
     ("nested-1M", body_with(b"[" * 1_000_000 + b"]" * 1_000_000), {400}),
-    ("nested-in-messages", b'{"model":"tiny","messages":[{"role":"user","content":"hi","x":' + nested(600) + b"}]}", {400}),
+    (
+        "nested-in-messages",
+        b'{"model":"tiny","messages":[{"role":"user","content":"hi","x":' + nested(600) + b"}]}",
+        {400},
+    ),
     ("10k-messages-big", many_messages(10_000, "big"), {200}),
     ("10k-messages-ids-collide-and-dangle", many_messages(10_000, "tiny", paired=False), {200}),
-    ("10k-messages-ids-collide-and-dangle-summary", many_messages(10_000, "tiny-summary", paired=False), {200}),
+    (
+        "10k-messages-ids-collide-and-dangle-summary",
+        many_messages(10_000, "tiny-summary", paired=False),
+        {200},
+    ),
     ("too-many-messages", many_messages(20_001, "big"), {400}),
-    ("30MB-message", orjson.dumps({"model": "big", "messages": [{"role": "user", "content": "z" * 30_000_000}]}), {200}),
-    ("30MB-message-compacted", orjson.dumps({"model": "tiny", "messages": [{"role": "user", "content": "word " * 6_000_000}]}), {200}),
-    ("over-max-body", b'{"model":"big","messages":[{"role":"user","content":"' + b"y" * MAX_BODY + b'"}]}', {413}),
-    ("max_tokens-2**64", b'{"model":"tiny","max_tokens":18446744073709551616,"messages":[{"role":"user","content":"x"}]}', {400}),
-    ("max_tokens-2**63", b'{"model":"tiny","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"x"}]}', {200, 400}),
-    ("number-1e400", b'{"model":"big","temperature":1e400,"messages":[{"role":"user","content":"x"}]}', {400}),
-    ("big-int-forwarded", b'{"model":"big","seed":123456789012345678901234567890,"messages":[{"role":"user","content":"x"}]}', {200}),
-    ("duplicate-model", b'{"model":"nope","model":"big","messages":[{"role":"user","content":"x"}]}', {200}),
+    (
+        "30MB-message",
+        orjson.dumps({"model": "big", "messages": [{"role": "user", "content": "z" * 30_000_000}]}),
+        {200},
+    ),
+    (
+        "30MB-message-compacted",
+        orjson.dumps(
+            {"model": "tiny", "messages": [{"role": "user", "content": "word " * 6_000_000}]}
+        ),
+        {200},
+    ),
+    (
+        "over-max-body",
+        b'{"model":"big","messages":[{"role":"user","content":"' + b"y" * MAX_BODY + b'"}]}',
+        {413},
+    ),
+    (
+        "max_tokens-2**64",
+        b'{"model":"tiny","max_tokens":18446744073709551616,"messages":[{"role":"user","content":"x"}]}',
+        {400},
+    ),
+    (
+        "max_tokens-2**63",
+        b'{"model":"tiny","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"x"}]}',
+        {200, 400},
+    ),
+    (
+        "number-1e400",
+        b'{"model":"big","temperature":1e400,"messages":[{"role":"user","content":"x"}]}',
+        {400},
+    ),
+    (
+        "big-int-forwarded",
+        b'{"model":"big","seed":123456789012345678901234567890,"messages":[{"role":"user","content":"x"}]}',
+        {200},
+    ),
+    (
+        "duplicate-model",
+        b'{"model":"nope","model":"big","messages":[{"role":"user","content":"x"}]}',
+        {200},
+    ),
     ("escaped-nul", b'{"model":"tiny","messages":[{"role":"user","content":"a\\u0000b"}]}', {200}),
     ("raw-nul", b'{"model":"tiny","messages":[{"role":"user","content":"a\x00b"}]}', {400}),
     ("lone-surrogate", b'{"model":"tiny","messages":[{"role":"user","content":"\\ud800"}]}', {400}),
     ("invalid-utf8", b'{"model":"tiny","messages":[{"role":"user","content":"\xff\xfe"}]}', {400}),
     ("overlong-utf8", b'{"model":"tiny","messages":[{"role":"user","content":"\xc0\xaf"}]}', {400}),
-    ("special-tokens", b'{"model":"tiny-tiktoken","messages":[{"role":"user","content":"<|endoftext|><|im_start|>' + b"<|endoftext|>" * 200 + b'"}]}', {200}),
+    (
+        "special-tokens",
+        b'{"model":"tiny-tiktoken","messages":[{"role":"user","content":"<|endoftext|><|im_start|>'
+        + b"<|endoftext|>" * 200
+        + b'"}]}',
+        {200},
+    ),
     ("empty", b"", {400}),
     ("null", b"null", {400}),
     ("unknown-role", b'{"model":"tiny","messages":[{"role":"wizard","content":"x"}]}', {400}),
-    ("dangling-tool-result", b'{"model":"tiny","messages":[{"role":"tool","tool_call_id":"nope","content":"x"},{"role":"user","content":"x"}]}', {200}),
+    (
+        "dangling-tool-result",
+        b'{"model":"tiny","messages":[{"role":"tool","tool_call_id":"nope","content":"x"},{"role":"user","content":"x"}]}',
+        {200},
+    ),
 ]
 
 
-@pytest.mark.parametrize(("raw", "allowed"), [(raw, allowed) for _, raw, allowed in EDGE_CASES], ids=[c[0] for c in EDGE_CASES])
-def test_edge_cases(gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes, allowed: set[int]) -> None:
+@pytest.mark.parametrize(
+    ("raw", "allowed"),
+    [(raw, allowed) for _, raw, allowed in EDGE_CASES],
+    ids=[c[0] for c in EDGE_CASES],
+)
+def test_edge_cases(
+    gateway: GatewayProcess,
+    fake_upstream: FakeUpstream,
+    http: httpx.Client,
+    raw: bytes,
+    allowed: set[int],
+) -> None:
     response = check(gateway, fake_upstream, http, raw)
     assert response.status_code in allowed, response.text[:500]
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-summary", "tiny-tiktoken", "tiny-error"])
-def test_10k_messages_are_compacted_to_fit(gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, model: str) -> None:
+def test_10k_messages_are_compacted_to_fit(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, model: str
+) -> None:
     response = check(gateway, fake_upstream, http, many_messages(10_000, model))
     assert response.status_code == 200
     assert response.headers["x-compactgate-steps"] != "none"
     assert int(response.headers["x-compactgate-tokens-after"]) < 400  # the tiny window
-    [forwarded] = fake_upstream.chat_requests()[-1:]
-    assert forwarded["json"]["messages"][-1] == {"role": "user", "content": "last"}
+    forwarded = [r["json"]["messages"] for r in fake_upstream.chat_requests()]
+    assert any(
+        m[-1] == {"role": "user", "content": "last"} for m in forwarded
+    )  # not a summary call
 
 
-def test_chunked_body_and_a_body_shorter_than_declared(gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client) -> None:
+def test_chunked_body_and_a_body_shorter_than_declared(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client
+) -> None:
     body = b'{"model":"big","messages":[{"role":"user","content":"x"}]}'
-    response = http.post("/chat/completions", content=iter([body[:10], body[10:]]), headers={"authorization": "Bearer sk-fuzz"})
+    response = http.post(
+        "/chat/completions",
+        content=iter([body[:10], body[10:]]),
+        headers={"authorization": "Bearer sk-fuzz"},
+    )
     assert response.status_code == 200  # chunked transfer encoding
     fake_upstream.reset()
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n" + body)
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n" + body
+        )
         sock.shutdown(socket.SHUT_WR)  # the client gives up half way
         sock.recv(65536)
     time.sleep(0.2)
@@ -364,6 +542,8 @@ def test_chunked_body_and_a_body_shorter_than_declared(gateway: GatewayProcess, 
     assert_still_serving(gateway)
 
 
-def test_still_serving_after_the_fuzzing(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_still_serving_after_the_fuzzing(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     assert_still_serving(gateway)
     assert "Traceback" not in gateway.output(), gateway.output()[-5000:]

@@ -26,11 +26,19 @@ LIMIT = 2
 
 
 @pytest.fixture(scope="module")
-def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     config = {
         "server": {"max_concurrent_per_tenant": LIMIT},
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream_server.base_url}, "context_window": 100_000,
-                    "retry": {"max_attempts": 1}}],
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": fake_upstream_server.base_url},
+                "context_window": 100_000,
+                "retry": {"max_attempts": 1},
+            }
+        ],
     }
     with gateway_process(config, tmp_path_factory.mktemp("limits")) as gw:
         yield gw
@@ -78,7 +86,9 @@ async def test_beyond_the_limit_is_429_with_retry_after_and_other_tenants_are_no
     await two.close()
 
 
-async def test_a_client_hanging_up_gives_its_slot_back(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+async def test_a_client_hanging_up_gives_its_slot_back(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.script([{"kind": "slow_stream", "chunks": 100, "interval": 0.1}] * LIMIT)
     api = client(gateway, "sk-hangs-up")
     for _ in range(LIMIT):
@@ -94,15 +104,28 @@ async def test_a_client_hanging_up_gives_its_slot_back(gateway: GatewayProcess, 
     await api.close()
 
 
-async def test_failed_requests_give_their_slot_back(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    error = {"error": {"message": "upstream says no", "type": "server_error", "param": None, "code": None}}
-    fake_upstream.script([{"kind": "error", "status": 500, "body": error}] * 3 + [{"kind": "drop"}] * 2)
+async def test_failed_requests_give_their_slot_back(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    error = {
+        "error": {
+            "message": "upstream says no",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+    fake_upstream.script(
+        [{"kind": "error", "status": 500, "body": error}] * 3 + [{"kind": "drop"}] * 2
+    )
     api = client(gateway, "sk-fails")
     for status in (500, 500, 500, 502, 502):
         with pytest.raises(openai.APIStatusError) as info:
             await api.chat.completions.create(model="m", messages=SMALL)
         assert info.value.status_code == status
-    results = await asyncio.gather(*(api.chat.completions.create(model="m", messages=SMALL) for _ in range(LIMIT)))
+    results = await asyncio.gather(
+        *(api.chat.completions.create(model="m", messages=SMALL) for _ in range(LIMIT))
+    )
     assert all(r.choices for r in results)
     await api.close()
 

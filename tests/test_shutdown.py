@@ -24,7 +24,11 @@ SMALL = [{"role": "user", "content": "Say hi."}]
 
 
 def config_for(fake: FakeUpstream) -> dict[str, Any]:
-    return {"models": [{"name": "m", "upstream": {"base_url": fake.base_url}, "context_window": 100_000}]}
+    return {
+        "models": [
+            {"name": "m", "upstream": {"base_url": fake.base_url}, "context_window": 100_000}
+        ]
+    }
 
 
 class StreamReader(threading.Thread):
@@ -46,7 +50,7 @@ class StreamReader(threading.Thread):
                 if chunk.choices:
                     self.text += chunk.choices[0].delta.content or ""
             self.finished = True
-        except Exception as exc:  # noqa: BLE001 - the test inspects whatever ended the stream
+        except Exception as exc:  # the test inspects whatever ended the stream
             self.error = exc
         finally:
             self.first_chunk.set()
@@ -114,10 +118,14 @@ def test_a_stream_longer_than_the_deadline_is_cut_and_the_process_still_exits_0(
     assert_clean_output(gw)
 
 
-def test_sigterm_when_idle_exits_0_quickly(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+def test_sigterm_when_idle_exits_0_quickly(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
     gw = start_gateway(config_for(fake_upstream))
     api = openai.OpenAI(base_url=gw.base_url, api_key="sk-x", max_retries=0, timeout=10)
-    assert api.chat.completions.create(model="m", messages=SMALL).choices  # a keep-alive connection stays open
+    assert api.chat.completions.create(
+        model="m", messages=SMALL
+    ).choices  # a keep-alive connection stays open
     gw.process.popen.send_signal(signal.SIGTERM)
     signalled = time.monotonic()
     assert gw.process.popen.wait(10) == 0

@@ -27,10 +27,18 @@ BODY = orjson.dumps({"model": "m", "messages": SMALL})
 
 
 @pytest.fixture(scope="module")
-def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def gateway(
+    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
     config = {
         "server": {"body_read_timeout_s": TIMEOUT_S},
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream_server.base_url}, "context_window": 100_000}],
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": fake_upstream_server.base_url},
+                "context_window": 100_000,
+            }
+        ],
     }
     with gateway_process(config, tmp_path_factory.mktemp("slow")) as gw:
         yield gw
@@ -50,8 +58,9 @@ class Trickler(threading.Thread):
 
     def run(self) -> None:
         head = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-            b"Authorization: Bearer sk-slow\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"
+            b"Content-Type: application/json\r\nAuthorization: Bearer sk-slow\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(BODY)
         )
         self.started_at = time.monotonic()
         self.sock.sendall(head)
@@ -100,7 +109,9 @@ def parse_response(raw: bytes) -> tuple[int, dict[str, object]]:
     return status, orjson.loads(body)
 
 
-def test_a_trickled_body_is_cut_off_with_408_and_nothing_goes_upstream(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_a_trickled_body_is_cut_off_with_408_and_nothing_goes_upstream(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     trickler = Trickler(gateway.port)  # ~6 s to send the whole body: well past the timeout
     trickler.start()
     trickler.join(20)
@@ -113,7 +124,9 @@ def test_a_trickled_body_is_cut_off_with_408_and_nothing_goes_upstream(gateway: 
     assert fake_upstream.chat_requests() == []
 
 
-def test_other_clients_are_served_while_many_clients_trickle(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_other_clients_are_served_while_many_clients_trickle(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     api = openai.OpenAI(base_url=gateway.base_url, api_key="sk-normal", max_retries=0, timeout=10)
     assert api.chat.completions.create(model="m", messages=SMALL).choices  # warm (tokenizer loaded)
     tricklers = [Trickler(gateway.port, interval=0.05) for _ in range(30)]

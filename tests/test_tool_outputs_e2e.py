@@ -17,7 +17,10 @@ import pytest
 from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_upstream import FakeUpstream
 
-LOG_LINES = [f"2026-11-21 12:{i // 60:02d}:{i % 60:02d} INFO worker-{i % 7} handled job {i}" for i in range(400)]
+LOG_LINES = [
+    f"2026-11-21 12:{i // 60:02d}:{i % 60:02d} INFO worker-{i % 7} handled job {i}"
+    for i in range(400)
+]
 LOG_LINES[123] = "2026-11-21 12:02:03 ERROR worker-4 disk full on /var/data"
 
 
@@ -26,38 +29,80 @@ def history() -> list[dict[str, Any]]:
     for t in range(3):
         messages += [
             {"role": "user", "content": f"step {t}: read the log"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{t}", "type": "function", "function": {"name": "read_log", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": f"call_{t}", "content": "\n".join(LOG_LINES) if t == 0 else f"short output {t}"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{t}",
+                        "type": "function",
+                        "function": {"name": "read_log", "arguments": "{}"},
+                    }
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{t}",
+                "content": "\n".join(LOG_LINES) if t == 0 else f"short output {t}",
+            },
             {"role": "assistant", "content": f"done {t}"},
         ]
     messages.append({"role": "user", "content": "Which worker failed, and why?"})
     return messages
 
 
-CLIENT_TOOLS = [{"type": "function", "function": {"name": "read_log", "parameters": {"type": "object", "properties": {}}}}]
+CLIENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "read_log", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 @pytest.fixture
 def gateway(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> GatewayProcess:
-    return start_gateway({
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 6000,
-                    "max_output_tokens": 300, "tokenizer": "chars:4", "policy": "p"}],
-        "policies": {"p": {"steps": [{"type": "tool_output_cache", "context_budget_tokens": 500}, {"type": "fifo"}]}},
-    })
+    return start_gateway(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": fake_upstream.base_url},
+                    "context_window": 6000,
+                    "max_output_tokens": 300,
+                    "tokenizer": "chars:4",
+                    "policy": "p",
+                }
+            ],
+            "policies": {
+                "p": {
+                    "steps": [
+                        {"type": "tool_output_cache", "context_budget_tokens": 500},
+                        {"type": "fifo"},
+                    ]
+                }
+            },
+        }
+    )
 
 
 def masked_ref(gw: GatewayProcess, key: str = "sk-tenant-a") -> str:
     """The ref the gateway gives the big log, read from the plan (same tenant, same process)."""
-    plan = httpx.post(f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": history(), "tools": CLIENT_TOOLS},
-                      headers={"authorization": f"Bearer {key}"}, timeout=20).json()
+    plan = httpx.post(
+        f"{gw.base_url}/compactgate/plan",
+        json={"model": "m", "messages": history(), "tools": CLIENT_TOOLS},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=20,
+    ).json()
     [tool] = [m for m in plan["messages"] if m.get("tool_call_id") == "call_0"]
     assert tool["content"].startswith("[tool output")
     return tool["content"].split("ref=")[1].split("]")[0].split(":")[0]
 
 
 def internal_call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"kind": "tool_calls", "tool_calls": [{"id": "call_internal", "function": {"name": name, "arguments": arguments}}]}
+    return {
+        "kind": "tool_calls",
+        "tool_calls": [{"id": "call_internal", "function": {"name": name, "arguments": arguments}}],
+    }
 
 
 def client(gw: GatewayProcess, key: str = "sk-tenant-a") -> openai.OpenAI:
@@ -65,14 +110,26 @@ def client(gw: GatewayProcess, key: str = "sk-tenant-a") -> openai.OpenAI:
 
 
 def tool_results(request: dict[str, Any]) -> list[str]:
-    return [m["content"] for m in request["json"]["messages"] if m.get("role") == "tool" and m["tool_call_id"] == "call_internal"]
+    return [
+        m["content"]
+        for m in request["json"]["messages"]
+        if m.get("role") == "tool" and m["tool_call_id"] == "call_internal"
+    ]
 
 
-def test_model_reads_a_masked_output_and_client_sees_only_the_answer(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_model_reads_a_masked_output_and_client_sees_only_the_answer(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     ref = masked_ref(gateway)
-    fake_upstream.script([internal_call("tool_output_cache", ref_id=ref, offset=120, limit=5),
-                          {"kind": "ok", "content": "worker-4: disk full"}])
-    raw = client(gateway).chat.completions.with_raw_response.create(model="m", messages=history(), tools=CLIENT_TOOLS)
+    fake_upstream.script(
+        [
+            internal_call("tool_output_cache", ref_id=ref, offset=120, limit=5),
+            {"kind": "ok", "content": "worker-4: disk full"},
+        ]
+    )
+    raw = client(gateway).chat.completions.with_raw_response.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS
+    )
     answer = raw.parse()
     assert answer.choices[0].message.content == "worker-4: disk full"
     assert not answer.choices[0].message.tool_calls
@@ -81,7 +138,11 @@ def test_model_reads_a_masked_output_and_client_sees_only_the_answer(gateway: Ga
     first, second = fake_upstream.chat_requests()
     names = [t["function"]["name"] for t in first["json"]["tools"]]
     assert names == ["read_log", "tool_output_cache", "tool_output_cache_grep"]
-    assert any("tool_output_cache" in (m.get("content") or "") for m in first["json"]["messages"] if m["role"] == "system")
+    assert any(
+        "tool_output_cache" in (m.get("content") or "")
+        for m in first["json"]["messages"]
+        if m["role"] == "system"
+    )
     [result] = tool_results(second)
     assert f"   123\t{LOG_LINES[122]}" in result and f"   124\t{LOG_LINES[123]}" in result
     assert "lines 120-124 of 400" in result
@@ -92,19 +153,43 @@ def test_model_reads_a_masked_output_and_client_sees_only_the_answer(gateway: Ga
 
 def test_grep_finds_a_known_line(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
     ref = masked_ref(gateway)
-    fake_upstream.script([internal_call("tool_output_cache_grep", ref_id=ref, pattern="ERROR|disk full", context=1),
-                          {"kind": "ok", "content": "found it"}])
-    assert client(gateway).chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS).choices[0].message.content == "found it"
+    fake_upstream.script(
+        [
+            internal_call(
+                "tool_output_cache_grep", ref_id=ref, pattern="ERROR|disk full", context=1
+            ),
+            {"kind": "ok", "content": "found it"},
+        ]
+    )
+    assert (
+        client(gateway)
+        .chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)
+        .choices[0]
+        .message.content
+        == "found it"
+    )
     [result] = tool_results(fake_upstream.chat_requests()[1])
     assert "1 matching lines of 400" in result
-    assert f"   124\t{LOG_LINES[123]}" in result and f"   123\t{LOG_LINES[122]}" in result and f"   125\t{LOG_LINES[124]}" in result
+    assert (
+        f"   124\t{LOG_LINES[123]}" in result
+        and f"   123\t{LOG_LINES[122]}" in result
+        and f"   125\t{LOG_LINES[124]}" in result
+    )
 
 
-def test_streaming_holds_back_internal_calls(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_streaming_holds_back_internal_calls(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     ref = masked_ref(gateway)
-    fake_upstream.script([internal_call("tool_output_cache", ref_id=ref, limit=3),
-                          {"kind": "ok", "content": "streamed final answer"}])
-    stream = client(gateway).chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS, stream=True)
+    fake_upstream.script(
+        [
+            internal_call("tool_output_cache", ref_id=ref, limit=3),
+            {"kind": "ok", "content": "streamed final answer"},
+        ]
+    )
+    stream = client(gateway).chat.completions.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS, stream=True
+    )
     text, calls = "", []
     for chunk in stream:
         if chunk.choices:
@@ -114,53 +199,110 @@ def test_streaming_holds_back_internal_calls(gateway: GatewayProcess, fake_upstr
     assert "lines 1-3 of 400" in tool_results(fake_upstream.chat_requests()[1])[0]
 
 
-def test_streaming_client_tool_call_is_relayed_at_once(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_streaming_client_tool_call_is_relayed_at_once(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     masked_ref(gateway)
-    fake_upstream.script([{"kind": "tool_calls", "tool_calls": [{"id": "call_client", "function": {"name": "read_log", "arguments": {}}}]}])
-    stream = client(gateway).chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS, stream=True)
-    names = [c.function.name for chunk in stream if chunk.choices for c in (chunk.choices[0].delta.tool_calls or []) if c.function and c.function.name]
+    fake_upstream.script(
+        [
+            {
+                "kind": "tool_calls",
+                "tool_calls": [
+                    {"id": "call_client", "function": {"name": "read_log", "arguments": {}}}
+                ],
+            }
+        ]
+    )
+    stream = client(gateway).chat.completions.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS, stream=True
+    )
+    names = [
+        c.function.name
+        for chunk in stream
+        if chunk.choices
+        for c in (chunk.choices[0].delta.tool_calls or [])
+        if c.function and c.function.name
+    ]
     assert names == ["read_log"]
     assert len(fake_upstream.chat_requests()) == 1
 
 
-def test_bad_refs_offsets_and_patterns_are_explained_to_the_model(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_bad_refs_offsets_and_patterns_are_explained_to_the_model(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     ref = masked_ref(gateway)
     cases = [
         (internal_call("tool_output_cache", ref_id="ref_doesnotexist"), "unknown ref_id"),
         (internal_call("tool_output_cache", ref_id=ref, offset=9999), "past the end"),
-        (internal_call("tool_output_cache_grep", ref_id=ref, pattern="(unclosed"), "invalid pattern"),
-        ({"kind": "tool_calls", "tool_calls": [{"id": "call_internal", "function": {"name": "tool_output_cache", "arguments": "{not json"}}]}, "not valid JSON"),
+        (
+            internal_call("tool_output_cache_grep", ref_id=ref, pattern="(unclosed"),
+            "invalid pattern",
+        ),
+        (
+            {
+                "kind": "tool_calls",
+                "tool_calls": [
+                    {
+                        "id": "call_internal",
+                        "function": {"name": "tool_output_cache", "arguments": "{not json"},
+                    }
+                ],
+            },
+            "not valid JSON",
+        ),
     ]
     for call, expected in cases:
         fake_upstream.reset()
         fake_upstream.script([call, {"kind": "ok", "content": "ok"}])
-        assert client(gateway).chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS).choices[0].message.content == "ok"
+        assert (
+            client(gateway)
+            .chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)
+            .choices[0]
+            .message.content
+            == "ok"
+        )
         [result] = tool_results(fake_upstream.chat_requests()[1])
         assert expected in result, result
 
 
-def test_a_ref_of_tenant_a_is_unknown_to_tenant_b(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_a_ref_of_tenant_a_is_unknown_to_tenant_b(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     ref_a = masked_ref(gateway, "sk-tenant-a")
-    client(gateway, "sk-tenant-a").chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)  # stores it
+    client(gateway, "sk-tenant-a").chat.completions.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS
+    )  # stores it
     fake_upstream.reset()
-    fake_upstream.script([internal_call("tool_output_cache", ref_id=ref_a), {"kind": "ok", "content": "b"}])
-    client(gateway, "sk-tenant-b").chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}, *history()[1:]], tools=CLIENT_TOOLS)
+    fake_upstream.script(
+        [internal_call("tool_output_cache", ref_id=ref_a), {"kind": "ok", "content": "b"}]
+    )
+    client(gateway, "sk-tenant-b").chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}, *history()[1:]], tools=CLIENT_TOOLS
+    )
     [result] = tool_results(fake_upstream.chat_requests()[1])
     assert "unknown ref_id" in result and "disk full" not in result
     assert masked_ref(gateway, "sk-tenant-b") != ref_a  # refs are per tenant too
 
 
-def test_rounds_are_bounded_and_leftover_internal_calls_are_hidden(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+def test_rounds_are_bounded_and_leftover_internal_calls_are_hidden(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
     ref = masked_ref(gateway)
     fake_upstream.script([internal_call("tool_output_cache", ref_id=ref, limit=1)] * 6)
-    answer = client(gateway).chat.completions.with_raw_response.create(model="m", messages=history(), tools=CLIENT_TOOLS)
+    answer = client(gateway).chat.completions.with_raw_response.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS
+    )
     assert answer.headers["x-compactgate-internal-rounds"] == "4"
     assert len(fake_upstream.chat_requests()) == 5
     assert not answer.parse().choices[0].message.tool_calls
 
 
-def test_no_expansion_tools_when_nothing_was_masked(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=CLIENT_TOOLS)
+def test_no_expansion_tools_when_nothing_was_masked(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    client(gateway).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=CLIENT_TOOLS
+    )
     [sent] = fake_upstream.chat_requests()
     assert [t["function"]["name"] for t in sent["json"]["tools"]] == ["read_log"]
     assert json.dumps(sent["json"]).count("tool_output_cache") == 0
@@ -174,19 +316,46 @@ def test_with_redis_a_ref_stored_by_one_replica_expands_through_another(
     redis = start_redis(start_process)
     config = {
         "store": redis.url,
-        "models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 6000,
-                    "max_output_tokens": 300, "tokenizer": "chars:4", "policy": "p"}],
-        "policies": {"p": {"steps": [{"type": "tool_output_cache", "context_budget_tokens": 500}, {"type": "fifo"}]}},
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": fake_upstream.base_url},
+                "context_window": 6000,
+                "max_output_tokens": 300,
+                "tokenizer": "chars:4",
+                "policy": "p",
+            }
+        ],
+        "policies": {
+            "p": {
+                "steps": [
+                    {"type": "tool_output_cache", "context_budget_tokens": 500},
+                    {"type": "fifo"},
+                ]
+            }
+        },
     }
     replica_a, replica_b = start_gateway(config), start_gateway(config)
     ref = masked_ref(replica_a)
     assert masked_ref(replica_b) == ref  # same secret on both: the forwarded prefix is identical
-    client(replica_a).chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)  # A stores it
+    client(replica_a).chat.completions.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS
+    )  # A stores it
     # B never saw the log: its own request masks a different output, and the model asks for A's ref.
-    other = [m if m.get("tool_call_id") != "call_0" else {**m, "content": "other output line\n" * 1200} for m in history()]
+    other = [
+        m if m.get("tool_call_id") != "call_0" else {**m, "content": "other output line\n" * 1200}
+        for m in history()
+    ]
     fake_upstream.reset()
-    fake_upstream.script([internal_call("tool_output_cache_grep", ref_id=ref, pattern="disk full"), {"kind": "ok", "content": "via b"}])
-    answer = client(replica_b).chat.completions.create(model="m", messages=other, tools=CLIENT_TOOLS)
+    fake_upstream.script(
+        [
+            internal_call("tool_output_cache_grep", ref_id=ref, pattern="disk full"),
+            {"kind": "ok", "content": "via b"},
+        ]
+    )
+    answer = client(replica_b).chat.completions.create(
+        model="m", messages=other, tools=CLIENT_TOOLS
+    )
     assert answer.choices[0].message.content == "via b"
     [result] = tool_results(fake_upstream.chat_requests()[1])
     assert LOG_LINES[123] in result

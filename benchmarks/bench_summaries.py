@@ -1,0 +1,368 @@
+"""Summaries in a simulated 100-turn agent session (issue 5 "Benchmarks").
+
+Run: `python -m benchmarks.bench_summaries [--turns 100] [--step compaction] [--no-compare]`.
+About a minute; loopback only. It starts the gateway (one worker, memory store) with a policy
+`<step>` + `fifo` over a 16 384-token window, and an upstream in this process that answers the
+agent's calls after `--model-delay` seconds and summarisation calls (told apart by the
+summariser's system prompt) after `--summary-delay` seconds, each summary text numbered so that
+the run can tell which ones were used. Then one deterministic agent works through `--turns`
+Turns: a user message, one to four tool rounds (tool outputs of 200 to 1 800 tokens, a
+`--tool-delay` pause for the tool to run), a final answer.
+
+Printed, for the run with precompute (and, unless `--no-compare`, one without it):
+
+* summariser calls per 100 Turns, and how many of the summaries were never used;
+* compacting requests (over the summarising step's threshold) and the share served from a ready
+  summary: compacted, and not slower than a summary call would make it; the others were either
+  sent whole while their summary was being made (they fit), or waited for it;
+* the gateway's added latency (client latency minus the upstream's delay) on compacting requests
+  served from a ready summary, next to that of requests that needed no summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiohttp import web
+
+from gateway.echo_upstream import estimate_prompt_tokens
+from gateway.summarizer import SYSTEM_PROMPT
+
+ROOT = Path(__file__).resolve().parent.parent
+WINDOW = 16_384
+MAX_TOKENS = 1024
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name} in the repository",
+            "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}},
+        },
+    }
+    for name in ("read_file", "grep", "run_tests", "edit_file")
+]
+_WORDS = (
+    "request context window budget policy summary token message assistant tool result file "
+    "function error retry upstream gateway config model stream chunk header value index test "
+    "build deploy cache memory limit offset line search match update delete create return"
+).split()
+_USED = re.compile(r"SUMMARY#(\d+):")
+
+
+# -- the upstream --------------------------------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    model_delay: float
+    summary_delay: float
+    summaries: int = 0
+    calls: int = 0
+    used: set[int] = field(default_factory=set)  # summary numbers seen in the agent's calls
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def chat(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        payload = orjson.loads(raw)
+        messages = payload.get("messages") or [{}]
+        if messages[0].get("content") == SYSTEM_PROMPT:
+            self.summaries += 1
+            number = self.summaries
+            await asyncio.sleep(self.summary_delay)
+            text = f"<summary>SUMMARY#{number}: " + " ".join(_WORDS[:40]) * 10 + "</summary>"
+        else:
+            self.calls += 1
+            self.used.update(int(n) for n in _USED.findall(raw.decode()))
+            await asyncio.sleep(self.model_delay)
+            text = "Working on it."
+        prompt = estimate_prompt_tokens(payload)  # what a provider would report, chars/4
+        body = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 0,
+            "model": str(payload.get("model")),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8},
+        }
+        return web.json_response(body)
+
+
+# -- the agent -----------------------------------------------------------------------------------
+
+
+def _prose(rng: random.Random, tokens: int) -> str:
+    words = []
+    while len(" ".join(words)) < tokens * 4:
+        words.append(rng.choice(_WORDS))
+    return " ".join(words)
+
+
+@dataclass
+class Sample:
+    steps: str
+    tokens_before: int
+    latency: float
+
+
+@dataclass
+class Result:
+    samples: list[Sample] = field(default_factory=list)
+
+
+async def run_agent(
+    client: httpx.AsyncClient, turns: int, tool_delay: float, seed: int = 5
+) -> Result:
+    rng = random.Random(seed)
+    result = Result()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. " + _prose(rng, 300)}
+    ]
+
+    async def call() -> None:
+        body = {"model": "agent", "messages": messages, "tools": TOOLS, "max_tokens": MAX_TOKENS}
+        started = time.perf_counter()
+        response = await client.post("/chat/completions", content=orjson.dumps(body))
+        latency = time.perf_counter() - started
+        response.raise_for_status()
+        result.samples.append(
+            Sample(
+                response.headers["x-compactgate-steps"],
+                int(response.headers["x-compactgate-tokens-before"]),
+                latency,
+            )
+        )
+
+    for turn in range(turns):
+        messages.append(
+            {"role": "user", "content": f"Task {turn}: " + _prose(rng, rng.randint(30, 80))}
+        )
+        for round_ in range(rng.choice([1, 2, 2, 3, 3, 4])):
+            await call()
+            call_id = f"call_{turn}_{round_}"
+            tool = rng.choice(TOOLS)["function"]["name"]
+            arguments = orjson.dumps({"arg": f"src/module_{rng.randint(1, 60)}.py"}).decode()
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": tool, "arguments": arguments},
+                        }
+                    ],
+                }
+            )
+            await asyncio.sleep(tool_delay)
+            output = _prose(rng, rng.randint(200, 1800))
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        await call()
+        messages.append(
+            {"role": "assistant", "content": "Done: " + _prose(rng, rng.randint(60, 160))}
+        )
+    return result
+
+
+# -- the gateway ---------------------------------------------------------------------------------
+
+
+async def start_gateway(
+    config: dict[str, Any], directory: Path
+) -> tuple[asyncio.subprocess.Process, int, Path]:
+    """`compactgate serve` on a free port; ready once /healthz answers (30 s at most)."""
+    path = directory / f"gateway-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(config))
+    log = path.with_suffix(".log")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port),
+            "--log-level", "warning", cwd=ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    async with httpx.AsyncClient(timeout=1) as client:
+        while True:
+            try:
+                if (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200:
+                    return process, port, log
+            except httpx.TransportError:
+                pass
+            if process.returncode is not None or time.monotonic() > deadline:
+                process.kill() if process.returncode is None else None
+                raise RuntimeError("the gateway did not start:\n" + log.read_text()[-3000:])
+            await asyncio.sleep(0.1)
+
+
+def config_for(upstream_port: int, step: str, precompute: bool) -> dict[str, Any]:
+    step_config: dict[str, Any] = {"type": step}
+    if step == "summarize_old":
+        step_config["summary_length"] = 500
+    else:
+        step_config["summary_tokens"] = 500
+    return {
+        "models": [
+            {
+                "name": "agent",
+                "upstream": {"base_url": f"http://127.0.0.1:{upstream_port}/v1"},
+                "context_window": WINDOW,
+                "tokenizer": "chars:4",
+                "policy": "agent",
+            }
+        ],
+        "policies": {"agent": {"steps": [step_config, {"type": "fifo"}]}},
+        "summaries": {"precompute": precompute},
+    }
+
+
+async def threshold(client: httpx.AsyncClient, step: str) -> int:
+    """The summarising step's threshold, in the units of `x-compactgate-tokens-before`."""
+    body = {"model": "agent", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+            "max_tokens": MAX_TOKENS}  # fmt: skip
+    plan = (await client.post("/compactgate/plan", content=orjson.dumps(body))).json()
+    ratio = {"compaction": 0.8, "sandwich": 0.7}.get(step)
+    limit = plan["budget"]
+    fixed = (
+        plan["tokens_before"]
+        - plan["tokens_by_region"]["history"]
+        - plan["tokens_by_region"]["system"]
+    )
+    trigger = plan["trigger"] if ratio is None else int(limit * ratio)
+    return trigger + fixed
+
+
+@dataclass
+class Report:
+    label: str
+    turns: int
+    requests: int
+    summary_calls: int
+    unused: int
+    compacting: int
+    ready: int
+    deferred: int
+    waited: int
+    added_ready: list[float]
+    added_plain: list[float]
+
+
+async def one_run(args: argparse.Namespace, precompute: bool, directory: Path) -> Report:
+    upstream = Upstream(args.model_delay, args.summary_delay)
+    runner = web.AppRunner(upstream.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    upstream_port = runner.addresses[0][1]
+    process, port, _ = await start_gateway(
+        config_for(upstream_port, args.step, precompute), directory
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/v1"
+        auth = {"authorization": "Bearer sk-bench"}
+        async with httpx.AsyncClient(base_url=base, timeout=120, headers=auth) as client:
+            over = await threshold(client, args.step)
+            result = await run_agent(client, args.turns, args.tool_delay)
+            await asyncio.sleep(args.summary_delay + 0.5)  # let the last precomputation land
+    finally:
+        process.terminate()
+        await process.wait()
+        await runner.cleanup()
+    compacting = [s for s in result.samples if s.steps != "none" or s.tokens_before > over]
+    slow = args.summary_delay * 0.5
+    ready = [s for s in compacting if s.steps != "none" and s.latency - args.model_delay < slow]
+    deferred = [s for s in compacting if s.steps == "none"]
+    plain = [s for s in result.samples if s not in compacting]
+    return Report(
+        label="precompute on" if precompute else "precompute off",
+        turns=args.turns,
+        requests=len(result.samples),
+        summary_calls=upstream.summaries,
+        unused=upstream.summaries - len(upstream.used),
+        compacting=len(compacting),
+        ready=len(ready),
+        deferred=len(deferred),
+        waited=len(compacting) - len(ready) - len(deferred),
+        added_ready=[(s.latency - args.model_delay) * 1000 for s in ready],
+        added_plain=[(s.latency - args.model_delay) * 1000 for s in plain],
+    )
+
+
+def _ms(values: list[float]) -> str:
+    if not values:
+        return "-"
+    values = sorted(values)
+    p95 = values[min(len(values) - 1, int(len(values) * 0.95))]
+    return f"median {statistics.median(values):.1f} ms, p95 {p95:.1f} ms (n={len(values)})"
+
+
+def print_report(report: Report, args: argparse.Namespace) -> None:
+    per_100 = report.summary_calls * 100 / report.turns
+    share = report.ready / report.compacting * 100 if report.compacting else 0.0
+    print(f"\n== {args.step}, {report.label} ==")
+    print(f"turns {report.turns}, requests {report.requests}")
+    print(
+        f"summariser calls: {report.summary_calls} ({per_100:.1f} per 100 turns), "
+        f"never used: {report.unused}"
+    )
+    print(
+        f"compacting requests: {report.compacting}; served from a ready summary: {report.ready} "
+        f"({share:.1f} %); sent whole while the summary was made: {report.deferred}; "
+        f"waited for it: {report.waited}"
+    )
+    print(f"added latency, compacting from a ready summary: {_ms(report.added_ready)}")
+    print(f"added latency, no summary needed:              {_ms(report.added_plain)}")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-summaries-") as tmp:
+        runs = [True] if args.no_compare else [True, False]
+        started = time.perf_counter()
+        for precompute in runs:
+            report = await one_run(args, precompute, Path(tmp))
+            print_report(report, args)
+        print(f"\n(total {time.perf_counter() - started:.0f} s; model delay {args.model_delay} s, "
+              f"summary delay {args.summary_delay} s, tool delay {args.tool_delay} s)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_summaries")
+    parser.add_argument("--turns", type=int, default=100)
+    parser.add_argument(
+        "--step", choices=("compaction", "sandwich", "summarize_old"), default="compaction"
+    )
+    parser.add_argument("--model-delay", type=float, default=0.05)
+    parser.add_argument("--summary-delay", type=float, default=0.3)
+    parser.add_argument("--tool-delay", type=float, default=0.04)
+    parser.add_argument("--no-compare", action="store_true", help="skip the run without precompute")
+    asyncio.run(main_async(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
