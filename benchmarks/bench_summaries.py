@@ -74,6 +74,7 @@ class Upstream:
     summaries: int = 0
     calls: int = 0
     used: set[int] = field(default_factory=set)  # summary numbers seen in the agent's calls
+    arrivals: dict[str, float] = field(default_factory=dict)  # x-bench-seq -> perf_counter
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -91,6 +92,7 @@ class Upstream:
             text = f"<summary>SUMMARY#{number}: " + " ".join(_WORDS[:40]) * 10 + "</summary>"
         else:
             self.calls += 1
+            self.arrivals[request.headers.get("x-bench-seq", "")] = time.perf_counter()
             self.used.update(int(n) for n in _USED.findall(raw.decode()))
             await asyncio.sleep(self.model_delay)
             text = "Working on it."
@@ -126,7 +128,8 @@ def _prose(rng: random.Random, tokens: int) -> str:
 class Sample:
     steps: str
     tokens_before: int
-    latency: float
+    latency: float  # as the agent saw it
+    before_upstream: float  # from sending to the upstream receiving it: the gateway's inbound time
 
 
 @dataclass
@@ -135,7 +138,7 @@ class Result:
 
 
 async def run_agent(
-    client: httpx.AsyncClient, turns: int, tool_delay: float, seed: int = 5
+    client: httpx.AsyncClient, upstream: Upstream, turns: int, tool_delay: float, seed: int = 5
 ) -> Result:
     rng = random.Random(seed)
     result = Result()
@@ -145,8 +148,10 @@ async def run_agent(
 
     async def call() -> None:
         body = {"model": "agent", "messages": messages, "tools": TOOLS, "max_tokens": MAX_TOKENS}
+        raw = orjson.dumps(body)
+        seq = str(len(result.samples))
         started = time.perf_counter()
-        response = await client.post("/chat/completions", content=orjson.dumps(body))
+        response = await client.post("/chat/completions", content=raw, headers={"x-bench-seq": seq})
         latency = time.perf_counter() - started
         response.raise_for_status()
         result.samples.append(
@@ -154,6 +159,7 @@ async def run_agent(
                 response.headers["x-compactgate-steps"],
                 int(response.headers["x-compactgate-tokens-before"]),
                 latency,
+                upstream.arrivals.get(seq, started) - started,
             )
         )
 
@@ -180,7 +186,7 @@ async def run_agent(
                 }
             )
             await asyncio.sleep(tool_delay)
-            output = _prose(rng, rng.randint(200, 1800))
+            output = _prose(rng, rng.randint(150, 1200))
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         await call()
         messages.append(
@@ -221,12 +227,11 @@ async def start_gateway(
             await asyncio.sleep(0.1)
 
 
-def config_for(upstream_port: int, step: str, precompute: bool) -> dict[str, Any]:
+def config_for(upstream_port: int, step: str, mode: str) -> dict[str, Any]:
+    """`mode`: precompute | no-precompute | fifo (the baseline: no summaries at all)."""
     step_config: dict[str, Any] = {"type": step}
-    if step == "summarize_old":
-        step_config["summary_length"] = 500
-    else:
-        step_config["summary_tokens"] = 500
+    step_config["summary_length" if step == "summarize_old" else "summary_tokens"] = 500
+    steps = [{"type": "fifo"}] if mode == "fifo" else [step_config, {"type": "fifo"}]
     return {
         "models": [
             {
@@ -237,8 +242,8 @@ def config_for(upstream_port: int, step: str, precompute: bool) -> dict[str, Any
                 "policy": "agent",
             }
         ],
-        "policies": {"agent": {"steps": [step_config, {"type": "fifo"}]}},
-        "summaries": {"precompute": precompute},
+        "policies": {"agent": {"steps": steps}},
+        "summaries": {"precompute": mode == "precompute"},
     }
 
 
@@ -260,58 +265,36 @@ async def threshold(client: httpx.AsyncClient, step: str) -> int:
 
 @dataclass
 class Report:
-    label: str
+    mode: str
     turns: int
-    requests: int
     summary_calls: int
     unused: int
-    compacting: int
-    ready: int
-    deferred: int
-    waited: int
-    added_ready: list[float]
-    added_plain: list[float]
+    samples: list[Sample]
+    over: int  # the summarising step's threshold, as x-compactgate-tokens-before counts
 
 
-async def one_run(args: argparse.Namespace, precompute: bool, directory: Path) -> Report:
+async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Report:
     upstream = Upstream(args.model_delay, args.summary_delay)
     runner = web.AppRunner(upstream.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     upstream_port = runner.addresses[0][1]
-    process, port, _ = await start_gateway(
-        config_for(upstream_port, args.step, precompute), directory
-    )
+    config = config_for(upstream_port, args.step, mode)
+    process, port, _ = await start_gateway(config, directory)
     try:
         base = f"http://127.0.0.1:{port}/v1"
         auth = {"authorization": "Bearer sk-bench"}
         async with httpx.AsyncClient(base_url=base, timeout=120, headers=auth) as client:
             over = await threshold(client, args.step)
-            result = await run_agent(client, args.turns, args.tool_delay)
+            result = await run_agent(client, upstream, args.turns, args.tool_delay)
             await asyncio.sleep(args.summary_delay + 0.5)  # let the last precomputation land
     finally:
         process.terminate()
         await process.wait()
         await runner.cleanup()
-    compacting = [s for s in result.samples if s.steps != "none" or s.tokens_before > over]
-    slow = args.summary_delay * 0.5
-    ready = [s for s in compacting if s.steps != "none" and s.latency - args.model_delay < slow]
-    deferred = [s for s in compacting if s.steps == "none"]
-    plain = [s for s in result.samples if s not in compacting]
-    return Report(
-        label="precompute on" if precompute else "precompute off",
-        turns=args.turns,
-        requests=len(result.samples),
-        summary_calls=upstream.summaries,
-        unused=upstream.summaries - len(upstream.used),
-        compacting=len(compacting),
-        ready=len(ready),
-        deferred=len(deferred),
-        waited=len(compacting) - len(ready) - len(deferred),
-        added_ready=[(s.latency - args.model_delay) * 1000 for s in ready],
-        added_plain=[(s.latency - args.model_delay) * 1000 for s in plain],
-    )
+    unused = upstream.summaries - len(upstream.used)
+    return Report(mode, args.turns, upstream.summaries, unused, result.samples, over)
 
 
 def _ms(values: list[float]) -> str:
@@ -322,33 +305,52 @@ def _ms(values: list[float]) -> str:
     return f"median {statistics.median(values):.1f} ms, p95 {p95:.1f} ms (n={len(values)})"
 
 
-def print_report(report: Report, args: argparse.Namespace) -> None:
+def print_report(report: Report, baseline: Report | None, args: argparse.Namespace) -> None:
+    samples = report.samples
+    compacting = [
+        i for i, s in enumerate(samples) if s.steps != "none" or s.tokens_before > report.over
+    ]
+    slow = args.summary_delay * 0.5
+    ready = [
+        i for i in compacting if samples[i].steps != "none" and samples[i].before_upstream < slow
+    ]
+    deferred = [i for i in compacting if samples[i].steps == "none"]
+    waited = len(compacting) - len(ready) - len(deferred)
+    share = len(ready) / len(compacting) * 100 if compacting else 0.0
     per_100 = report.summary_calls * 100 / report.turns
-    share = report.ready / report.compacting * 100 if report.compacting else 0.0
-    print(f"\n== {args.step}, {report.label} ==")
-    print(f"turns {report.turns}, requests {report.requests}")
+    print(f"\n== {args.step} + fifo, {report.mode} ==")
+    print(f"turns {report.turns}, requests {len(samples)}")
     print(
-        f"summariser calls: {report.summary_calls} ({per_100:.1f} per 100 turns), "
-        f"never used: {report.unused}"
+        f"summariser calls: {report.summary_calls} ({per_100:.1f} per 100 turns), never used: {report.unused}"
     )
     print(
-        f"compacting requests: {report.compacting}; served from a ready summary: {report.ready} "
-        f"({share:.1f} %); sent whole while the summary was made: {report.deferred}; "
-        f"waited for it: {report.waited}"
+        f"compacting requests: {len(compacting)}; served from a ready summary: {len(ready)} "
+        f"({share:.1f} %); sent whole while the summary was made: {len(deferred)}; "
+        f"waited for it: {waited}"
     )
-    print(f"added latency, compacting from a ready summary: {_ms(report.added_ready)}")
-    print(f"added latency, no summary needed:              {_ms(report.added_plain)}")
+
+    def added(run: Report, indices: list[int]) -> list[float]:
+        return [(run.samples[i].latency - args.model_delay) * 1000 for i in indices]
+
+    print(f"added latency, compacting from a ready summary: {_ms(added(report, ready))}")
+    if baseline is not None:
+        print(f"  the same requests, fifo only (no summaries): {_ms(added(baseline, ready))}")
+    plain = [i for i in range(len(samples)) if i not in set(compacting)]
+    print(f"added latency, requests under the threshold:    {_ms(added(report, plain))}")
 
 
 async def main_async(args: argparse.Namespace) -> None:
+    modes = ["precompute", "fifo"] + (["no-precompute"] if args.compare else [])
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-summaries-") as tmp:
-        runs = [True] if args.no_compare else [True, False]
-        started = time.perf_counter()
-        for precompute in runs:
-            report = await one_run(args, precompute, Path(tmp))
-            print_report(report, args)
-        print(f"\n(total {time.perf_counter() - started:.0f} s; model delay {args.model_delay} s, "
-              f"summary delay {args.summary_delay} s, tool delay {args.tool_delay} s)")  # fmt: skip
+        reports = {mode: await one_run(args, mode, Path(tmp)) for mode in modes}
+    for mode in modes:
+        if mode != "fifo":
+            print_report(reports[mode], reports["fifo"], args)
+    print(
+        f"\n(total {time.perf_counter() - started:.0f} s; model delay {args.model_delay} s, "
+        f"summary delay {args.summary_delay} s, tool delay {args.tool_delay} s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -357,10 +359,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--step", choices=("compaction", "sandwich", "summarize_old"), default="compaction"
     )
-    parser.add_argument("--model-delay", type=float, default=0.05)
-    parser.add_argument("--summary-delay", type=float, default=0.3)
-    parser.add_argument("--tool-delay", type=float, default=0.04)
-    parser.add_argument("--no-compare", action="store_true", help="skip the run without precompute")
+    parser.add_argument("--model-delay", type=float, default=0.03)
+    parser.add_argument("--summary-delay", type=float, default=0.15)
+    parser.add_argument("--tool-delay", type=float, default=0.02)
+    parser.add_argument("--compare", action="store_true", help="also run without precompute")
     asyncio.run(main_async(parser.parse_args(argv)))
 
 

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -127,14 +128,18 @@ async def serve_upstream(host: str, port: int) -> None:
 @dataclass(frozen=True)
 class Snapshot:
     rss: int  # bytes
+    blocks: int  # blocks CPython has allocated: live Python objects
     fds: int
     sockets: int
-    tasks: int  # asyncio tasks alive in the gateway (its /metrics)
-    inflight: int
+    clients: int  # TCP connections to the gateway's port: its clients
+    upstreams: int  # its other TCP connections: to upstreams, in use or pooled
+    tasks: int  # asyncio tasks alive in the gateway
+    inflight: int  # chat requests being served
 
     def describe(self) -> str:
         return (
-            f"rss={self.rss / 2**20:.1f} MiB fds={self.fds} sockets={self.sockets} "
+            f"rss={self.rss / 2**20:.1f} MiB heap_blocks={self.blocks} fds={self.fds} "
+            f"sockets={self.sockets} (clients={self.clients} upstreams={self.upstreams}) "
             f"tasks={self.tasks} inflight={self.inflight}"
         )
 
@@ -147,52 +152,86 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def open_fds(pid: int) -> tuple[int, int]:
-    """(all file descriptors, sockets) of the process."""
-    total = sockets = 0
+def sockets_of(pid: int, own_port: int) -> tuple[int, int, int, int]:
+    """(file descriptors, sockets, client connections, upstream connections) of the process,
+    from /proc/<pid>/fd and the TCP tables (listening sockets are neither kind)."""
+    fds = 0
+    inodes: set[str] = set()
     for name in os.listdir(f"/proc/{pid}/fd"):
-        total += 1
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
-                sockets += 1
-        except OSError:
-            pass  # closed while we looked
-    return total, sockets
+        fds += 1
+        with contextlib.suppress(OSError):  # closed while we looked
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    clients = upstreams = 0
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[9] not in inodes or fields[3] == "0A":  # 0A: LISTEN
+                    continue
+                if int(fields[1].rsplit(":", 1)[1], 16) == own_port:
+                    clients += 1
+                else:
+                    upstreams += 1
+    return fds, len(inodes), clients, upstreams
 
 
 _GAUGE = re.compile(
-    rb"^(compactgate_asyncio_tasks|compactgate_inflight_requests) ([0-9.e+]+)$", re.M
+    rb"^(compactgate_asyncio_tasks|compactgate_inflight_requests|"
+    rb"compactgate_python_allocated_blocks) ([0-9.e+]+)$",
+    re.M,
 )
 
 
-async def snapshot(session: aiohttp.ClientSession, origin: str, pid: int) -> Snapshot:
-    async with session.get(f"{origin}/metrics") as response:
+@dataclass(frozen=True)
+class Target:
+    origin: str  # http://127.0.0.1:<port>
+    pid: int
+
+    @property
+    def port(self) -> int:
+        return int(self.origin.rsplit(":", 1)[1])
+
+
+async def snapshot(session: aiohttp.ClientSession, target: Target) -> Snapshot:
+    async with session.get(f"{target.origin}/metrics") as response:
         text = await response.read()
     gauges = {m.group(1).decode(): int(float(m.group(2))) for m in _GAUGE.finditer(text)}
-    fds, sockets = open_fds(pid)
-    # the scrape itself is one task and one in-flight connection: leave it out
+    fds, sockets, clients, upstreams = sockets_of(target.pid, target.port)
     return Snapshot(
-        rss_bytes(pid),
-        fds,
-        sockets,
-        gauges.get("compactgate_asyncio_tasks", -1) - 1,
-        gauges.get("compactgate_inflight_requests", -1),
+        rss=rss_bytes(target.pid),
+        blocks=gauges.get("compactgate_python_allocated_blocks", -1),
+        fds=fds,
+        sockets=sockets,
+        clients=clients,
+        upstreams=upstreams,
+        tasks=gauges.get("compactgate_asyncio_tasks", 0) - 1,  # less the scrape's own task
+        inflight=gauges.get("compactgate_inflight_requests", -1),
     )
 
 
-async def settled(
-    session: aiohttp.ClientSession, origin: str, pid: int, seconds: float = 15
-) -> Snapshot:
-    """A snapshot once nothing is in flight and the fd count has stopped moving."""
-    deadline = time.monotonic() + seconds
-    last = await snapshot(session, origin, pid)
+async def settled(session: aiohttp.ClientSession, target: Target, timeout: float = 15) -> Snapshot:
+    """A snapshot once nothing is in flight and the fd and task counts have stopped moving."""
+    deadline = time.monotonic() + timeout
+    last = await snapshot(session, target)
     while time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-        now = await snapshot(session, origin, pid)
+        now = await snapshot(session, target)
         if now.inflight == 0 and now.fds == last.fds and now.tasks == last.tasks:
             return now
         last = now
     return last
+
+
+async def drained(session: aiohttp.ClientSession, target: Target, timeout: float = 60) -> Snapshot:
+    """A snapshot once the gateway's idle upstream connections have expired (keep-alive)."""
+    deadline = time.monotonic() + timeout
+    now = await settled(session, target)
+    while now.upstreams and time.monotonic() < deadline:
+        await asyncio.sleep(1)
+        now = await snapshot(session, target)
+    return now
 
 
 # -- the clients ---------------------------------------------------------------------------------
@@ -213,12 +252,8 @@ class Outcome:
 def chat_body(model: str, stream: bool, turns: int, nonce: str) -> bytes:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a soak test."}]
     for turn in range(turns):
-        messages.append(
-            {"role": "user", "content": f"{nonce} question {turn}: " + "lorem ipsum " * 20}
-        )
-        messages.append(
-            {"role": "assistant", "content": f"answer {turn} " + "dolor sit amet " * 15}
-        )
+        messages.append({"role": "user", "content": f"{nonce} q{turn}: " + "lorem ipsum " * 20})
+        messages.append({"role": "assistant", "content": f"a{turn} " + "dolor sit amet " * 15})
     messages.append({"role": "user", "content": f"{nonce} and now?"})
     return orjson.dumps({"model": model, "stream": stream, "messages": messages})
 
@@ -260,58 +295,82 @@ async def one_request(
 
 
 def new_session(limit: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    connector = aiohttp.TCPConnector(limit=limit)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300))
 
 
+# -- burst: many slow streams at once ---------------------------------------------------------
+
+
 @dataclass
-class BurstResult:
-    streams: int
+class Round:
     outcome: Outcome
     seconds: float
     before: Snapshot
     peak_rss: int
     after: Snapshot
 
-    @property
-    def rss_retained(self) -> int:
-        return self.after.rss - self.before.rss
+
+@dataclass
+class BurstResult:
+    streams: int
+    baseline: Snapshot  # warmed up, before the first round
+    rounds: list[Round]
+    drained: Snapshot  # after the last round, once the upstream keep-alive pool has expired
 
     def failures(self) -> list[str]:
         out = []
-        if self.outcome.errors or self.outcome.ok != self.streams:
-            done = f"{self.outcome.ok}/{self.streams} streams completed"
-            out.append(f"{done}; first error: {self.outcome.first_error}")
-        grown = self.peak_rss - self.before.rss
-        # "back to baseline": at most 10 % above it, or most of what the burst took given back
-        if self.rss_retained > max(0.10 * self.before.rss, 0.35 * grown):
-            retained = self.rss_retained / 2**20
-            out.append(f"RSS stayed {retained:.1f} MiB above baseline (peak +{grown / 2**20:.1f})")
-        if self.after.sockets > self.before.sockets or self.after.tasks > self.before.tasks:
-            out.append(f"left over: before {self.before.describe()}; after {self.after.describe()}")
+        first, last = self.rounds[0].after, self.rounds[-1].after
+        for number, r in enumerate(self.rounds, 1):
+            if r.outcome.errors or r.outcome.ok != self.streams:
+                done = f"round {number}: {r.outcome.ok}/{self.streams} streams completed"
+                out.append(f"{done}; first error: {r.outcome.first_error}")
+            if (
+                r.after.inflight
+                or r.after.clients > r.before.clients
+                or r.after.tasks > r.before.tasks
+            ):
+                out.append(f"round {number} left work behind: {r.after.describe()}")
+        # Live objects come back (a leak would keep them); RSS keeps the allocator's high-water
+        # mark, so it is held to not growing from one round to the next.
+        if self.drained.blocks > self.baseline.blocks * 1.03:
+            blocks = f"{self.drained.blocks} blocks, baseline {self.baseline.blocks}"
+            out.append(f"Python heap not back to baseline: {blocks}")
+        if self.drained.upstreams:
+            out.append(f"upstream connections still open: {self.drained.describe()}")
+        if last.rss > first.rss * 1.05:
+            grew = f"{first.rss / 2**20:.1f} -> {last.rss / 2**20:.1f} MiB"
+            out.append(f"RSS grew from round to round: {grew}")
         return out
 
     def report(self) -> str:
-        return (
-            f"burst: {self.outcome.ok}/{self.streams} streams completed in {self.seconds:.1f} s, "
-            f"{self.outcome.errors} errors\n"
-            f"  before: {self.before.describe()}\n"
-            f"  peak rss: {self.peak_rss / 2**20:.1f} MiB\n"
-            f"  after:  {self.after.describe()} (rss {self.rss_retained / 2**20:+.1f} MiB)"
-        )
+        lines = [f"burst: {len(self.rounds)} rounds of {self.streams} concurrent slow streams"]
+        lines.append(f"  baseline: {self.baseline.describe()}")
+        for number, r in enumerate(self.rounds, 1):
+            lines.append(
+                f"  round {number}: {r.outcome.ok}/{self.streams} completed in {r.seconds:.1f} s, "
+                f"{r.outcome.errors} errors; peak rss {r.peak_rss / 2**20:.1f} MiB"
+            )
+            lines.append(f"    after: {r.after.describe()}")
+        lines.append(f"  pool expired: {self.drained.describe()}")
+        retained = (self.drained.rss - self.baseline.rss) / 2**20
+        blocks = (self.drained.blocks - self.baseline.blocks) / self.baseline.blocks
+        lines.append(f"  vs baseline: rss {retained:+.1f} MiB, heap blocks {blocks:+.1%}")
+        return "\n".join(lines)
 
 
 async def burst(
-    origin: str,
-    pid: int,
+    target: Target,
     *,
     streams: int = 500,
     chunks: int = 20,
     interval: float = 0.25,
+    rounds: int = 2,
     model: str = "soak",
 ) -> BurstResult:
-    """`streams` slow streaming requests at once; all must finish, and the gateway must let go."""
-    url = f"{origin}/v1/chat/completions"
+    """`rounds` times, `streams` slow streaming requests at once; every one must finish, and the
+    gateway must let go of them."""
+    url = f"{target.origin}/v1/chat/completions"
     async with new_session(limit=0) as session:  # warm: tokenizer loaded, pools made
         warm = Outcome()
         await asyncio.gather(
@@ -319,56 +378,63 @@ async def burst(
                 one_request(
                     session,
                     url,
-                    chat_body(model, True, 2, f"w{i}"),
+                    chat_body(model, True, 3, f"b{i}"),
                     stream=True,
                     chunks=2,
                     interval=0.01,
                     tenant="warm",
                     outcome=warm,
                 )
-                for i in range(50)
+                for i in range(min(streams, 50))
             )
         )
-    async with new_session(limit=0) as session:
-        before = await settled(session, origin, pid)
-        outcome = Outcome()
-        peak = before.rss
-        started = time.monotonic()
-        jobs = [
-            asyncio.ensure_future(
-                one_request(
-                    session,
-                    url,
-                    chat_body(model, True, 3, f"b{i}"),
-                    stream=True,
-                    chunks=chunks,
-                    interval=interval,
-                    tenant=f"t{i % 10}",
-                    outcome=outcome,
-                )
-            )
-            for i in range(streams)
-        ]
-        while not all(j.done() for j in jobs):
-            peak = max(peak, rss_bytes(pid))
-            await asyncio.sleep(0.2)
-        await asyncio.gather(*jobs)
-        seconds = time.monotonic() - started
-    async with new_session(limit=4) as session:  # a fresh pool: the burst's connections are closed
-        await asyncio.sleep(1)
-        after = await settled(session, origin, pid)
-    return BurstResult(streams, outcome, seconds, before, peak, after)
+    results: list[Round] = []
+    async with new_session(limit=4) as probe:
+        baseline = await settled(probe, target)
+        for _ in range(rounds):
+            before = await settled(probe, target)
+            outcome = Outcome()
+            peak = before.rss
+            started = time.monotonic()
+            async with new_session(limit=0) as session:
+                jobs = [
+                    asyncio.ensure_future(
+                        one_request(
+                            session,
+                            url,
+                            chat_body(model, True, 3, f"b{i}"),
+                            stream=True,
+                            chunks=chunks,
+                            interval=interval,
+                            tenant=f"t{i % 10}",
+                            outcome=outcome,
+                        )
+                    )
+                    for i in range(streams)
+                ]
+                while not all(j.done() for j in jobs):
+                    peak = max(peak, rss_bytes(target.pid))
+                    await asyncio.sleep(0.2)
+                await asyncio.gather(*jobs)
+            seconds = time.monotonic() - started
+            await asyncio.sleep(0.5)  # the closed client connections reach the gateway
+            results.append(Round(outcome, seconds, before, peak, await settled(probe, target)))
+        pool_expired = await drained(probe, target)
+    return BurstResult(streams, baseline, results, pool_expired)
+
+
+# -- soak: steady load ---------------------------------------------------------------------------
 
 
 @dataclass
 class SoakResult:
     seconds: float
     outcome: Outcome
+    idle_before: Snapshot
     start: Snapshot  # after the warm-up
     end: Snapshot  # at the end of the load
-    idle_before: Snapshot
     idle_after: Snapshot
-    samples: list[tuple[float, int]]
+    samples: list[tuple[float, int]]  # (seconds, rss)
 
     @property
     def growth(self) -> float:
@@ -380,31 +446,32 @@ class SoakResult:
             out.append(f"{self.outcome.errors} errors; first: {self.outcome.first_error}")
         if self.growth >= 0.05:
             out.append(f"RSS grew {self.growth:.1%} under steady load")
-        if (
-            self.idle_after.sockets > self.idle_before.sockets
-            or self.idle_after.tasks > self.idle_before.tasks
-        ):
-            before, after = self.idle_before.describe(), self.idle_after.describe()
-            out.append(f"left over: before {before}; after {after}")
+        after, before = self.idle_after, self.idle_before
+        if after.inflight or after.clients > before.clients or after.tasks > before.tasks:
+            out.append(f"left over: before {before.describe()}; after {after.describe()}")
         return out
 
     def report(self) -> str:
         rate = self.outcome.ok / self.seconds if self.seconds else 0.0
         latencies = sorted(self.outcome.latencies) or [0.0]
         p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+        trace = " ".join(
+            f"{t:.0f}s:{rss / 2**20:.1f}"
+            for t, rss in self.samples[:: max(1, len(self.samples) // 12)]
+        )
         return (
             f"soak: {self.outcome.ok} requests in {self.seconds:.0f} s ({rate:.0f}/s), "
             f"{self.outcome.errors} errors, p50 {p50 * 1000:.0f} ms p99 {p99 * 1000:.0f} ms\n"
-            f"  idle before: {self.idle_before.describe()}\n"
-            f"  after warm-up: rss {self.start.rss / 2**20:.1f} MiB; end of load: rss "
-            f"{self.end.rss / 2**20:.1f} MiB ({self.growth:+.2%})\n"
-            f"  idle after:  {self.idle_after.describe()}"
+            f"  idle before:   {self.idle_before.describe()}\n"
+            f"  after warm-up: {self.start.describe()}\n"
+            f"  end of load:   {self.end.describe()} (rss {self.growth:+.2%})\n"
+            f"  idle after:    {self.idle_after.describe()}\n"
+            f"  rss MiB over time: {trace}"
         )
 
 
 async def soak(
-    origin: str,
-    pid: int,
+    target: Target,
     *,
     seconds: float,
     concurrency: int = 32,
@@ -412,22 +479,23 @@ async def soak(
     tenants: int = 8,
 ) -> SoakResult:
     """A closed loop of `concurrency` clients for `seconds`: a steady mix of streaming and
-    non-streaming requests, conversations that need compaction, several tenants."""
-    url = f"{origin}/v1/chat/completions"
+    non-streaming requests, every conversation distinct, a quarter needing compaction, several
+    tenants. RSS growth is measured from the end of the warm-up to the end of the load."""
+    url = f"{target.origin}/v1/chat/completions"
     warmup = min(60.0, seconds * 0.2) if warmup is None else warmup
     outcome = Outcome()
     samples: list[tuple[float, int]] = []
+    counter = itertools.count()
     async with new_session(limit=4) as probe:
-        idle_before = await settled(probe, origin, pid)
+        idle_before = await settled(probe, target)
         started = time.monotonic()
         stop_at = started + seconds
-        counter = iter(range(10**9))
 
         async def client(session: aiohttp.ClientSession) -> None:
             while time.monotonic() < stop_at:
                 n = next(counter)
                 stream = n % 3 != 0
-                model = "soak-tiny" if n % 4 == 0 else "soak"  # a quarter need compaction
+                model = "soak-tiny" if n % 4 == 0 else "soak"
                 body = chat_body(model, stream, 2 + n % 7, f"s{n}")
                 await one_request(
                     session,
@@ -443,19 +511,24 @@ async def soak(
         async with new_session(limit=concurrency) as session:
             workers = [asyncio.ensure_future(client(session)) for _ in range(concurrency)]
             await asyncio.sleep(warmup)
-            start = await snapshot(probe, origin, pid)
+            start = await snapshot(probe, target)
             while time.monotonic() < stop_at:
-                samples.append((time.monotonic() - started, rss_bytes(pid)))
-                await asyncio.sleep(min(5.0, max(0.5, stop_at - time.monotonic())))
-            end = await snapshot(probe, origin, pid)
+                samples.append((time.monotonic() - started, rss_bytes(target.pid)))
+                await asyncio.sleep(min(5.0, max(0.2, stop_at - time.monotonic())))
+            end = await snapshot(probe, target)
             await asyncio.gather(*workers)
         elapsed = time.monotonic() - started
-        await asyncio.sleep(1)
-        idle_after = await settled(probe, origin, pid)
-    return SoakResult(elapsed, outcome, start, end, idle_before, idle_after, samples)
+        await asyncio.sleep(0.5)
+        idle_after = await settled(probe, target)
+    return SoakResult(elapsed, outcome, idle_before, start, end, idle_after, samples)
 
 
-# -- running it from the command line ------------------------------------------------------------
+def leftovers(fresh: Snapshot, final: Snapshot) -> list[str]:
+    """Once the upstream keep-alive pool has expired, the process holds exactly the descriptors
+    and tasks it held before the first request."""
+    if final.fds > fresh.fds or final.sockets > fresh.sockets or final.tasks > fresh.tasks:
+        return [f"not back to the fresh process: before {fresh.describe()}; now {final.describe()}"]
+    return []
 
 
 def gateway_config(upstream: str) -> dict[str, Any]:
@@ -528,8 +601,8 @@ class Process:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path) -> Iterator[tuple[str, int]]:
-    """The slow upstream and one gateway worker on loopback; yields (gateway origin, its pid)."""
+def running_stack(workdir: Path) -> Iterator[Target]:
+    """The slow upstream and one gateway worker on loopback."""
     upstream = Process(
         [sys.executable, "-m", "benchmarks.soak", "upstream", "--port", "0"], r"^READY (\d+)"
     )
@@ -554,7 +627,7 @@ def running_stack(workdir: Path) -> Iterator[tuple[str, int]]:
         )
         gateway.wait_healthy(f"http://127.0.0.1:{port}/healthz")
         try:
-            yield f"http://127.0.0.1:{port}", gateway.popen.pid
+            yield Target(f"http://127.0.0.1:{port}", gateway.popen.pid)
         finally:
             code = gateway.stop()
             if code != 0:
@@ -578,23 +651,28 @@ def _raise_fd_limit() -> None:
 
 async def _run(args: argparse.Namespace) -> int:
     failures: list[str] = []
-    with (
-        tempfile.TemporaryDirectory(prefix="soak-") as tmp,
-        running_stack(Path(tmp)) as (origin, pid),
-    ):
-        print(f"gateway {origin} pid {pid}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp, running_stack(Path(tmp)) as target:
+        print(f"gateway {target.origin} pid {target.pid}", flush=True)
+        async with new_session(limit=1) as probe:
+            fresh = await settled(probe, target)
         if args.command in ("all", "burst"):
             result = await burst(
-                origin, pid, streams=args.streams, chunks=args.chunks, interval=args.interval
+                target,
+                streams=args.streams,
+                chunks=args.chunks,
+                interval=args.interval,
+                rounds=args.rounds,
             )
             print(result.report(), flush=True)
             failures += result.failures()
         if args.command in ("all", "soak"):
-            outcome = await soak(
-                origin, pid, seconds=args.minutes * 60, concurrency=args.concurrency
-            )
+            outcome = await soak(target, seconds=args.minutes * 60, concurrency=args.concurrency)
             print(outcome.report(), flush=True)
             failures += outcome.failures()
+        async with new_session(limit=1) as probe:
+            final = await drained(probe, target)
+        print(f"fresh process: {fresh.describe()}\nat the end, pool expired: {final.describe()}")
+        failures += leftovers(fresh, final)
     for failure in failures:
         print(f"FAILED: {failure}")
     print("all checks passed" if not failures else f"{len(failures)} check(s) failed")
@@ -615,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interval", type=float, default=0.25, help="burst: seconds between chunks (0.25)"
     )
+    parser.add_argument("--rounds", type=int, default=2, help="burst: how many bursts (2)")
     parser.add_argument("--minutes", type=float, default=10.0, help="soak: how long (10)")
     parser.add_argument(
         "--concurrency", type=int, default=32, help="soak: clients in the loop (32)"

@@ -125,6 +125,7 @@ class Gateway:
             inject_stream_usage=config.server.stream_usage == "inject",
             fetch_summaries=self.summaries.fetch,
             tool_outputs=self.tool_outputs,
+            summary_source=self.summaries.source,
         )
         self.precompute = Precompute(self.summaries, self.pipeline)
         self.learned_windows: dict[str, int] = {}
@@ -141,7 +142,8 @@ class Gateway:
         try:
             yield
         finally:
-            await self.summaries.close()  # cancels background summaries, closes the store
+            await self.summaries.close()  # cancels background summaries
+            await self.store.close()
             await self.upstream.close()
             self.events.close()
 

@@ -176,6 +176,9 @@ class SummariesConfig(_Strict):
     max_input_tokens: int | None = Field(
         None, gt=0, description="Cap on one summary call's input; longer input is chunked"
     )
+    local_cache_bytes: int = Field(
+        32 * 1024 * 1024, ge=0, description="Summaries kept in each process, in front of the store"
+    )
     token_limit_param: Literal["max_tokens", "max_completion_tokens", "none"] = Field(
         "max_tokens", description="Request field that bounds the summary's length"
     )

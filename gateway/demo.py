@@ -65,7 +65,11 @@ def run_demo(llm: bool = False, turns: int = 14) -> int:
                 file=sys.stderr,
             )
             return 2
-    return asyncio.run(_demo(turns, llm))
+    try:
+        return asyncio.run(_demo(turns, llm))
+    except KeyboardInterrupt:
+        print("\ncompactgate demo: interrupted.", file=sys.stderr)
+        return 130
 
 
 async def _echo_stage() -> Stage:
@@ -96,11 +100,12 @@ async def _echo_stage() -> Stage:
 async def _llm_stage() -> Stage:
     import httpx
 
-    from .local_llm import MODEL_NAME, LocalModel, LocalModelSettings
+    from .local_llm import MODEL_NAME, LocalModel, LocalModelSettings, keep_python_signal_handlers
 
     print(f"Starting {MODEL_NAME} on llama.cpp's server (a few seconds) ...", flush=True)
     local = LocalModel(LocalModelSettings(n_ctx=LLM_WINDOW))
-    base_url = await asyncio.to_thread(local.start)
+    with keep_python_signal_handlers():  # Ctrl-C must still stop the demo
+        base_url = await asyncio.to_thread(local.start)
     root = base_url.removesuffix("/v1")
     http = httpx.AsyncClient(timeout=60)
 
@@ -211,11 +216,18 @@ async def _demo(turns: int, llm: bool = False) -> int:
                 f"{turn:>4}  {len(messages):>4}  {before:>6} -> {after:>6}  {steps:<24} {retries:>7}  {verdict}"
             )
             messages.append({"role": "assistant", "content": reply})
+    except openai.APIConnectionError:
+        if not server.should_exit:
+            raise
+        print("\ncompactgate demo: interrupted.", file=sys.stderr)
+        return 130
     finally:
         await client.close()
         server.should_exit = True
-        await serving
-        await stage.close()
+        try:
+            await serving
+        finally:
+            await stage.close()  # the local model too, however the demo ends
     elapsed = time.perf_counter() - started
     print(
         f"\n{turns} turns in {elapsed:.1f} s: {rescued} requests the model would have refused were answered;"

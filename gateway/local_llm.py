@@ -115,7 +115,7 @@ class LocalModel:
         if settings.threads is not None:
             params.cpuparams.n_threads = settings.threads
             params.cpuparams_batch.n_threads = settings.threads
-        with _keep_python_signal_handlers():
+        with keep_python_signal_handlers():
             self._server = xllamacpp.Server(params)
         self.base_url = self._server.listening_address.rstrip("/") + "/v1"
         return self.base_url
@@ -133,9 +133,13 @@ class LocalModel:
         self.stop()
 
 
-class _keep_python_signal_handlers:
+class keep_python_signal_handlers:  # a context manager, named like the function it acts as
     """llama.cpp's server installs its own SIGINT/SIGTERM handlers; put Python's back, so Ctrl-C
-    and a supervisor's SIGTERM still reach the Python program that embeds it."""
+    and a supervisor's SIGTERM still reach the Python program that embeds it.
+
+    Only the main thread can set handlers: a program that starts the model in a worker thread
+    (`asyncio.to_thread`) wraps that call in this context manager in its main thread.
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -11,14 +11,18 @@ Rules this module keeps:
 - **Failures are never cached** (R4.13, 003 CX-NT3): a failed call leaves the store untouched,
   answers `failed` (the chain goes on to its next step), is counted, and is not retried by this
   process for `retry_failed_after_s`.
+- **Two tiers**: answers are kept in this process (`LocalAnswers`, LRU by bytes) in front of the
+  store, and the chain reads that tier synchronously (`source`), so a rolling summary of many
+  links costs one chain run, not one store round trip per link, on every request.
 - **One computation per key** (single-flight): in a process, racing requests share one task; across
   replicas, the computing one holds a store lock (`SET NX PX`, expiring after the summary's
   timeout) and the others poll the store for its result. A store outage degrades to local-only
   single-flight.
-- **A summary is only waited for when the request cannot be sent without it** (over its limit,
-  or a reactive retry), and then at most `wait_s`; the computation goes on in the background
-  either way and its result is cached for the next request. A request that fits is sent as it
-  is while the summary is made (the pipeline's `SummaryAsk.wait`).
+- **A summary is only waited for when the request cannot be sent without it**: when the steps up
+  to the summarising ones do not fit it under its limit without the missing summary (or on a
+  reactive retry), and then at most `wait_s`. The computation goes on in the background either
+  way and its result is cached for the next request; a request that fits is sent meanwhile
+  with what is ready (the pipeline decides; `SummaryAsk.wait`).
 - **Ahead of need** (R4.6, 002): after each response, `Precompute` checks whether the
   conversation has passed `precompute_ratio` of its budget; if so it predicts the summary the
   chain will ask for when the conversation crosses its trigger and computes it in the
@@ -31,7 +35,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,9 +60,10 @@ SUMMARISING_STEPS = frozenset({"sandwich", "compaction", "summarize_old"})
 LOCK_MARGIN_S = 10.0
 POLL_FIRST_S = 0.05
 POLL_MAX_S = 0.5
-MAX_ROUNDS = 3  # links of a rolling summary settled per precomputation
+MAX_ROUNDS = 16  # links of a rolling summary settled per precomputation
 SEARCH_STEPS = 6  # bisection steps when predicting where the conversation crosses its trigger
 MAX_FAILURES_KEPT = 4096
+ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
 
 
 def encode(answer: SummaryAnswer) -> bytes:
@@ -73,6 +80,67 @@ def decode(value: bytes) -> SummaryAnswer | None:
         return None
 
 
+class LocalAnswers:
+    """Ready answers by cache key, in this process: an LRU bounded by bytes; thread-safe (the
+    precomputation runs the chain in a worker thread)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._answers: OrderedDict[str, SummaryAnswer] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> SummaryAnswer | None:
+        with self._lock:
+            answer = self._answers.get(key)
+            if answer is not None:
+                self._answers.move_to_end(key)
+            return answer
+
+    def put(self, key: str, answer: SummaryAnswer) -> None:
+        size = _answer_bytes(key, answer)
+        if answer.status != "ready" or size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._answers.pop(key, None)
+            if old is not None:
+                self.bytes -= _answer_bytes(key, old)
+            self._answers[key] = answer
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                evicted, gone = self._answers.popitem(last=False)
+                self.bytes -= _answer_bytes(evicted, gone)
+
+
+def _answer_bytes(key: str, answer: SummaryAnswer) -> int:
+    return len(key) + 2 * (len(answer.text) + len(answer.retain)) + ANSWER_OVERHEAD
+
+
+class LocalSummaries(DictSummaries):
+    """The chain's summary source for one request: its own answers, then the local tier."""
+
+    def __init__(self, service: SummaryService, route: Route, tenant: str) -> None:
+        super().__init__()
+        self._service = service
+        self._route = route
+        self._tenant = tenant
+
+    def get(self, request: SummaryRequest) -> SummaryAnswer:
+        canonical = request.canonical()
+        answer = self.answers.get(canonical)
+        if answer is not None:
+            return answer
+        answer = self._service.local.get(
+            self._service.key_of(request, canonical, self._route, self._tenant)
+        )
+        if answer is None:
+            self.missing[canonical] = request
+            return MISSING
+        self._service.metrics.summary_cache.labels("hit").inc()
+        self.answers[canonical] = answer
+        return answer
+
+
 class SummaryService:
     """The pipeline's summary fetcher: store lookups, single-flight computation, background work."""
 
@@ -86,25 +154,41 @@ class SummaryService:
         self._inflight: dict[str, asyncio.Task[SummaryAnswer]] = {}
         self._tasks: set[asyncio.Task[object]] = set()
         self._failed: dict[str, float] = {}
+        self.local = LocalAnswers(config.local_cache_bytes)
         self.closed = False
+
+    def source(self, route: Route, tenant: str) -> LocalSummaries:
+        """A summary source for one chain run (the pipeline's `summary_source`)."""
+        return LocalSummaries(self, route, tenant)
 
     # -- keys and the store -------------------------------------------------------------------
 
     def key(self, request: SummaryRequest, route: Route, tenant: str) -> str:
+        return self.key_of(request, request.canonical(), route, tenant)
+
+    def key_of(self, request: SummaryRequest, canonical: bytes, route: Route, tenant: str) -> str:
+        """Hash of tenant, summary model, summariser fingerprint and the request's bytes."""
         digest = hashlib.blake2b(digest_size=24)
         for part in (
             tenant.encode(),
             self.summarizer.model_of(request, route).encode(),
             self.summarizer.fingerprint().encode(),
-            request.canonical(),
+            canonical,
         ):
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
         return "summary:" + digest.hexdigest()
 
     async def cached(self, key: str) -> SummaryAnswer | None:
+        """The answer from this process's tier, else from the store (then kept locally)."""
+        answer = self.local.get(key)
+        if answer is not None:
+            return answer
         value = await self.store.get(key)
-        return decode(value) if value is not None else None
+        answer = decode(value) if value is not None else None
+        if answer is not None:
+            self.local.put(key, answer)
+        return answer
 
     # -- the fetcher ----------------------------------------------------------------------------
 
@@ -118,7 +202,7 @@ class SummaryService:
             canonical = request.canonical()
             if canonical in answers or canonical in waiting:
                 continue
-            key = self.key(request, route, tenant)
+            key = self.key_of(request, canonical, route, tenant)
             found = await self.cached(key)
             self.metrics.summary_cache.labels("hit" if found else "miss").inc()
             if found is not None:
@@ -189,6 +273,7 @@ class SummaryService:
         finally:
             if lock is not None:
                 await self.store.release(lock)
+        self.local.put(key, answer)
         await self.store.put(key, encode(answer), self.config.ttl_s)
         return answer
 
@@ -221,14 +306,13 @@ class SummaryService:
         return task
 
     async def close(self) -> None:
-        """Cancel everything still running (shutdown), then close the store."""
+        """Cancel everything still running (shutdown). The store belongs to the gateway."""
         self.closed = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        await self.store.close()
 
 
 def _log_crash(task: asyncio.Task[object]) -> None:
@@ -308,7 +392,7 @@ class Precompute:
         point = route.policy_config.precompute_ratio * budget.limit
         if conversation.tokens < point:
             return []
-        known = DictSummaries()
+        known = self.service.source(route, job.tenant)
         base = await self._settle(job, conversation, budget, known)
         if base.pending:
             return []  # the request itself is waiting for or computing these

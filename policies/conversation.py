@@ -76,7 +76,10 @@ class Conversation:
     """An ordered, immutable list of messages with the derived facts policies need."""
 
     messages: tuple[Message, ...]
+    # Derived facts, computed once on first use (the object is immutable, so they never go stale).
     _turns: tuple[Turn, ...] | None = field(default=None, compare=False, repr=False)
+    _latest: int = field(default=-2, compare=False, repr=False)  # -2: not computed, -1: none
+    _tokens: int = field(default=-1, compare=False, repr=False)  # -1: not computed
 
     @classmethod
     def of(cls, messages: Iterable[Message]) -> Conversation:
@@ -84,7 +87,9 @@ class Conversation:
 
     @property
     def tokens(self) -> int:
-        return sum(m.tokens for m in self.messages)
+        if self._tokens < 0:
+            object.__setattr__(self, "_tokens", sum(m.tokens for m in self.messages))
+        return self._tokens
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -94,10 +99,14 @@ class Conversation:
         return [m.data for m in self.messages]
 
     def latest_user_index(self) -> int | None:
-        for i in range(len(self.messages) - 1, -1, -1):
-            if self.messages[i].role == "user":
-                return i
-        return None
+        if self._latest == -2:
+            found = -1
+            for i in range(len(self.messages) - 1, -1, -1):
+                if self.messages[i].role == "user":
+                    found = i
+                    break
+            object.__setattr__(self, "_latest", found)
+        return None if self._latest < 0 else self._latest
 
     def is_protected(self, index: int) -> bool:
         """The client's system/developer prompts, pinned messages, the latest user message
@@ -115,7 +124,10 @@ class Conversation:
 
     def turns(self) -> tuple[Turn, ...]:
         """The Turns after the head, in order (parseTurnBoundaries)."""
-        return parse_turns(self.messages, self.head_end())
+        if self._turns is None:
+            object.__setattr__(self, "_turns", parse_turns(self.messages, self.head_end()))
+        assert self._turns is not None
+        return self._turns
 
 
 def _client_prompt(message: Message) -> bool:

@@ -2,7 +2,8 @@
 
 Scores are in 0..1 and a pure function of the texts: BM25 (`rank_bm25`; BM25+ with delta 0,
 whose idf log((N+1)/df) is never negative) over the Turns' texts, the latest user message as the
-query, divided by the best score (the most relevant Turn scores 1, one sharing no term scores 0).
+query, divided by the best score (the most relevant Turn scores 1, one sharing no term scores 0; the
+Turn holding the query is left out of that maximum).
 Tokens are lowercase word runs, with every
 CJK character a token of its own (Chinese and Japanese have no spaces; single characters are
 what a BM25 over CJK can match without a segmenter). A Turn's text is its messages' text plus
@@ -43,8 +44,12 @@ def turn_text(conversation: Conversation, turn: Turn) -> str:
     return "\n".join(parts)
 
 
-def bm25_scores(docs: Sequence[str], query: str) -> list[float]:
-    """BM25 of every doc against `query`, normalised so that the best is 1 (all 0 if none match)."""
+def bm25_scores(docs: Sequence[str], query: str, skip: int | None = None) -> list[float]:
+    """BM25 of every doc against `query`, normalised so that the best is 1 (all 0 if none match).
+
+    `skip` is a doc left out of the normalisation (and scored 1): the one holding the query
+    itself, which would otherwise outscore every other and squash their scores.
+    """
     corpus = [tokenize(doc) for doc in docs]
     terms = tokenize(query)
     if not corpus or not terms or not any(corpus):
@@ -54,7 +59,11 @@ def bm25_scores(docs: Sequence[str], query: str) -> list[float]:
     # BM25+ with delta 0 is BM25 with idf = log((N + 1) / df): never negative, so a term found
     # in most Turns (or a corpus of one or two Turns) still counts, unlike Okapi's idf.
     raw = [max(0.0, float(s)) for s in BM25Plus(corpus, delta=0.0).get_scores(terms)]
-    return _normalised(raw)
+    if skip is None:
+        return _normalised(raw)
+    others = _normalised([0.0 if i == skip else s for i, s in enumerate(raw)])
+    others[skip] = 1.0
+    return others
 
 
 def _normalised(raw: Sequence[float]) -> list[float]:
@@ -71,9 +80,12 @@ def turn_scores(
     latest = conversation.latest_user_index()
     query = conversation.messages[latest].text if latest is not None else ""
     docs = [turn_text(conversation, t) for t in turns]
+    own = next(
+        (k for k, t in enumerate(turns) if latest is not None and t.start <= latest < t.end), None
+    )
     if scorer == "embeddings" and env.relevance is not None:
         raw = list(env.relevance(docs, query))
         if len(raw) != len(docs):
             raise ValueError(f"relevance function returned {len(raw)} scores for {len(docs)} texts")
         return [min(1.0, max(0.0, round(float(s), 6))) for s in raw], "embeddings"
-    return bm25_scores(docs, query), "bm25"
+    return bm25_scores(docs, query, skip=own), "bm25"

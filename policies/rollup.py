@@ -23,7 +23,7 @@ are never summarised away: they stay in place and are left out of the summariser
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,7 +207,7 @@ def rolling_summary(
         data = tuple(
             conversation.messages[i].data for i in units.indices(first, last) if i not in fixed
         )
-        data = prepare_for_summary(data)
+        data = summary_input(data)
         if not data:
             if answer is not None:
                 covered = last
@@ -222,6 +222,34 @@ def rolling_summary(
         answer, covered = got, last
         previous = previous_of(got) if previous_of is not None else got.text
     return Rolled(answer, covered, asked=asked)
+
+
+def summary_input(messages: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Messages as a summariser gets them: 001 2.6.1, then the same rule anywhere in the range.
+
+    `prepare_for_summary` strips the trailing assistant's tool calls (001). A client's history
+    can also carry a call without a result mid-range (or a result without its call); those are
+    removed the same way, so a summariser never receives a history a provider would reject.
+    """
+    messages = prepare_for_summary(messages)
+    answered = {str(m.get("tool_call_id", "")) for m in messages if m.get("role") == "tool"}
+    called: set[str] = set()
+    out: list[Any] = []
+    for message in messages:
+        calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+        if calls:
+            kept = [c for c in calls if isinstance(c, Mapping) and str(c.get("id", "")) in answered]
+            called.update(str(c.get("id", "")) for c in kept)
+            if len(kept) != len(calls):
+                message = {k: v for k, v in message.items() if k != "tool_calls"}
+                if kept:
+                    message["tool_calls"] = kept
+                elif not message.get("content"):
+                    continue
+        elif message.get("role") == "tool" and str(message.get("tool_call_id", "")) not in called:
+            continue
+        out.append(message)
+    return tuple(out)
 
 
 def bullets(prompt: str, directives: Sequence[str]) -> str:
@@ -258,9 +286,10 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
         return StepResult.unchanged(conversation, reason="nothing to summarise")
     fixed = anchored(conversation)
     sizes, kept = unit_sizes(conversation, plan.units, fixed)
-    cuts = scan_cuts(
-        sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, plan.allowance
-    )
+    # The summary's room is its maximum length, but never more than a quarter of the trigger:
+    # a small window with a long `summary_tokens` would otherwise compact on almost every Turn.
+    allowance = min(plan.allowance, max(0, plan.trigger // 4))
+    cuts = scan_cuts(sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, allowance)
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")
     chain = links(cuts[-1], sizes, plan.chunk_tokens)

@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import GatewayProcess, Starter, free_port
+from tests.conftest import GatewayProcess, RunningProcess, Starter, free_port, start_process
 from tests.fake_upstream import FakeUpstream
 
 FIRST_BYTE_TIMEOUT = 1.5
@@ -37,9 +37,24 @@ ECHO = "echo: Say something, in a few words please."
 
 
 @pytest.fixture(scope="module")
-def healthy_upstream(start_process_session: Starter) -> Iterator[FakeUpstream]:
+def start_module_process() -> Iterator[Starter]:
+    """Like conftest's start_process_session, but stopped once this module's tests are done."""
+    started: list[RunningProcess] = []
+
+    def start(argv: list[str], ready_pattern: str, timeout: float = 30.0) -> RunningProcess:
+        process = start_process(argv, ready_pattern, timeout)
+        started.append(process)
+        return process
+
+    yield start
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def healthy_upstream(start_module_process: Starter) -> Iterator[FakeUpstream]:
     """A second fake upstream that always behaves: the traffic that must not notice the faults."""
-    process = start_process_session(
+    process = start_module_process(
         [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
     )
     assert process.match is not None
@@ -50,7 +65,7 @@ def healthy_upstream(start_process_session: Starter) -> Iterator[FakeUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(
-    start_process_session: Starter,
+    start_module_process: Starter,
     fake_upstream_server: FakeUpstream,
     healthy_upstream: FakeUpstream,
     tmp_path_factory: pytest.TempPathFactory,
@@ -86,7 +101,7 @@ def gateway(
     path: Path = tmp_path_factory.mktemp("faults") / "gateway.json"
     path.write_text(json.dumps(config))
     port = free_port()
-    process = start_process_session(
+    process = start_module_process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
         r"Uvicorn running on|CompactGate listening on",
         30,

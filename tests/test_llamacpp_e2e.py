@@ -28,7 +28,14 @@ import pytest
 from gateway import local_llm
 from gateway.context_errors import classify
 from gateway.demo import run_demo
-from tests.conftest import REPO_ROOT, GatewayProcess, Starter, free_port
+from tests.conftest import (
+    REPO_ROOT,
+    GatewayProcess,
+    RunningProcess,
+    Starter,
+    free_port,
+    start_process,
+)
 
 # Every test that runs the model: slow (still run by CI), skipped only without the extra.
 real_model = [
@@ -103,9 +110,24 @@ MESSAGES = conversation()
 
 
 @pytest.fixture(scope="module")
-def llama(start_process_session: Starter) -> str:
+def start_module_process() -> Iterator[Starter]:
+    """Like conftest's start_process_session, but stopped once this module's tests are done."""
+    started: list[RunningProcess] = []
+
+    def start(argv: list[str], ready_pattern: str, timeout: float = 30.0) -> RunningProcess:
+        process = start_process(argv, ready_pattern, timeout)
+        started.append(process)
+        return process
+
+    yield start
+    for process in reversed(started):
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def llama(start_module_process: Starter) -> str:
     """The real server's base URL (…/v1)."""
-    process = start_process_session(
+    process = start_module_process(
         [sys.executable, "-m", "tests.llamacpp_server", "--n-ctx", str(N_CTX)],
         r"^READY (\S+)$",
         180,
@@ -116,7 +138,7 @@ def llama(start_process_session: Starter) -> str:
 
 @pytest.fixture(scope="module")
 def gateway(
-    start_process_session: Starter, llama: str, tmp_path_factory: pytest.TempPathFactory
+    start_module_process: Starter, llama: str, tmp_path_factory: pytest.TempPathFactory
 ) -> GatewayProcess:
     def model(name: str) -> dict[str, Any]:
         # One route per mode: a window learned by one must not spare the other its recovery.
@@ -134,7 +156,7 @@ def gateway(
     path: Path = tmp_path_factory.mktemp("llamacpp") / "gateway.json"
     path.write_text(json.dumps(config))
     port = free_port()
-    process = start_process_session(
+    process = start_module_process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
         r"Uvicorn running on|CompactGate listening on",
         30,

@@ -105,7 +105,7 @@ def test_summary_requests_never_carry_dangling_tool_calls() -> None:
     # A client bug: an assistant tool call left without results at the end of an old Turn.
     data = [msg("system", "s")]
     for t in range(12):
-        data += [msg("user", f"q{t} " + "w " * 200), assistant_calls(f"x{t}", content="calling")]
+        data += [msg("user", f"q{t} " + "w " * 400), assistant_calls(f"x{t}", content="calling")]
     data += [msg("user", "last question")]
     conversation = conv(data)
     source = FakeSummaries()
@@ -116,7 +116,7 @@ def test_summary_requests_never_carry_dangling_tool_calls() -> None:
 
 
 def test_compacted_prefix_is_stable_between_events() -> None:
-    data = chat(60, words=30)
+    data = chat(120, words=30)
     policy = build_policy("c", [{"type": "compaction"}])
     previous = None
     stable = events = 0

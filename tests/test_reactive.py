@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from gateway.echo_upstream import estimate_prompt_tokens
-from tests.conftest import GatewayProcess, Starter, free_port
+from tests.conftest import GatewayProcess, RunningProcess, Starter, free_port, start_process
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
 
 CONFIGURED_WINDOW = 64_000  # what the operator (wrongly) configured
@@ -67,13 +67,28 @@ def conversation(turns: int = 14, size: int = 900) -> list[dict[str, Any]]:
     return messages
 
 
-def fake_tokens(messages: list[dict[str, Any]], tools: list[Any] | None = None) -> int:
-    """The fake upstream's own prompt count (chars of the JSON of messages and tools / 4)."""
-    return estimate_prompt_tokens({"messages": messages, "tools": tools})
+def fake_tokens(messages: list[dict[str, Any]]) -> int:
+    """The fake upstream's own count of these messages (chars of their JSON / 4)."""
+    return estimate_prompt_tokens({"messages": messages})
 
 
 MESSAGES = conversation()
 assert fake_tokens(MESSAGES) > 2 * LIMIT, "the conversation must overflow the fake's limit"
+
+
+@pytest.fixture(scope="module")
+def start_module_process() -> Iterator[Starter]:
+    """Like conftest's start_process_session, but stopped once this module's tests are done."""
+    started: list[RunningProcess] = []
+
+    def start(argv: list[str], ready_pattern: str, timeout: float = 30.0) -> RunningProcess:
+        process = start_process(argv, ready_pattern, timeout)
+        started.append(process)
+        return process
+
+    yield start
+    for process in reversed(started):
+        process.stop()
 
 
 # -- one gateway for the module: a model per style and mode (learned windows are per model) -----
@@ -111,14 +126,14 @@ def gateway_config(fake: FakeUpstream) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gateway(
-    start_process_session: Starter,
+    start_module_process: Starter,
     fake_upstream_server: FakeUpstream,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> GatewayProcess:
     path: Path = tmp_path_factory.mktemp("reactive") / "gateway.json"
     path.write_text(json.dumps(gateway_config(fake_upstream_server)))
     port = free_port()
-    process = start_process_session(
+    process = start_module_process(
         [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
         r"Uvicorn running on|CompactGate listening on",
         30,

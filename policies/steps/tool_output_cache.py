@@ -37,7 +37,7 @@ from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..content import with_text
-from ..conversation import Conversation, Message, tool_groups
+from ..conversation import Conversation, Message
 from ..pinning import call_names
 from ..step import Env, StepConfig, StepResult, StoredOutput
 
@@ -64,6 +64,12 @@ class ToolOutputCacheConfig(StepConfig):
         None, ge=1, description="Tokens all outputs may take; unset: clamp(window*0.25, 20k, 60k)"
     )
     fit_budget: bool = Field(True, description="Also mask oldest outputs while over the trigger")
+    mask_to: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="At an event, mask down to this share of the tool budget (and of the limit)",
+    )
 
     def tool_budget(self, context_window: int) -> int:
         if self.context_budget_tokens is not None:
@@ -83,12 +89,11 @@ class ToolOutputCache:
         refs: dict[int, str] = {}  # maskable output -> its ref, when known
         full: dict[int, str] = {}  # maskable output -> its full text
         stored: dict[str, StoredOutput] = {}
-        changed: set[int] = set()
-        viewed = 0
+        viewed: set[int] = set()
         for i, message in enumerate(messages):
-            if not _maskable(message, names):
+            text = _maskable_text(message, names)
+            if text is None:
                 continue
-            text = message.text
             noted = NOTE_RE.search(text)
             if noted is not None:
                 refs[i] = noted.group(1)
@@ -100,39 +105,33 @@ class ToolOutputCache:
             data = with_text(message.data, view)
             messages[i] = message.with_data(data, env.count(data))
             stored.setdefault(refs[i], _stored(refs[i], text))
-            changed.add(i)
-            viewed += 1
+            viewed.add(i)
         order = sorted(i for i in set(refs) | set(full) if len(messages[i].text) >= MIN_MASK_CHARS)
-        masked = self._over_tool_budget(messages, order, budget)
+        masks = _Masks(messages, refs, full, stored, env)
+        masked = {i for i in self._over_tool_budget(messages, order, budget) if masks.get(i)}
         if self.config.fit_budget and order:
-            masked |= self._over_trigger(messages, order, masked, budget, env)
-        trimmed = 0
-        for i in sorted(masked):
-            if i not in refs:
-                try:
-                    refs[i] = env.ref_for(full[i])
-                except LookupError:
-                    continue
-                stored.setdefault(refs[i], _stored(refs[i], full[i]))
-            data = with_text(messages[i].data, PLACEHOLDER.format(ref=refs[i]))
-            messages[i] = messages[i].with_data(data, env.count(data))
-            trimmed += 1
-            changed.add(i)
-        if not changed:
+            masked |= self._over_trigger(messages, order, masked, budget, masks)
+        for i in masked:
+            replacement = masks.get(i)
+            assert replacement is not None
+            messages[i] = replacement
+        if not viewed and not masked:
             return StepResult.unchanged(conversation, reason="within limits")
         return StepResult(
             Conversation(tuple(messages)),
-            replaced=len(changed),
+            replaced=len(viewed | masked),
             stored=tuple(stored.values()),
-            detail={"outputs_cut": viewed, "outputs_trimmed": trimmed},
+            detail={"outputs_cut": len(viewed), "outputs_trimmed": len(masked)},
         )
 
     def _view(self, text: str, env: Env, refs: dict[int, str], index: int) -> str | None:
         """001 1.6: the in-context view of `text`, or None when it already fits."""
         config = self.config
+        if len(text) <= config.max_line_length and len(text) * 4 <= config.max_message_bytes:
+            return None  # no line can be too long, and even 4-byte characters would fit
         lines = text.split("\n")
-        long = any(len(line) > config.max_line_length for line in lines)
-        size = len(text.encode("utf-8", "surrogatepass"))
+        long = max(map(len, lines)) > config.max_line_length
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if not long and size <= config.max_message_bytes:
             return None
         try:
@@ -170,9 +169,8 @@ class ToolOutputCache:
     ) -> set[int]:
         """001 1.7: the oldest outputs past `context_budget_tokens`, by a stable cut."""
         tool_budget = self.config.tool_budget(budget.context_window)
-        share = budget.target_ratio / budget.trigger_ratio if budget.trigger_ratio else 1.0
         sizes = [messages[i].tokens for i in order]
-        cut = stable_cut(sizes, 0, tool_budget, int(tool_budget * min(1.0, share)))
+        cut = stable_cut(sizes, 0, tool_budget, int(tool_budget * self.config.mask_to))
         return set(order[:cut])
 
     def _over_trigger(
@@ -181,7 +179,7 @@ class ToolOutputCache:
         order: list[int],
         masked: set[int],
         budget: Budget,
-        env: Env,
+        masks: _Masks,
     ) -> set[int]:
         """Mask the oldest outputs wherever the history, as it grew, passed the trigger."""
         group_start = _group_starts(messages)
@@ -189,46 +187,100 @@ class ToolOutputCache:
         more: set[int] = set()
         running = 0
         pointer = 0
+        trigger = budget.trigger
+        target = min(budget.target, int(budget.limit * self.config.mask_to))
         for i, message in enumerate(messages):
             running += message.tokens
             if i in masked:
-                running -= _saving(messages[i], env)
-            if running <= budget.trigger:
+                running -= masks.saving(i)
+            if running <= trigger:
                 continue
             bound = group_start.get(i, i)
-            while (
-                pointer < len(candidates)
-                and candidates[pointer] < bound
-                and running > budget.target
-            ):
-                running -= _saving(messages[candidates[pointer]], env)
-                more.add(candidates[pointer])
+            while pointer < len(candidates) and candidates[pointer] < bound and running > target:
+                index = candidates[pointer]
                 pointer += 1
+                if masks.get(index) is not None:
+                    running -= masks.saving(index)
+                    more.add(index)
         return more
 
 
-def _saving(message: Message, env: Env) -> int:
-    data = with_text(message.data, PLACEHOLDER.format(ref="ref_" + "0" * 24))
-    return max(0, message.tokens - env.count(data))
+class _Masks:
+    """Placeholder messages, built once per output on first use (ref, store, count)."""
+
+    def __init__(
+        self,
+        messages: list[Message],
+        refs: dict[int, str],
+        full: dict[int, str],
+        stored: dict[str, StoredOutput],
+        env: Env,
+    ) -> None:
+        self.messages = messages
+        self.refs = refs
+        self.full = full
+        self.stored = stored
+        self.env = env
+        self.built: dict[int, Message | None] = {}
+
+    def get(self, index: int) -> Message | None:
+        """The placeholder for output `index`; None when no ref can be made for it."""
+        if index not in self.built:
+            self.built[index] = self._build(index)
+        return self.built[index]
+
+    def saving(self, index: int) -> int:
+        replacement = self.get(index)
+        if replacement is None:
+            return 0
+        return max(0, self.messages[index].tokens - replacement.tokens)
+
+    def _build(self, index: int) -> Message | None:
+        ref = self.refs.get(index)
+        if ref is None:
+            try:
+                ref = self.env.ref_for(self.full[index])
+            except LookupError:
+                return None
+            self.refs[index] = ref
+            self.stored.setdefault(ref, _stored(ref, self.full[index]))
+        message = self.messages[index]
+        data = with_text(message.data, PLACEHOLDER.format(ref=ref))
+        return message.with_data(data, self.env.count(data))
 
 
-def _maskable(message: Message, names: Mapping[str, str]) -> bool:
+def _maskable_text(message: Message, names: Mapping[str, str]) -> str | None:
+    """The text of a tool output this step may cut or mask; None for everything else."""
     if message.role != "tool" or message.pin:
-        return False
+        return None
     call_id = str(message.data.get("tool_call_id", ""))
     if call_id.startswith(EXPANSION_ID_PREFIX):
-        return False
+        return None
     if message.data.get("name") in EXPANSION_TOOLS or names.get(call_id) in EXPANSION_TOOLS:
-        return False
-    return PLACEHOLDER_RE.match(message.text.strip()) is None
+        return None
+    text = message.text
+    if len(text) < 200 and PLACEHOLDER_RE.match(text.strip()):
+        return None
+    return text
 
 
 def _group_starts(messages: list[Message]) -> dict[int, int]:
-    """Message index -> index of the assistant message opening its tool group."""
+    """Tool result index -> index of the assistant message whose calls it answers.
+
+    Results directly follow their call (OpenAI's rule, checked by `invariants`), so the opening
+    assistant message is the last one with tool_calls before the run of results.
+    """
     starts: dict[int, int] = {}
-    for group in tool_groups(messages):
-        for i in group:
-            starts[i] = group[0]
+    opener: int | None = None
+    for i, message in enumerate(messages):
+        role = message.role
+        if role == "tool":
+            if opener is not None:
+                starts[i] = opener
+        elif role == "assistant" and message.data.get("tool_calls"):
+            opener = i
+        else:
+            opener = None
     return starts
 
 

@@ -1,0 +1,72 @@
+"""Load and soak, short versions of `python -m benchmarks.soak` (issue 10), loopback only.
+
+What an operator would notice: a crowd of slow streams all complete, and afterwards the gateway
+holds no more sockets, tasks or live objects than before (RSS keeps the allocator's high-water
+mark, so it is held to not growing from one burst to the next); under steady load there are no
+errors and RSS stays flat; once the upstream keep-alive pool has expired, the process is back to
+the descriptors and tasks it started with. The full-size figures (500 streams, 10 minutes) come
+from the benchmark and are in the issue's note.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from benchmarks import soak
+from tests.conftest import start_process
+from tests.gateway_process import gateway_process
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[soak.Target]:
+    upstream = start_process(
+        [sys.executable, "-m", "benchmarks.soak", "upstream", "--port", "0"], r"^READY (\d+)$", 30
+    )
+    try:
+        assert upstream.match is not None
+        config = soak.gateway_config(f"http://127.0.0.1:{upstream.match.group(1)}/v1")
+        with gateway_process(config, tmp_path_factory.mktemp("load")) as gw:
+            yield soak.Target(gw.url, gw.process.pid)
+    finally:
+        upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def fresh(target: soak.Target) -> soak.Snapshot:
+    """The gateway before its first request."""
+    return asyncio.run(_settled(target))
+
+
+async def _settled(target: soak.Target) -> soak.Snapshot:
+    async with soak.new_session(limit=1) as probe:
+        return await soak.settled(probe, target)
+
+
+async def _drained(target: soak.Target) -> soak.Snapshot:
+    async with soak.new_session(limit=1) as probe:
+        return await soak.drained(probe, target)
+
+
+def test_200_concurrent_slow_streams_all_complete_and_the_gateway_lets_go(
+    target: soak.Target, fresh: soak.Snapshot
+) -> None:
+    result = asyncio.run(soak.burst(target, streams=200, chunks=10, interval=0.2, rounds=2))
+    print(result.report())
+    assert result.failures() == [], result.report()
+    assert all(r.outcome.ok == 200 for r in result.rounds)
+    assert all(r.after.clients <= fresh.clients for r in result.rounds)  # every connection closed
+
+
+def test_a_short_soak_has_no_errors_no_growth_and_no_leftovers(
+    target: soak.Target, fresh: soak.Snapshot
+) -> None:
+    result = asyncio.run(soak.soak(target, seconds=30, concurrency=16, warmup=8))
+    print(result.report())
+    assert result.failures() == [], result.report()
+    assert result.outcome.ok > 300  # the load was real
+    final = asyncio.run(_drained(target))
+    assert soak.leftovers(fresh, final) == [], final.describe()

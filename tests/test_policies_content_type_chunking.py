@@ -1,0 +1,184 @@
+"""`content_type_chunking` and `policies.chunking` (004 Strategy 3, made safe)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import textwrap
+
+import pytest
+
+from policies import check, run_chain
+from policies.chunking import (
+    collapse_repeats,
+    compact_log,
+    detect,
+    elide,
+    minify_code,
+    minify_json,
+)
+from policies.registry import build_policy
+from policies.steps.content_type_chunking import ContentTypeChunking, ContentTypeChunkingConfig
+from tests.policy_strategies import assistant_calls, budget, conv, env, msg, tool
+
+
+def stdlib_sources() -> list[str]:
+    import argparse
+    import dataclasses
+    import difflib
+    import json.decoder
+
+    return [inspect.getsource(m) for m in (textwrap, json.decoder, difflib, argparse, dataclasses)]
+
+
+PY_SNIPPET = '''\
+#!/usr/bin/env python3
+# A module comment
+
+
+def f(x):
+    # comment inside
+    s = """a string
+    # not a comment
+
+    with a blank line"""
+
+
+    return x + 1  # trailing comment stays
+
+
+class C:
+    # only a comment here
+
+    def g(self):
+        pass
+'''
+
+
+def test_defaults_are_004s() -> None:
+    ratios = ContentTypeChunkingConfig().ratios
+    assert (ratios.code, ratios.text, ratios.plan_ref, ratios.log, ratios.other) == (
+        0.7,
+        0.5,
+        1.0,
+        0.4,
+        0.6,
+    )
+    assert ContentTypeChunkingConfig().compress_prose is False
+    assert ContentTypeChunkingConfig.model_validate({"ratios": {"json": 0.5}}).ratios.of("json") == 0.5
+
+
+@pytest.mark.parametrize("source", stdlib_sources())
+def test_python_keeps_its_ast_and_its_indentation(source: str) -> None:
+    small = minify_code(source)
+    assert len(small) < len(source)
+    assert ast.dump(ast.parse(small)) == ast.dump(ast.parse(source))
+    original = source.splitlines()
+    position = 0
+    for line in small.splitlines():  # every kept line is an original line, in order
+        position = original.index(line, position) + 1
+
+
+def test_python_strings_keep_their_hashes_and_blank_lines() -> None:
+    small = minify_code(PY_SNIPPET)
+    assert "    # not a comment\n\n    with a blank line" in small
+    assert "# A module comment" not in small and "# comment inside" not in small
+    assert "# only a comment here" not in small
+    assert "return x + 1  # trailing comment stays" in small
+    assert small.startswith("#!/usr/bin/env python3\n")
+    assert "\n\n\n" not in small
+    ast.parse(small)
+
+
+def test_fenced_code_in_markdown_and_other_languages() -> None:
+    text = "Here:\n```js\n// setup\nconst a = 1;\n\n\n\nlet b = 2; // keep\n```\nAnd prose # stays."
+    small = minify_code(text)
+    assert small == "Here:\n```js\nconst a = 1;\n\nlet b = 2; // keep\n```\nAnd prose # stays."
+    broken = "```python\n# comment\ndef broken(:\n```"
+    assert minify_code(broken) == broken  # says Python, does not parse: untouched
+
+
+def test_json_loses_only_insignificant_whitespace() -> None:
+    value = {"a": [1, 2.50, {"b": "x  y\n z"}], "big": 12345678901234567890, "c": None}
+    pretty = json.dumps(value, indent=2)
+    small = minify_json(pretty)
+    assert small is not None and json.loads(small) == value and len(small) < len(pretty)
+    assert '"x  y\\n z"' in small and "2.5" in small
+    assert minify_json('{"a": 1,}') is None  # not JSON: untouched
+    assert minify_json('"just a string"') is None
+    assert detect(pretty) == "json"
+
+
+def test_logs_collapse_repeats_and_keep_head_and_tail() -> None:
+    lines = [f"2024-05-01 10:00:{i % 60:02d} INFO worker {i} heartbeat ok" for i in range(300)]
+    lines += ["2024-05-01 10:05:00 ERROR worker 7 crashed: disk full"] * 5
+    lines += [f"2024-05-01 10:06:{i:02d} WARN retry {i} against host-{i * 7}" for i in range(40)]
+    log = "\n".join(lines)
+    assert detect(log) == "log"
+    collapsed = collapse_repeats(log)
+    assert "[... 298 similar lines ...]" in collapsed
+    assert "[previous line repeated 4 more times]" in collapsed
+    small = compact_log(log, 0.4)
+    assert len(small) <= 0.45 * len(log)
+    assert small.splitlines()[-1] == lines[-1]  # the end of a log is kept
+
+
+def test_log_elision_marks_what_it_cut() -> None:
+    log = "\n".join(f"[{i}.{i}] line with unique {chr(65 + i % 26) * (i % 7)} text {i * i}" for i in range(400))
+    small = compact_log(log, 0.4)
+    assert "lines elided by compactgate" in small
+    assert len(small) < 0.45 * len(log)
+
+
+def test_prose_detection_and_elision() -> None:
+    prose = "This is a sentence about the plan. " * 50
+    assert detect(prose) == "text"
+    assert "words elided by compactgate" in elide(prose, 0.5)
+
+
+def big_history(**kinds: object) -> list[dict]:
+    code = stdlib_sources()[0]
+    log = "\n".join(f"2024-05-01 10:00:{i % 60:02d} INFO step {i} ok" for i in range(400))
+    data = [msg("system", "s"), msg("user", "look at this code:\n```python\n" + code + "\n```")]
+    data += [msg("assistant", "ok"), msg("user", "run it"), assistant_calls("c1")]
+    data += [tool("c1", log), msg("assistant", "it ran"), msg("user", "prose " * 800)]
+    data += [msg("assistant", "noted"), msg("user", "and now?")]
+    return data
+
+
+def test_step_compresses_old_messages_by_type_and_keeps_invariants() -> None:
+    data = big_history()
+    conversation = conv(data)
+    step = ContentTypeChunking(ContentTypeChunkingConfig())
+    result = step.apply(conversation, budget(6000), env())
+    out = {m.origin: m for m in result.conversation.messages}
+    assert result.replaced >= 2
+    assert len(out[1].text) < len(data[1]["content"])  # code, minified
+    assert len(out[5].text) < len(data[5]["content"])  # log, collapsed
+    assert out[7].text == data[7]["content"]  # prose: untouched by default
+    assert out[9] == conversation.messages[9]  # the last Turn
+    assert check(conversation, result.conversation) == []
+
+
+def test_marks_pins_and_priorities_decide() -> None:
+    data = big_history()
+    conversation = conv(data, kinds={5: "plan_ref"}, pins=[1])
+    result = ContentTypeChunking(ContentTypeChunkingConfig()).apply(conversation, budget(6000), env())
+    assert result.conversation.messages[5] == conversation.messages[5]  # plan_ref: verbatim
+    assert result.conversation.messages[1] == conversation.messages[1]  # pinned: untouched
+    p1 = conv(data, priorities={5: 1})
+    lossless = ContentTypeChunking(ContentTypeChunkingConfig()).apply(p1, budget(6000), env())
+    assert "elided" not in lossless.conversation.messages[5].text  # P1: no lossy transforms
+    prose = ContentTypeChunking(ContentTypeChunkingConfig(compress_prose=True))
+    squeezed = prose.apply(conversation, budget(3000), env())
+    assert "words elided" in squeezed.conversation.messages[7].text
+
+
+def test_stable_under_appending() -> None:
+    data = big_history()
+    policy = build_policy("c", [{"type": "content_type_chunking"}])
+    first = run_chain(conv(data), budget(6000), policy, env()).conversation.data()
+    grown = data + [msg("assistant", "fine"), msg("user", "next")]
+    second = run_chain(conv(grown), budget(6000), policy, env()).conversation.data()
+    assert second[: len(first)] == first
