@@ -10,8 +10,9 @@ leaves them); steps that create or shorten a message count it with a chars/4 cou
 2. 004's 50-unit chain: 50 units of ~200 tokens, limit 5,000, chain summarize_old,
    prioritize_recent, content_type_chunking, discard_low_rel, max_iterations 3 (target < 2 s).
 3. Cache stability: a simulated 200-request agent session (user tasks, tool calls, some
-   parallel, large tool outputs) through the default chain with a 32k window; the share of
-   requests whose forwarded messages start with the previous request's forwarded messages.
+   parallel, large tool outputs) through the default chain, in a small window with big outputs
+   (32k, 40-400 lines) and a larger one (128k, 10-200 lines); the share of requests whose
+   forwarded messages start with the previous request's forwarded messages.
    The same session through a naive trimmer (drop the oldest messages until under the limit,
    on every request) is printed alongside for comparison.
 """
@@ -46,7 +47,9 @@ def count(data: Mapping[str, Any]) -> int:
 
 
 def ref_for(text: str) -> str:
-    return "ref_" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return (
+        "ref_" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    )
 
 
 class Source:
@@ -75,7 +78,9 @@ def tool_output(rng: random.Random, lines: int) -> str:
         )
     if kind < 0.7:  # code
         return "\n".join(
-            f"    # {words(rng, 5)}" if i % 5 == 0 else f"    value_{i} = compute({i}, '{rng.choice(WORDS)}')"
+            f"    # {words(rng, 5)}"
+            if i % 5 == 0
+            else f"    value_{i} = compute({i}, '{rng.choice(WORDS)}')"
             for i in range(lines)
         )
     return "\n".join(words(rng, 12) for _ in range(lines))
@@ -83,7 +88,9 @@ def tool_output(rng: random.Random, lines: int) -> str:
 
 def agent_messages(rng: random.Random, requests: int, output_lines: tuple[int, int]) -> list[Data]:
     """System prompt, then one new message group per request: a task, or a tool round."""
-    messages: list[Data] = [{"role": "system", "content": "You are a coding agent. " + words(rng, 200)}]
+    messages: list[Data] = [
+        {"role": "system", "content": "You are a coding agent. " + words(rng, 200)}
+    ]
     call = 0
     for r in range(requests):
         if r % 12 == 0:
@@ -97,20 +104,32 @@ def agent_messages(rng: random.Random, requests: int, output_lines: tuple[int, i
                 "role": "assistant",
                 "content": words(rng, 20) if rng.random() < 0.5 else None,
                 "tool_calls": [
-                    {"id": i, "type": "function", "function": {"name": "run", "arguments": '{"cmd": "make test"}'}}
+                    {
+                        "id": i,
+                        "type": "function",
+                        "function": {"name": "run", "arguments": '{"cmd": "make test"}'},
+                    }
                     for i in ids
                 ],
             }
         )
         for i in ids:
-            messages.append({"role": "tool", "tool_call_id": i, "content": tool_output(rng, rng.randint(*output_lines))})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": i,
+                    "content": tool_output(rng, rng.randint(*output_lines)),
+                }
+            )
         if rng.random() < 0.3:
             messages.append({"role": "assistant", "content": words(rng, 40)})
     return messages
 
 
 def conversation(datas: list[Data]) -> Conversation:
-    return Conversation(tuple(Message(data=d, tokens=count(d), origin=i) for i, d in enumerate(datas)))
+    return Conversation(
+        tuple(Message(data=d, tokens=count(d), origin=i) for i, d in enumerate(datas))
+    )
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -137,9 +156,13 @@ def bench_speed(repeat: int) -> None:
     print("1. whole default chain, no LLM")
     print(f"   history: {len(conv)} messages, {conv.tokens} tokens; limit {budget.limit}")
     print(
-        f"   result: {result.tokens_after} tokens, steps {result.changed_steps()}, fits {result.fits}"
+        f"   result: {result.tokens_after} tokens, steps {result.changed_steps()}, "
+        f"fits {result.fits}"
     )
-    print(f"   median {ms:.2f} ms (target < 10 ms): ratio to target {ms / 10:.2f}")
+    best = median_ms(lambda: run_chain(conv, budget, policy, env()), 1)
+    for _ in range(repeat):
+        best = min(best, median_ms(lambda: run_chain(conv, budget, policy, env()), 1))
+    print(f"   median {ms:.2f} ms, best {best:.2f} ms (target < 10 ms): ratio {ms / 10:.2f}")
     print("   each step alone on the same history (median ms):")
     for name in sorted(STEPS):
         config_cls, _ = STEPS[name]
@@ -156,12 +179,18 @@ def bench_004(repeat: int) -> None:
         datas.append({"role": role, "content": "\n\n".join(words(rng, 50) for _ in range(3))})
     conv = conversation(datas)
     budget = Budget(context_window=5_000, reserved_output=0, trigger_ratio=0.8, target_ratio=0.6)
-    steps = [{"type": t} for t in ("summarize_old", "prioritize_recent", "content_type_chunking", "discard_low_rel")]
+    steps = [
+        {"type": t}
+        for t in ("summarize_old", "prioritize_recent", "content_type_chunking", "discard_low_rel")
+    ]
     policy = build_policy("hybrid", steps, max_iterations=3)
     result = run_chain(conv, budget, policy, env())
     ms = median_ms(lambda: run_chain(conv, budget, policy, env()), repeat)
     print("2. 004's 50-unit chain (summaries from memory)")
-    print(f"   {len(conv) - 1} units, {conv.tokens} tokens -> {result.tokens_after}; limit {budget.limit}")
+    print(
+        f"   {len(conv) - 1} units, {conv.tokens} tokens -> {result.tokens_after}; "
+        f"limit {budget.limit}"
+    )
     print(f"   steps {result.changed_steps()}, fits {result.fits}")
     print(f"   median {ms:.2f} ms (target < 2000 ms): ratio to target {ms / 2000:.5f}")
 
@@ -181,18 +210,21 @@ def naive_trim(conv: Conversation, limit: int) -> list[Mapping[str, Any]]:
     return [m.data for m in kept]
 
 
-def bench_cache(requests: int) -> None:
+def bench_cache(requests: int, window: int, output_lines: tuple[int, int]) -> None:
     rng = random.Random(200)
-    datas = agent_messages(rng, requests, (40, 400))
-    budget = Budget(context_window=32_000, reserved_output=4_000, fixed_tokens=1_000)
+    datas = agent_messages(rng, requests, output_lines)
+    budget = Budget(context_window=window, reserved_output=window // 8, fixed_tokens=1_000)
     policy = build_policy("default")
     # request k carries the history up to the end of its message group
-    ends = [i + 1 for i in range(1, len(datas)) if i + 1 == len(datas) or datas[i + 1]["role"] in ("user", "assistant")]
-    ends = ends[:requests]
+    ends = [
+        i + 1
+        for i in range(1, len(datas))
+        if i + 1 == len(datas) or datas[i + 1]["role"] in ("user", "assistant")
+    ][:requests]
     previous: list[Mapping[str, Any]] | None = None
     naive_previous: list[Mapping[str, Any]] | None = None
     kept = naive_kept = triggered = compared = 0
-    tokens_sent = tokens_full = 0
+    tokens_sent = 0
     for end in ends:
         conv = conversation(datas[:end])
         result = run_chain(conv, budget, policy, env())
@@ -200,17 +232,18 @@ def bench_cache(requests: int) -> None:
         naive = naive_trim(conv, budget.limit)
         triggered += result.triggered
         tokens_sent += result.tokens_after
-        tokens_full += conv.tokens
-        if previous is not None:
+        if previous is not None and naive_previous is not None:
             compared += 1
             kept += sent[: len(previous)] == previous
             naive_kept += naive[: len(naive_previous)] == naive_previous
         previous, naive_previous = sent, naive
-    print(f"3. cache stability: {len(ends)}-request agent session, window {budget.context_window}")
-    print(f"   history at the end: {end} messages, {conv.tokens} tokens; chain triggered on {triggered}")
-    print(f"   tokens sent / full history, summed: {tokens_sent} / {tokens_full}")
-    print(f"   prefix kept (default chain): {kept}/{compared} = {kept / compared:.1%}")
-    print(f"   prefix kept (naive trim):    {naive_kept}/{compared} = {naive_kept / compared:.1%}")
+    print(
+        f"   window {window}, tool outputs of {output_lines[0]}-{output_lines[1]} lines: "
+        f"{len(ends)} requests, final history {conv.tokens} tokens in {end} messages, "
+        f"chain triggered on {triggered}, mean tokens sent {tokens_sent // len(ends)}"
+    )
+    print(f"     prefix kept, default chain: {kept}/{compared} = {kept / compared:.1%}")
+    print(f"     prefix kept, naive trim:    {naive_kept}/{compared} = {naive_kept / compared:.1%}")
 
 
 def main() -> None:
@@ -221,7 +254,9 @@ def main() -> None:
     started = time.perf_counter()
     bench_speed(args.repeat)
     bench_004(args.repeat)
-    bench_cache(args.requests)
+    print("3. cache stability: share of requests that start with the previous request's messages")
+    bench_cache(args.requests, 32_000, (40, 400))
+    bench_cache(args.requests, 128_000, (10, 200))
     print(f"total {time.perf_counter() - started:.1f} s")
 
 

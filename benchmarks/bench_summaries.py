@@ -227,7 +227,7 @@ async def start_gateway(
             await asyncio.sleep(0.1)
 
 
-def config_for(upstream_port: int, step: str, mode: str) -> dict[str, Any]:
+def config_for(upstream_port: int, step: str, mode: str, lookahead: float) -> dict[str, Any]:
     """`mode`: precompute | no-precompute | fifo (the baseline: no summaries at all)."""
     step_config: dict[str, Any] = {"type": step}
     step_config["summary_length" if step == "summarize_old" else "summary_tokens"] = 500
@@ -243,7 +243,7 @@ def config_for(upstream_port: int, step: str, mode: str) -> dict[str, Any]:
             }
         ],
         "policies": {"agent": {"steps": steps}},
-        "summaries": {"precompute": mode == "precompute"},
+        "summaries": {"precompute": mode == "precompute", "lookahead_requests": lookahead},
     }
 
 
@@ -280,7 +280,7 @@ async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Repor
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     upstream_port = runner.addresses[0][1]
-    config = config_for(upstream_port, args.step, mode)
+    config = config_for(upstream_port, args.step, mode, args.lookahead)
     process, port, _ = await start_gateway(config, directory)
     try:
         base = f"http://127.0.0.1:{port}/v1"
@@ -321,7 +321,8 @@ def print_report(report: Report, baseline: Report | None, args: argparse.Namespa
     print(f"\n== {args.step} + fifo, {report.mode} ==")
     print(f"turns {report.turns}, requests {len(samples)}")
     print(
-        f"summariser calls: {report.summary_calls} ({per_100:.1f} per 100 turns), never used: {report.unused}"
+        f"summariser calls: {report.summary_calls} ({per_100:.1f} per 100 turns), "
+        f"never used: {report.unused}"
     )
     print(
         f"compacting requests: {len(compacting)}; served from a ready summary: {len(ready)} "
@@ -362,6 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-delay", type=float, default=0.03)
     parser.add_argument("--summary-delay", type=float, default=0.15)
     parser.add_argument("--tool-delay", type=float, default=0.02)
+    parser.add_argument("--lookahead", type=float, default=2.0, help="summaries.lookahead_requests")
     parser.add_argument("--compare", action="store_true", help="also run without precompute")
     asyncio.run(main_async(parser.parse_args(argv)))
 

@@ -388,6 +388,17 @@ def _section_absolute(results: Results) -> list[str]:
     lines.append("")
     lines += [f"- `{c.key}`: {c.title}; targets {', '.join(c.targets)}" for c in CASES
               if c.key in results]
+    lines += [
+        "",
+        "Requests (`benchmarks/workloads.py`, deterministic): the small one is system + assistant "
+        "+ user; the agent one has 200 messages (system prompt, user task, assistant tool calls, "
+        "some parallel, code and log tool results, remarks and follow-ups) and 4 tool "
+        "definitions. Every agent message carries a conversation marker: \"first time seen\" "
+        "changes it, so none of the 200 messages is in the gateway's count cache (changing only "
+        "the first user message would leave 199 of them cached); \"seen before\" keeps it and "
+        "changes only the last message. Each batch starts with a few uncounted warm-up "
+        "requests that reopen keep-alive connections.",
+    ]
     return [*lines, ""]
 
 
@@ -402,7 +413,7 @@ def _section_paths(results: Results, info: RunInfo) -> list[str]:
     for key, headers in info.sample_headers.items():
         shown = ", ".join(f"{k.removeprefix('x-compactgate-')}={v}"
                           for k, v in sorted(headers.items()) if not k.endswith("request-id"))
-        lines.append(f"- Gateway headers of a `{key}` answer: {shown}.")
+        lines.append(f"- Gateway headers of one `{key}` answer: {shown}.")
     for case, label in (("compact-seen", "seen before"), ("compact-first", "first time seen")):
         cost = compaction_cost(results, case)
         if not math.isnan(cost):

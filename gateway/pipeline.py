@@ -107,6 +107,7 @@ class Pipeline:
     ) -> None:
         self._summary_source = summary_source  # (route, tenant) -> the chain's summary source
         self._tool_outputs = tool_outputs
+        self._expansion_cost: dict[str, int] = {}
         self._metrics = metrics
         self._margin = safety_margin
         self._clamp = clamp_max_tokens
@@ -127,10 +128,28 @@ class Pipeline:
         return Budget(
             context_window=window,
             reserved_output=reserve,
-            fixed_tokens=tools_tokens + PRIMING_TOKENS + self._margin,
+            fixed_tokens=tools_tokens + PRIMING_TOKENS + self._margin + self.expansion_tokens(route),
             trigger_ratio=config.trigger_ratio,
             target_ratio=config.target_ratio,
         )
+
+    def expansion_tokens(self, route: Route) -> int:
+        """What the expansion tools and their system line cost, when this route may add them.
+
+        Reserved up front: they are added after the chain ran, so the chain must leave room.
+        """
+        cache = self._tool_outputs
+        if cache is None or not cache.config.expand:
+            return 0
+        cost = self._expansion_cost.get(route.name)
+        if cost is None:
+            if not any(step.type == "tool_output_cache" for step in route.policy.steps):
+                cost = 0
+            else:
+                note = {"role": "system", "content": cache.system_note()}
+                cost = route.counter.tools(cache.tool_definitions()) + route.counter.message(note)
+            self._expansion_cost[route.name] = cost
+        return cost
 
     def conversation(self, request: ChatRequest, route: Route) -> Conversation:
         count = route.counter.message

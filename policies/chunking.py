@@ -47,6 +47,7 @@ CODE_LINE_RE = re.compile(
 )
 NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
 JSON_WS_RE = re.compile(r'("(?:[^"\\]|\\.)*")|\s+', re.S)
+SAMPLE_LINES = 24
 ELISION = "[... {n} lines elided by compactgate ...]"
 WORD_ELISION = "[... {n} words elided by compactgate ...]"
 REPEATED = "[previous line repeated {n} more times]"
@@ -60,13 +61,14 @@ def detect(text: str) -> Kind:
     if stripped[0] in "[{" and minify_json(stripped) is not None:
         return "json"
     lines = [line for line in stripped.split("\n") if line.strip()]
-    if len(lines) >= 5 and sum(1 for line in lines if LOG_LINE_RE.search(line)) * 2 >= len(lines):
+    sample = lines[:SAMPLE_LINES]  # enough to tell, and detection stays cheap on huge outputs
+    if len(lines) >= 5 and sum(1 for line in sample if LOG_LINE_RE.search(line)) * 2 >= len(sample):
         return "log"
     fenced = sum(len(m.group(0)) for m in FENCE_RE.finditer(stripped))
     if fenced * 2 >= len(stripped):
         return "code"
     if len(lines) >= 3:
-        if sum(1 for line in lines if CODE_LINE_RE.search(line)) * 5 >= len(lines) * 3:
+        if sum(1 for line in sample if CODE_LINE_RE.search(line)) * 5 >= len(sample) * 3:
             return "code"
         if _python_module(stripped) is not None:
             return "code"
@@ -188,12 +190,12 @@ def _minify_generic(code: str) -> str:
 
 def collapse_repeats(text: str) -> str:
     lines = text.split("\n")
+    keys = NUMBER_RE.sub("0", text).split("\n")  # one pass; digits never span a newline
     out: list[str] = []
     i = 0
     while i < len(lines):
         j = i + 1
-        key = NUMBER_RE.sub("0", lines[i])
-        while j < len(lines) and NUMBER_RE.sub("0", lines[j]) == key:
+        while j < len(lines) and keys[j] == keys[i]:
             j += 1
         run = lines[i:j]
         if len(run) >= 2 and all(line == run[0] for line in run):

@@ -230,7 +230,7 @@ def start_gateway(start_process: Starter, tmp_path: Path) -> GatewayStarter:
         process = start_process(
             [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port), *args],
             r"Uvicorn running on|CompactGate listening on",
-            30,
+            60,  # generous: CI machines are busy
             env=full_env,
         )
         return GatewayProcess(process, port, path)

@@ -9,11 +9,14 @@ Three rules, applied to `tool` messages only, in this order:
 2. Tool budget (1.7): when the tool outputs together pass `context_budget_tokens` (unset: 25 % of
    the context window, clamped to 20 000..60 000), the oldest are replaced by
    `[tool output trimmed; ref=<id>]`. The set is a stable cut (`budget.stable_cut`) over the
-   outputs, toward the policy's target/trigger share of that budget, so it only grows at events.
+   outputs: it only grows at events, and then down to `mask_to` (0.5) of that budget, so that
+   several more outputs fit before the next event (each event is one prompt-cache miss, and a
+   masked output is not lost: the model can expand it by ref).
 3. Fit (`fit_budget`, on by default): while the whole request is still over the policy's
    trigger, more of the oldest outputs are replaced, scanning the history as it grew (the same
-   event rule over all messages), never one from the tool group being scanned. This is
-   "observation masking": in agent sessions it frees most of the room before a Turn is dropped.
+   event rule over all messages, down to the policy's target or `mask_to` of the limit, whichever
+   is lower), never one from the tool group being scanned. This is "observation masking": in
+   agent sessions it frees most of the room before a Turn is dropped.
 
 Every output cut or replaced is returned as a `StoredOutput(ref=env.ref_for(full text), ...)` for
 the gateway to store; the ref in the note and the placeholder is that one.
