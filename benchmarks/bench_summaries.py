@@ -1,22 +1,26 @@
 """Summaries in a simulated 100-turn agent session (issue 5 "Benchmarks").
 
-Run: `python -m benchmarks.bench_summaries [--turns 100] [--step compaction] [--no-compare]`.
-About a minute; loopback only. It starts the gateway (one worker, memory store) with a policy
-`<step>` + `fifo` over a 16 384-token window, and an upstream in this process that answers the
-agent's calls after `--model-delay` seconds and summarisation calls (told apart by the
-summariser's system prompt) after `--summary-delay` seconds, each summary text numbered so that
-the run can tell which ones were used. Then one deterministic agent works through `--turns`
-Turns: a user message, one to four tool rounds (tool outputs of 200 to 1 800 tokens, a
-`--tool-delay` pause for the tool to run), a final answer.
+Run: `python -m benchmarks.bench_summaries [--turns 100] [--step compaction] [--compare]`.
+About a minute (two minutes with `--compare`); loopback only. For each run it starts the gateway
+(one worker, memory store) with a policy `<step>` + `fifo` over a 16 384-token window
+(`tiktoken:o200k_base`: an exact tokenizer, so counts never drift with calibration), and an
+upstream in this process that answers the agent's calls after `--model-delay` seconds and
+summarisation calls (told apart by the summariser's system prompt) after `--summary-delay`
+seconds, about two agent cycles, each summary numbered so that the run can tell which ones the
+agent's later calls carried. One deterministic agent then works through `--turns` Turns: a user
+message, one to four tool rounds (tool outputs of 150 to 1 200 tokens, `--tool-delay` for the
+tool to run), a final answer. The same session also runs with a `fifo`-only policy (no
+summaries) as the baseline for latency; `--compare` adds a run without precompute.
 
-Printed, for the run with precompute (and, unless `--no-compare`, one without it):
+Printed per summarising run:
 
 * summariser calls per 100 Turns, and how many of the summaries were never used;
 * compacting requests (over the summarising step's threshold) and the share served from a ready
-  summary: compacted, and not slower than a summary call would make it; the others were either
-  sent whole while their summary was being made (they fit), or waited for it;
-* the gateway's added latency (client latency minus the upstream's delay) on compacting requests
-  served from a ready summary, next to that of requests that needed no summary.
+  summary: compacted, and reaching the upstream sooner than half a summary call after it was
+  sent. The others were sent whole while their summary was being made (they fit), or waited;
+* the gateway's added latency (client latency minus the upstream's delay) on the compacting
+  requests served from a ready summary, next to the same requests through the fifo-only policy,
+  and on the requests under the threshold.
 """
 
 from __future__ import annotations
@@ -238,7 +242,7 @@ def config_for(upstream_port: int, step: str, mode: str, lookahead: float) -> di
                 "name": "agent",
                 "upstream": {"base_url": f"http://127.0.0.1:{upstream_port}/v1"},
                 "context_window": WINDOW,
-                "tokenizer": "chars:4",
+                "tokenizer": "tiktoken:o200k_base",
                 "policy": "agent",
             }
         ],

@@ -1,8 +1,9 @@
 """What a run measures: the cases, which targets each one compares, and how much load.
 
-A case is one request shape sent the same way to several targets. Its targets are measured in
-rounds, taking turns (the order rotates every round), so that whatever else the machine is doing
-hits them alike; every number the report compares comes from one case.
+A case is one request shape sent the same way to several targets, measured in rounds so that
+whatever else the machine is doing hits them alike: at concurrency 1 the targets alternate
+request by request (`load.run_paired`); above it they take turns batch by batch, the order
+rotating every round. Every number the report compares comes from one case.
 
 Targets:
 
@@ -24,7 +25,7 @@ PEERS = ("direct", "gateway", "relay", "litellm")
 
 @dataclass(frozen=True)
 class Load:
-    """Per round and target: at most `requests` requests and at most `seconds` seconds."""
+    """Per round and target: at most `requests` requests and about `seconds` seconds."""
 
     requests: int
     seconds: float
@@ -48,22 +49,22 @@ class Case:
 
 CASES: tuple[Case, ...] = (
     Case("small", "small (3 messages), non-streaming, c=1", "small", "fixed", False, 1, PEERS,
-         Load(250, 5), Load(60, 3)),
+         Load(250, 5), Load(60, 2)),
     Case("small-stream", "small, streaming, c=1", "small", "fixed", True, 1, PEERS,
-         Load(250, 5), Load(60, 3)),
+         Load(250, 5), Load(60, 2)),
     Case("small-c32", "small, non-streaming, c=32", "small", "fixed", False, 32, PEERS,
-         Load(50_000, 2.0), Load(50_000, 1.0)),
+         Load(50_000, 2.0), Load(50_000, 0.75)),
     Case("small-stream-c32", "small, streaming, c=32", "small", "fixed", True, 32, PEERS,
-         Load(50_000, 2.0), Load(50_000, 1.0)),
+         Load(50_000, 2.0), Load(50_000, 0.75)),
     Case("agent-seen", "200 messages, same conversation + 1 new message, non-streaming, c=1",
-         "agent", "appended", False, 1, PEERS, Load(40, 5), Load(10, 3)),
+         "agent", "appended", False, 1, PEERS, Load(40, 5), Load(10, 2)),
     Case("agent-first", "200 messages, first time seen (every message new), non-streaming, c=1",
          "agent", "first_time", False, 1, ("direct", "gateway", "litellm"),
          Load(30, 6), Load(8, 3)),
     Case("agent-seen-stream", "200 messages, seen before, streaming, c=1", "agent", "appended",
-         True, 1, PEERS, Load(40, 5), Load(10, 3)),
+         True, 1, PEERS, Load(40, 5), Load(10, 2)),
     Case("agent-seen-c32", "200 messages, seen before, non-streaming, c=32", "agent", "appended",
-         False, 32, PEERS, Load(50_000, 2.0), Load(50_000, 1.0)),
+         False, 32, PEERS, Load(50_000, 2.0), Load(50_000, 0.75)),
     Case("compact-seen", "200 messages over a 32k window (masking + trimming), seen before, c=1",
          "agent", "appended", False, 1, ("direct", "gateway", "gateway-compact"),
          Load(40, 6), Load(10, 3)),

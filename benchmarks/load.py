@@ -6,8 +6,9 @@ request: total latency and, when streaming, the time to the first body byte; per
 throughput, errors, and the CPU time (user + system, from /proc/<pid>/stat) the target's process
 tree spent, divided by the requests it answered.
 
-A request counts as an error unless its status is 200 and, when streaming, its body ends with
-the `data: [DONE]` event.
+`run_paired` is the same at concurrency 1 for several targets at once, one request to each in
+turn, so that machine load hits them alike. A request counts as an error unless its status is
+200 and, when streaming, its body ends with the `data: [DONE]` event.
 """
 
 from __future__ import annotations
@@ -123,83 +124,137 @@ def new_session(max_concurrency: int = 32) -> aiohttp.ClientSession:
     )
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where and what to send: request `i` is `body_for(i)` with `headers_for(i)` added."""
+
+    url: str
+    body_for: BodyFor
+    headers_for: HeadersFor | None = None
+    pids: Sequence[int] = ()  # the target's processes, for CPU time
+
+
+async def _one(
+    session: aiohttp.ClientSession, target: Target, index: int, batch: Batch, stream: bool,
+    base_headers: Mapping[str, str],
+) -> None:
+    """Send request `index` to `target`, wait for the whole answer, record it in `batch`."""
+    headers_for = target.headers_for
+    headers = base_headers if headers_for is None else {**base_headers, **headers_for(index)}
+    body = target.body_for(index)
+    started = time.perf_counter()
+    first = 0.0
+    ok = False
+    problem = ""
+    try:
+        async with session.post(target.url, data=body, headers=headers) as response:
+            if stream:
+                chunk = await response.content.readany()
+                first = time.perf_counter()
+                tail = chunk
+                for _ in range(100_000):
+                    chunk = await response.content.readany()
+                    if not chunk:
+                        break
+                    tail = tail[-64:] + chunk
+                ok = response.status == 200 and tail.rstrip().endswith(b"data: [DONE]")
+                if not ok:
+                    problem = f"{response.status}: {tail[-200:]!r}"
+            else:
+                data = await response.read()
+                ok = response.status == 200
+                if not ok:
+                    problem = f"{response.status}: {data[:300]!r}"
+            if not batch.sample_headers:
+                batch.sample_headers = {
+                    k.lower(): v for k, v in response.headers.items()
+                    if k.lower().startswith("x-compactgate")
+                }
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    ended = time.perf_counter()
+    if ok:
+        batch.latencies.append(ended - started)
+        if stream:
+            batch.ttfb.append(first - started)
+    else:
+        batch.errors += 1
+        batch.first_error = batch.first_error or problem
+
+
+def _headers(authorization: str) -> dict[str, str]:
+    return {"content-type": "application/json", "authorization": authorization}
+
+
 async def run(
     session: aiohttp.ClientSession,
-    url: str,
-    body_for: BodyFor,
+    target: Target,
     *,
     stream: bool,
     concurrency: int,
     requests: int,
     max_seconds: float,
-    pids: Sequence[int] = (),
-    headers_for: HeadersFor | None = None,
     first_index: int = 0,
     authorization: str = "Bearer sk-bench",
 ) -> Batch:
-    """Send `requests` requests (or stop after `max_seconds`) with `concurrency` in flight.
-
-    Request `i` (from `first_index` on) sends `body_for(i)` with `headers_for(i)` added.
-    """
+    """Send `requests` requests (or stop after `max_seconds`) with `concurrency` in flight,
+    numbered from `first_index`."""
     batch = Batch()
-    base_headers = {"content-type": "application/json", "authorization": authorization}
+    base_headers = _headers(authorization)
     next_index = first_index
     last_index = first_index + requests
     deadline = time.perf_counter() + max_seconds
-
-    async def one(index: int) -> None:
-        headers = base_headers if headers_for is None else {**base_headers, **headers_for(index)}
-        body = body_for(index)
-        started = time.perf_counter()
-        first = 0.0
-        ok = False
-        problem = ""
-        try:
-            async with session.post(url, data=body, headers=headers) as response:
-                if stream:
-                    chunk = await response.content.readany()
-                    first = time.perf_counter()
-                    tail = chunk
-                    for _ in range(100_000):
-                        chunk = await response.content.readany()
-                        if not chunk:
-                            break
-                        tail = tail[-64:] + chunk
-                    ok = response.status == 200 and tail.rstrip().endswith(b"data: [DONE]")
-                    if not ok:
-                        problem = f"{response.status}: {tail[-200:]!r}"
-                else:
-                    data = await response.read()
-                    ok = response.status == 200
-                    if not ok:
-                        problem = f"{response.status}: {data[:300]!r}"
-                if not batch.sample_headers:
-                    batch.sample_headers = {
-                        k.lower(): v for k, v in response.headers.items()
-                        if k.lower().startswith("x-compactgate")
-                    }
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        ended = time.perf_counter()
-        if ok:
-            batch.latencies.append(ended - started)
-            if stream:
-                batch.ttfb.append(first - started)
-        else:
-            batch.errors += 1
-            batch.first_error = batch.first_error or problem
 
     async def worker() -> None:
         nonlocal next_index
         while next_index < last_index and time.perf_counter() < deadline:
             index = next_index
             next_index += 1
-            await one(index)
+            await _one(session, target, index, batch, stream, base_headers)
 
-    cpu_before = cpu_seconds(pids)
+    cpu_before = cpu_seconds(target.pids)
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     batch.elapsed = time.perf_counter() - started
     batch.sent = next_index - first_index
-    batch.cpu_seconds = cpu_seconds(pids) - cpu_before
+    batch.cpu_seconds = cpu_seconds(target.pids) - cpu_before
     return batch
+
+
+async def run_paired(
+    session: aiohttp.ClientSession,
+    targets: Sequence[Target],
+    *,
+    stream: bool,
+    requests: int,
+    max_seconds: float,
+    first_index: int = 0,
+    authorization: str = "Bearer sk-bench",
+) -> list[Batch]:
+    """One request at a time, to each target in turn (the order rotating), `requests` per
+    target or until `max_seconds`: every target sees the same moments of machine load.
+
+    Target k's n-th request is numbered `first_index + n * len(targets) + k` (no two share a
+    number, so first-time conversations stay first-time even when targets share a process).
+    CPU time is read around each request, so targets served by one process are told apart.
+    """
+    count = len(targets)
+    batches = [Batch() for _ in targets]
+    base_headers = _headers(authorization)
+    deadline = time.perf_counter() + max_seconds
+    sent = 0
+    for n in range(requests):
+        if time.perf_counter() > deadline:
+            break
+        for step in range(count):
+            k = (n + step) % count
+            target, batch = targets[k], batches[k]
+            cpu_before = cpu_seconds(target.pids)
+            started = time.perf_counter()
+            await _one(session, target, first_index + n * count + k, batch, stream, base_headers)
+            batch.elapsed += time.perf_counter() - started
+            batch.cpu_seconds += cpu_seconds(target.pids) - cpu_before
+        sent += 1
+    for batch in batches:
+        batch.sent = sent * count  # numbers used, counted for the whole group
+    return batches

@@ -273,7 +273,8 @@ def render(results: Results, info: RunInfo, root: Path, litellm: str | None,
         f"started {info.started}). Regenerate with the same command; `python -m benchmarks.run "
         "--help` lists the flags. Everything runs on loopback: a fast fake upstream, the gateway, "
         "a do-nothing Starlette + aiohttp relay (the Python floor) and the LiteLLM proxy, each "
-        "its own process with one worker, measured in the same run, taking turns.",
+        "its own process with one worker, measured in the same run: at concurrency 1 the targets "
+        "alternate request by request, at 32 they take turns batch by batch.",
         "",
         f"Machine load while measuring: load average {info.loadavg_before} before, "
         f"{info.loadavg_after} after; processes not started by this run kept "

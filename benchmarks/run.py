@@ -210,41 +210,71 @@ class Bench:
 
     # -- measuring -------------------------------------------------------------------------
 
-    async def batch(self, session: aiohttp.ClientSession, case: Case, target: str,
-                    requests: int, seconds: float, warmup: bool = True) -> Batch:
-        service = self.service_of(target)
+    def target(self, case: Case, name: str) -> load.Target:
+        service = self.service_of(name)
         assert service is not None
-        url = service.origin + CHAT
-        body_for, headers_for = self.body_for(case, target), self.headers_for(target)
-        common = dict(stream=case.stream, concurrency=case.concurrency, headers_for=headers_for,
+        return load.Target(service.origin + CHAT, self.body_for(case, name),
+                           self.headers_for(name), (service.pid,))
+
+    def keep_headers(self, case: Case, name: str, batch: Batch) -> None:
+        if name != "gateway" and name.startswith("gateway") and batch.sample_headers:
+            self.sample_headers.setdefault(f"{case.key}/{name}", batch.sample_headers)
+
+    async def batch(self, session: aiohttp.ClientSession, case: Case, name: str,
+                    requests: int, seconds: float, warmup: bool = True) -> Batch:
+        """Closed-loop load on one target at the case's concurrency."""
+        target = self.target(case, name)
+        common = dict(stream=case.stream, concurrency=case.concurrency,
                       authorization=self.authorization)
         if warmup:
-            warm = await load.run(session, url, body_for,
-                                  requests=warmup_requests(case.concurrency), max_seconds=10,
-                                  first_index=self.index, **common)
+            warm = await load.run(session, target, requests=warmup_requests(case.concurrency),
+                                  max_seconds=10, first_index=self.index, **common)
             self.index += warm.sent
-        measured = await load.run(session, url, body_for, requests=requests, max_seconds=seconds,
-                                  pids=[service.pid], first_index=self.index, **common)
+        measured = await load.run(session, target, requests=requests, max_seconds=seconds,
+                                  first_index=self.index, **common)
         self.index += measured.sent
-        if target != "gateway" and target.startswith("gateway") and measured.sample_headers:
-            self.sample_headers.setdefault(f"{case.key}/{target}", measured.sample_headers)
+        self.keep_headers(case, name, measured)
         return measured
 
+    async def paired(self, session: aiohttp.ClientSession, case: Case, names: list[str],
+                     requests: int, seconds: float) -> list[Batch]:
+        """Concurrency 1: one request to each target in turn (`load.run_paired`)."""
+        targets = [self.target(case, name) for name in names]
+        common = dict(stream=case.stream, authorization=self.authorization)
+        warm = await load.run_paired(session, targets, requests=warmup_requests(1),
+                                     max_seconds=10 * len(targets), first_index=self.index,
+                                     **common)
+        self.index += warm[0].sent
+        batches = await load.run_paired(session, targets, requests=requests,
+                                        max_seconds=seconds * len(targets),
+                                        first_index=self.index, **common)
+        self.index += batches[0].sent
+        for name, batch in zip(names, batches, strict=True):
+            self.keep_headers(case, name, batch)
+        return batches
+
     async def run_case(self, session: aiohttp.ClientSession, case: Case) -> None:
+        """Rounds; at concurrency 1 the targets alternate request by request, above it they
+        take turns batch by batch (the order rotating every round)."""
         available = [t for t in case.targets if self.service_of(t) is not None]
         merged = {t: Batch() for t in available}
         budget = case.load(self.quick)
-        for round_number in range(self.rounds):
-            shift = round_number % len(available)
-            for target in available[shift:] + available[:shift]:
-                if time.monotonic() > self.deadline:
-                    self.notes.append(f"--max-minutes reached: case {case.key} has "
-                                      f"{round_number} of {self.rounds} rounds")
-                    self.results[case.key] = merged
-                    return
-                merged[target].merge(await self.batch(session, case, target, budget.requests,
-                                                       budget.seconds))
         self.results[case.key] = merged
+        for round_number in range(self.rounds):
+            if time.monotonic() > self.deadline:
+                self.notes.append(f"--max-minutes reached: case {case.key} has "
+                                  f"{round_number} of {self.rounds} rounds")
+                return
+            if case.concurrency == 1:
+                batches = await self.paired(session, case, available, budget.requests,
+                                            budget.seconds)
+                for name, batch in zip(available, batches, strict=True):
+                    merged[name].merge(batch)
+                continue
+            shift = round_number % len(available)
+            for name in available[shift:] + available[:shift]:
+                merged[name].merge(await self.batch(session, case, name, budget.requests,
+                                                    budget.seconds))
         for target in available:
             f = report.figures(self.results, case.key, target)
             if f is None:
@@ -266,14 +296,14 @@ class Bench:
                 self.notes.append("memory: the second gateway did not become ready")
                 return {}
             conversation = workloads.agent(targets.PASSTHROUGH_MODEL, count=MEMORY_MESSAGES)
-            url = service.origin + CHAT
+            target = load.Target(service.origin + CHAT, conversation.first_time)
             common = dict(stream=False, authorization=self.authorization, max_seconds=60)
             base = 90_000_000  # numbers no other batch uses
-            await load.run(session, url, conversation.first_time, concurrency=1, requests=10,
-                           first_index=base, **common)
+            await load.run(session, target, concurrency=1, requests=10, first_index=base,
+                           **common)
             await asyncio.sleep(1.0)
             idle = load.rss_bytes(service.pid)
-            batch = await load.run(session, url, conversation.first_time, concurrency=4,
+            batch = await load.run(session, target, concurrency=4,
                                    requests=MEMORY_CONVERSATIONS, first_index=base + 100, **common)
             await asyncio.sleep(1.0)
             after = load.rss_bytes(service.pid)
@@ -284,7 +314,7 @@ class Bench:
                 "per_conversation_kib": (after - idle) / 1024 / max(1, batch.count),
             }
             if not self.quick:  # a second thousand: the growth once start-up garbage is reused
-                more = await load.run(session, url, conversation.first_time, concurrency=4,
+                more = await load.run(session, target, concurrency=4,
                                       requests=MEMORY_CONVERSATIONS,
                                       first_index=base + 100 + MEMORY_CONVERSATIONS, **common)
                 await asyncio.sleep(1.0)

@@ -245,7 +245,8 @@ class ChatCompletions:
                 await self.serve(scope, watcher.send, request, route, exchange)
             if exchange.status < 400:  # ahead of need (R4.6): never delays this response
                 gw.precompute.after_response(
-                    request, route, gw.tenant(scope), scope["headers"], gw.effective_window(route)
+                    request, route, gw.tenant(scope), scope["headers"],
+                    gw.effective_window(route), exchange.prepared,
                 )
         except GatewayError as error:
             await self.report(watcher, exchange, error)

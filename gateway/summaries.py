@@ -44,24 +44,25 @@ from dataclasses import dataclass
 import orjson
 
 from policies import Budget, ChainResult, Conversation, Message, run_chain
+from policies.rollup import SummarisingConfig
 from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
 
 from .chat_request import ChatRequest
 from .config import SummariesConfig
 from .metrics import Metrics
-from .pipeline import Pipeline, SummaryAsk
+from .pipeline import Pipeline, Prepared, SummaryAsk
 from .routing import Route
 from .stores import SafeStore
 from .summarizer import Summarizer, SummarizerError
 
 log = logging.getLogger("compactgate.summaries")
 
-SUMMARISING_STEPS = frozenset({"sandwich", "compaction", "summarize_old"})
 LOCK_MARGIN_S = 10.0
 POLL_FIRST_S = 0.05
 POLL_MAX_S = 0.5
 MAX_ROUNDS = 16  # links of a rolling summary settled per precomputation
-SEARCH_STEPS = 6  # bisection steps when predicting where the conversation crosses its trigger
+GROWTH_REQUESTS = 3  # requests averaged when estimating how fast a conversation grows
+SEARCH_STEPS = 3  # bisection steps when predicting where the conversation crosses its trigger
 MAX_FAILURES_KEPT = 4096
 ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
 
@@ -330,17 +331,18 @@ class Job:
     tenant: str
     headers: tuple[tuple[bytes, bytes], ...]
     window: int | None
+    sent: ChainResult | None = None  # what the request path decided (saves running it again)
 
 
 class Precompute:
     """After a response, compute the summary the conversation will need at its trigger.
 
     Only past `precompute_ratio` of the budget, and only when the crossing is near: within
-    `lookahead_requests` times what the last request added (its growth). Predicting further
-    ahead would compute a summary per request that the next one no longer wants. The prediction
-    runs the real chain on the conversation extended by a synthetic message of
-    `x` tokens, the smallest `x` (found by bisection) for which the chain asks for a summary the
-    store does not have: "what would be summarised if the next messages pushed it over now".
+    `lookahead_requests` times what a request adds (averaged over the last few). Predicting
+    further ahead would compute a summary per request that the next one no longer wants. The
+    prediction runs the real chain on the conversation extended by a synthetic message of `x`
+    tokens, about the smallest `x` (bisection) for which the chain asks for a summary the store
+    does not have: "what would be summarised if the next messages pushed it over now".
     The synthetic message continues the current Turn when the client sends tools (an agent loop,
     where the next request adds tool results), else it starts a new Turn. A prediction whose
     range reaches the request's last message is dropped: the real range will also hold the
@@ -361,18 +363,31 @@ class Precompute:
         tenant: str,
         headers: Sequence[tuple[bytes, bytes]],
         window: int | None,
+        prepared: Prepared | None = None,
     ) -> None:
         """Schedule a precomputation if it may be needed; returns at once."""
         if not self.config.precompute or self.service.closed or route.mode == "observe":
             return
-        if window is None or not any(s.type in SUMMARISING_STEPS for s in route.policy.steps):
+        if window is None or not any(_summarises(step) for step in route.policy.steps):
             return
+        sent = prepared.chain if prepared is not None else None
+        if prepared is not None and (
+            sent is None or sent.pending or not self._past_point(prepared)
+        ):
+            return  # under the precompute point, or the request path is making what it needs
         if self._queued >= self.config.background_queue + self.config.background_concurrency:
             log.debug("precompute queue full; skipped")
             return
         self._queued += 1
-        job = Job(request, route, tenant, tuple(headers), window)
+        job = Job(request, route, tenant, tuple(headers), window, sent)
         self.service.spawn(self._run(job), name="precompute")
+
+    def _past_point(self, prepared: Prepared) -> bool:
+        budget, chain = prepared.budget, prepared.chain
+        if budget is None or chain is None:
+            return False
+        ratio = prepared.route.policy_config.precompute_ratio
+        return chain.tokens_after >= ratio * budget.limit
 
     async def _run(self, job: Job) -> None:
         try:
@@ -384,7 +399,7 @@ class Precompute:
     async def precompute(self, job: Job) -> list[SummaryRequest]:
         """Predict and compute; returns the requests it computed (for tests and the benchmark)."""
         route, request = job.route, job.request
-        conversation = self.pipeline.conversation(request, route)
+        conversation = await asyncio.to_thread(self.pipeline.conversation, request, route)
         tools = self.pipeline.tools_tokens(request, route)
         budget = self.pipeline.budget(request, route, tools, job.window)
         if budget is None or budget.limit <= 0 or not conversation.messages:
@@ -393,10 +408,10 @@ class Precompute:
         if conversation.tokens < point:
             return []
         known = self.service.source(route, job.tenant)
-        base = await self._settle(job, conversation, budget, known)
+        base = job.sent or await self._settle(job, conversation, budget, known)
         if base.pending:
             return []  # the request itself is waiting for or computing these
-        sent = base.conversation.tokens
+        sent = base.tokens_after
         reach = min(
             budget.limit - sent, int(self.config.lookahead_requests * _growth(conversation))
         )
@@ -470,13 +485,18 @@ class Precompute:
         return computed
 
 
-def _growth(conversation: Conversation) -> int:
-    """Tokens added since the previous request: the last answer and what came after it."""
+def _summarises(step: object) -> bool:
+    return isinstance(getattr(step, "config", None), SummarisingConfig)
+
+
+def _growth(conversation: Conversation, requests: int = GROWTH_REQUESTS) -> int:
+    """Tokens a request adds, on average over the last few: each added an answer and what
+    followed it (tool results, the next user message)."""
     messages = conversation.messages
-    for index in range(len(messages) - 1, -1, -1):
-        if messages[index].role == "assistant":
-            return sum(m.tokens for m in messages[index:])
-    return conversation.tokens
+    answers = [i for i, m in enumerate(messages) if m.role == "assistant"][-requests:]
+    if not answers:
+        return conversation.tokens
+    return sum(m.tokens for m in messages[answers[0] :]) // len(answers)
 
 
 def _extended(conversation: Conversation, filler: Message, tokens: int) -> Conversation:

@@ -6,8 +6,8 @@ query, divided by the best score (the most relevant Turn scores 1, one sharing n
 Turn holding the query is left out of that maximum).
 Tokens are lowercase word runs, with every
 CJK character a token of its own (Chinese and Japanese have no spaces; single characters are
-what a BM25 over CJK can match without a segmenter). A Turn's text is its messages' text plus
-the names and arguments of the tool calls in it.
+what a BM25 over CJK can match without a segmenter). A Turn's text is its messages' text (the first
+4,000 characters of each) plus the names and arguments of the tool calls in it.
 
 `scorer: embeddings` uses `Env.relevance` (e.g. MiniLM cosine similarities computed by the
 gateway), clipped to 0..1; without one, BM25 is the fallback (R4.8).
@@ -25,6 +25,7 @@ from .step import Env
 Scorer = Literal["bm25", "embeddings"]
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
+SCORED_CHARS = 4000  # of each message: enough to judge it, and scoring stays fast on huge outputs
 TOKEN_RE = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+")
 
 
@@ -35,7 +36,7 @@ def tokenize(text: str) -> list[str]:
 def turn_text(conversation: Conversation, turn: Turn) -> str:
     parts: list[str] = []
     for message in conversation.messages[turn.start : turn.end]:
-        parts.append(message.text)
+        parts.append(message.text[:SCORED_CHARS])
         for call in message.data.get("tool_calls") or ():
             function = call.get("function") if isinstance(call, Mapping) else None
             if isinstance(function, Mapping):

@@ -136,13 +136,28 @@ def agent(rounds: int, output_lines: int = 50, task: str = "Fix the failing test
 # Hypothesis ------------------------------------------------------------------------------------
 
 WORDS = st.sampled_from(
-    ["alpha", "beta", "gamma", "delta", "error", "test", "file", "plan", "数据", "検索", "ログ", "λ"]
+    [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "error",
+        "test",
+        "file",
+        "plan",
+        "数据",
+        "検索",
+        "ログ",
+        "λ",
+    ]
 )
 
 
 @st.composite
 def texts(draw: st.DrawFn, big: bool = False) -> Any:
-    kind = draw(st.sampled_from(["words", "empty", "none", "parts", "lines"] + (["huge"] if big else [])))
+    kind = draw(
+        st.sampled_from(["words", "empty", "none", "parts", "lines"] + (["huge"] if big else []))
+    )
     if kind == "empty":
         return ""
     if kind == "none":
@@ -179,13 +194,17 @@ def conversations(draw: st.DrawFn) -> Conversation:
             ids = [f"call_{call_no + k}" for k in range(n)]
             call_no += n
             name = draw(st.sampled_from(["read_file", "run", "tool_output_cache"]))
-            datas.append(assistant_calls(*ids, name=name, content=draw(st.sampled_from([None, "ok"]))))
+            datas.append(
+                assistant_calls(*ids, name=name, content=draw(st.sampled_from([None, "ok"])))
+            )
             for call_id in ids:
                 datas.append(tool(call_id, draw(texts(big=True))))
     if draw(st.booleans()):
         datas.append(msg("user", draw(texts())))
     pins = draw(st.sets(st.integers(0, len(datas) - 1), max_size=2))
-    priorities = draw(st.dictionaries(st.integers(0, len(datas) - 1), st.integers(1, 3), max_size=3))
+    priorities = draw(
+        st.dictionaries(st.integers(0, len(datas) - 1), st.integers(1, 3), max_size=3)
+    )
     kinds = draw(
         st.dictionaries(
             st.integers(0, len(datas) - 1),

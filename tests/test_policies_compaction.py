@@ -66,10 +66,16 @@ def test_retain_directives_model_and_placement() -> None:
     result = step.apply(conversation, WINDOW, env(source))
     request = source.requests[0]
     assert request.instructions.endswith("\n- Keep every file path")
-    assert request.retain_instructions == "List what must be kept in <retain> tags.\n- tool output refs"
+    assert (
+        request.retain_instructions
+        == "List what must be kept in <retain> tags.\n- tool output refs"
+    )
     assert request.model == "cheap-model"
     out = result.conversation.messages
-    assert out[1].role == "user" and out[1].text == "[Retained from the earlier conversation: keep ref_1]"
+    assert (
+        out[1].role == "user"
+        and out[1].text == "[Retained from the earlier conversation: keep ref_1]"
+    )
     assert out[2].text.startswith("[Earlier conversation summary: ")
     kept = out[3:]
     assert kept[0].role == "user" and len(kept) >= 4  # at least two Turns kept
@@ -97,7 +103,7 @@ def test_checkpoint_4_trailing_tool_calls_break_summarisation_unless_stripped() 
     prepared = prepare_for_summary(tuple(history))
     assert check_tool_pairs(prepared) == []
     assert prepared[-1] == {"role": "assistant", "content": "Now the other one."}
-    without_text = prepare_for_summary(tuple(history[:-1] + [assistant_calls("c2")]))
+    without_text = prepare_for_summary(tuple([*history[:-1], assistant_calls("c2")]))
     assert check_tool_pairs(without_text) == [] and len(without_text) == 3
 
 

@@ -66,7 +66,9 @@ def test_defaults_are_004s() -> None:
         0.6,
     )
     assert ContentTypeChunkingConfig().compress_prose is False
-    assert ContentTypeChunkingConfig.model_validate({"ratios": {"json": 0.5}}).ratios.of("json") == 0.5
+    assert (
+        ContentTypeChunkingConfig.model_validate({"ratios": {"json": 0.5}}).ratios.of("json") == 0.5
+    )
 
 
 @pytest.mark.parametrize("source", stdlib_sources())
@@ -125,7 +127,9 @@ def test_logs_collapse_repeats_and_keep_head_and_tail() -> None:
 
 
 def test_log_elision_marks_what_it_cut() -> None:
-    log = "\n".join(f"[{i}.{i}] line with unique {chr(65 + i % 26) * (i % 7)} text {i * i}" for i in range(400))
+    log = "\n".join(
+        f"[{i}.{i}] line with unique {chr(65 + i % 26) * (i % 7)} text {i * i}" for i in range(400)
+    )
     small = compact_log(log, 0.4)
     assert "lines elided by compactgate" in small
     assert len(small) < 0.45 * len(log)
@@ -164,7 +168,9 @@ def test_step_compresses_old_messages_by_type_and_keeps_invariants() -> None:
 def test_marks_pins_and_priorities_decide() -> None:
     data = big_history()
     conversation = conv(data, kinds={5: "plan_ref"}, pins=[1])
-    result = ContentTypeChunking(ContentTypeChunkingConfig()).apply(conversation, budget(6000), env())
+    result = ContentTypeChunking(ContentTypeChunkingConfig()).apply(
+        conversation, budget(6000), env()
+    )
     assert result.conversation.messages[5] == conversation.messages[5]  # plan_ref: verbatim
     assert result.conversation.messages[1] == conversation.messages[1]  # pinned: untouched
     p1 = conv(data, priorities={5: 1})
@@ -179,6 +185,6 @@ def test_stable_under_appending() -> None:
     data = big_history()
     policy = build_policy("c", [{"type": "content_type_chunking"}])
     first = run_chain(conv(data), budget(6000), policy, env()).conversation.data()
-    grown = data + [msg("assistant", "fine"), msg("user", "next")]
+    grown = [*data, msg("assistant", "fine"), msg("user", "next")]
     second = run_chain(conv(grown), budget(6000), policy, env()).conversation.data()
     assert second[: len(first)] == first

@@ -14,7 +14,9 @@ from tests.policy_strategies import assistant_calls, budget, chat, conv, env, ms
 
 def test_marks_from_extension() -> None:
     assert marks_from_extension(None) == Marks(False, None, None)
-    assert marks_from_extension({"pin": True, "priority": 1, "type": "plan_ref"}) == Marks(True, 1, "plan_ref")
+    assert marks_from_extension({"pin": True, "priority": 1, "type": "plan_ref"}) == Marks(
+        True, 1, "plan_ref"
+    )
     pin, priority, kind = marks_from_extension({"type": "log"})
     assert (pin, priority, kind) == (False, None, "log")
 

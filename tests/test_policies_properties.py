@@ -21,7 +21,7 @@ from policies.rollup import anchored
 from tests.policy_strategies import FakeSummaries, budgets, conversations, env
 
 SETTINGS = settings(
-    max_examples=1500,
+    max_examples=80,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -40,8 +40,12 @@ def irreducible(conversation: Conversation) -> int:
 
 
 @SETTINGS
-@given(conversation=conversations(), budget=budgets, step_type=st.sampled_from(STEP_TYPES),
-       status=summary_sources)
+@given(
+    conversation=conversations(),
+    budget=budgets,
+    step_type=st.sampled_from(STEP_TYPES),
+    status=summary_sources,
+)
 def test_every_step_keeps_the_invariants(
     conversation: Conversation, budget: Budget, step_type: str, status: str
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from policies import check
 from policies.relevance import bm25_scores, tokenize
 from policies.steps.discard_low_rel import DiscardLowRel, DiscardLowRelConfig
@@ -15,14 +17,21 @@ def history(turns: int = 20, query: str = "how do I speed up the database index 
     data = [msg("system", "s")]
     for t in range(turns):
         topic = TOPICS[t % len(TOPICS)]
-        data += [msg("user", f"tell me about {topic} " + "filler " * 60), msg("assistant", f"{topic} " * 40)]
+        data += [
+            msg("user", f"tell me about {topic} " + "filler " * 60),
+            msg("assistant", f"{topic} " * 40),
+        ]
     data.append(msg("user", query))
     return data
 
 
 def test_defaults_are_004s() -> None:
     prioritize = PrioritizeRecentConfig()
-    assert (prioritize.rel_threshold, prioritize.recent_bias, prioritize.priority_boost) == (0.5, 0.2, 1.5)
+    assert (prioritize.rel_threshold, prioritize.recent_bias, prioritize.priority_boost) == (
+        0.5,
+        0.2,
+        1.5,
+    )
     assert DiscardLowRelConfig().discard_percent == 0.3
     assert prioritize.scorer == "bm25" and prioritize.placeholder_role == "system"
 
@@ -45,7 +54,10 @@ def test_prioritize_recent_keeps_relevant_and_recent_turns() -> None:
     assert old and all("database" in u for u in old)
     placeholders = [m for m in result.conversation.messages if m.origin == -1]
     assert placeholders and all(m.role == "system" for m in placeholders)
-    assert placeholders[0].text.startswith("[Omitted ") and "low-relevance earlier turns]" in placeholders[0].text
+    assert (
+        placeholders[0].text.startswith("[Omitted ")
+        and "low-relevance earlier turns]" in placeholders[0].text
+    )
     assert result.detail["scorer"] == "bm25"
     assert check(conversation, result.conversation) == []
 
@@ -56,7 +68,7 @@ def test_one_placeholder_per_run_of_dropped_turns() -> None:
         conversation, budget(3000), env()
     )
     out = result.conversation.messages
-    for a, b in zip(out, out[1:], strict=False):
+    for a, b in itertools.pairwise(out):
         assert not (a.origin == -1 and b.origin == -1)
     total = sum(int(m.text.split()[1]) for m in out if m.origin == -1)
     assert total == result.detail["turns_dropped"]
@@ -67,7 +79,10 @@ def test_stop_at_target_drops_only_what_is_needed() -> None:
     eager = PrioritizeRecent(PrioritizeRecentConfig(stop_at_target=False))
     lazy = PrioritizeRecent(PrioritizeRecentConfig())
     limits = budget(10_000)
-    assert lazy.apply(conversation, limits, env()).removed < eager.apply(conversation, limits, env()).removed
+    assert (
+        lazy.apply(conversation, limits, env()).removed
+        < eager.apply(conversation, limits, env()).removed
+    )
 
 
 def test_priority_one_boost_keeps_a_borderline_turn() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +20,9 @@ from tests.policy_strategies import assistant_calls, msg, tool
     trigger=st.integers(1, 3000),
     share=st.floats(0.1, 1.0),
 )
-def test_scan_cuts_generalises_stable_cut(sizes: list[int], fixed: int, trigger: int, share: float) -> None:
+def test_scan_cuts_generalises_stable_cut(
+    sizes: list[int], fixed: int, trigger: int, share: float
+) -> None:
     target = int(trigger * share)
     cuts = scan_cuts(sizes, [0] * len(sizes), fixed, trigger, target, lambda unit: unit)
     assert (cuts[-1] if cuts else 0) == stable_cut(sizes, fixed, trigger, target)
@@ -31,11 +35,13 @@ def test_scan_cuts_generalises_stable_cut(sizes: list[int], fixed: int, trigger:
 
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.integers(0, 500), min_size=1, max_size=40), chunk=st.integers(1, 2000))
-def test_links_cover_the_range_and_only_the_last_changes_when_it_grows(sizes: list[int], chunk: int) -> None:
+def test_links_cover_the_range_and_only_the_last_changes_when_it_grows(
+    sizes: list[int], chunk: int
+) -> None:
     cut = len(sizes)
     chain = links(cut, sizes, chunk)
     assert chain[0][0] == 0 and chain[-1][1] == cut
-    assert all(a[1] == b[0] for a, b in zip(chain, chain[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(chain))
     assert all(b - a == 1 or sum(sizes[a:b]) <= chunk for a, b in chain)
     shorter = links(cut - 1, sizes, chunk) if cut > 1 else []
     assert shorter[:-1] == chain[: len(shorter) - 1]

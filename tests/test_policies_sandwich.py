@@ -28,7 +28,11 @@ def sandwich(**config: object) -> Sandwich:
 
 def test_defaults_are_003s() -> None:
     config = SandwichConfig()
-    assert (config.preserve_top, config.preserve_bottom, config.compression_threshold) == (5, 5, 0.7)
+    assert (config.preserve_top, config.preserve_bottom, config.compression_threshold) == (
+        5,
+        5,
+        0.7,
+    )
     assert config.placement == "system"
     assert config.prompt == SANDWICH_PROMPT
     assert "Key facts and decisions made" in config.prompt
@@ -43,7 +47,9 @@ def test_cx_t1_under_threshold_returns_full_history() -> None:
 
 
 def test_not_enough_messages_returns_full_history() -> None:
-    data = [msg("system", "s")] + [msg("user" if i % 2 == 0 else "assistant", "w " * 3000) for i in range(10)]
+    data = [msg("system", "s")] + [
+        msg("user" if i % 2 == 0 else "assistant", "w " * 3000) for i in range(10)
+    ]
     conversation = conv(data)
     result = sandwich().apply(conversation, WINDOW, env())
     assert result.conversation is conversation
@@ -60,7 +66,9 @@ def test_cx_t2_to_t4_and_t7_over_threshold_summarises_the_middle() -> None:
     summary = out[6]  # CX-T7: a system message right after the top
     assert summary.role == "system" and summary.origin == -1
     assert summary.text.startswith("[Earlier conversation summary: covers ")
-    assert all(r.instructions == SANDWICH_PROMPT and r.purpose == "sandwich" for r in source.requests)
+    assert all(
+        r.instructions == SANDWICH_PROMPT and r.purpose == "sandwich" for r in source.requests
+    )
     assert all(r.max_tokens == 1000 for r in source.requests)
     assert check(conversation, result.conversation) == []
 
@@ -68,7 +76,11 @@ def test_cx_t2_to_t4_and_t7_over_threshold_summarises_the_middle() -> None:
 def test_cut_points_never_split_a_tool_group() -> None:
     data = [msg("system", "s"), msg("user", "task")]
     for r in range(40):
-        data += [assistant_calls(f"a{r}", f"b{r}"), tool(f"a{r}", "out " * 60), tool(f"b{r}", "out " * 60)]
+        data += [
+            assistant_calls(f"a{r}", f"b{r}"),
+            tool(f"a{r}", "out " * 60),
+            tool(f"b{r}", "out " * 60),
+        ]
     data.append(msg("assistant", "done"))
     conversation = conv(data)
     result = sandwich(preserve_top=2, preserve_bottom=2).apply(conversation, WINDOW, env())
@@ -109,7 +121,11 @@ def test_cx_t6_middle_growth_asks_for_an_extension_of_the_cached_summary() -> No
     step = sandwich()
     before = step.apply(conv(data), WINDOW, env(source))
     old_summary = next(m.text for m in before.conversation.messages if m.origin == -1)
-    more = data + [m for t in range(6) for m in (msg("user", f"q{t} " + "x " * 80), msg("assistant", "y " * 80))]
+    more = data + [
+        m
+        for t in range(6)
+        for m in (msg("user", f"q{t} " + "x " * 80), msg("assistant", "y " * 80))
+    ]
     asked = list(source.requests)
     pending = DictSummaries({r.canonical(): source.get(r) for r in asked})
     grown = step.apply(conv(more), WINDOW, env(pending))
@@ -128,7 +144,10 @@ def test_cx_nt3_failed_summary_leaves_the_request_to_the_next_step() -> None:
     result = sandwich().apply(conversation, WINDOW, env(failing))
     assert result.conversation is conversation and not result.pending
     chained = run_chain(
-        conversation, WINDOW, build_policy("p", [{"type": "sandwich"}, {"type": "fifo"}]), env(failing)
+        conversation,
+        WINDOW,
+        build_policy("p", [{"type": "sandwich"}, {"type": "fifo"}]),
+        env(failing),
     )
     assert chained.fits and "fifo" in chained.changed_steps()
 

@@ -66,7 +66,8 @@ def config_for(
                 "steps": steps or [{"type": "compaction", "summary_tokens": 200}, {"type": "fifo"}]
             }
         },
-        "summaries": {"retry_failed_after_s": 0, "wait_s": 30, **summaries},
+        # No precomputation unless a test asks for it: the others count summariser calls.
+        "summaries": {"retry_failed_after_s": 0, "wait_s": 30, "precompute": False, **summaries},
     }
 
 
@@ -273,7 +274,7 @@ def summary_upstream(start_process: Starter) -> Iterator[FakeUpstream]:
 def precompute_config(main: FakeUpstream, summarizer: FakeUpstream) -> dict[str, Any]:
     steps = [{"type": "compaction", "summary_tokens": 200, "model": "summarizer"}, {"type": "fifo"}]
     models = [model(main), {**model(summarizer, name="summarizer", policy="default")}]
-    return config_for(main, steps, models=models)
+    return config_for(main, steps, models=models, precompute=True)
 
 
 def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
@@ -333,6 +334,24 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     response, elapsed = post(gateway, messages, tools=True)
     assert response.headers["x-compactgate-steps"].startswith("compaction") and elapsed < 1.0
     assert len(summary_upstream.chat_requests()) == 1
+
+
+def test_shutdown_cancels_a_precomputation_in_flight(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+) -> None:
+    gateway = start_gateway(precompute_config(fake_upstream, summary_upstream))
+    summary_upstream.script([{"kind": "hang_before_headers", "seconds": 60}])
+    messages = agent_session()
+    for index in range(40):
+        tool_round(messages, index)
+        post(gateway, messages, tools=True)
+        if summary_upstream.chat_requests():
+            break
+    wait_until(lambda: summary_upstream.inflight()["inflight"] == 1)
+    started = time.monotonic()
+    assert gateway.process.stop(timeout=10) == 0
+    assert time.monotonic() - started < 5
+    wait_until(lambda: summary_upstream.inflight()["cancelled"] == 1)
 
 
 # -- failures --------------------------------------------------------------------------------

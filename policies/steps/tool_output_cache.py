@@ -21,7 +21,8 @@ Three rules, applied to `tool` messages only, in this order:
 Every output cut or replaced is returned as a `StoredOutput(ref=env.ref_for(full text), ...)` for
 the gateway to store; the ref in the note and the placeholder is that one.
 
-Never touched: messages that are not `tool` results; pinned results; results that already are
+Never touched: messages that are not `tool` results; pinned results; outputs under 200
+characters (never masked: the placeholder would cost about as much); results that already are
 a placeholder or a view (they are recognised and never stored again: a view's ref is read back
 from its note); and the gateway's own expansion results, recognised by the tool's name
 (`"name": "tool_output_cache"` / `"tool_output_cache_grep"` on the result or on the call it
