@@ -16,8 +16,9 @@ Printed per summarising run:
 
 * summariser calls per 100 Turns, and how many of the summaries were never used;
 * compacting requests (over the summarising step's threshold) and the share served from a ready
-  summary: compacted, and reaching the upstream sooner than half a summary call after it was
-  sent. The others were sent whole while their summary was being made (they fit), or waited;
+  summary: compacted without waiting for a summary call (one that came back while the request
+  was in the gateway, just before the request went on). The others were sent whole while their
+  summary was being made (they fit), or waited for it;
 * the gateway's added latency (client latency minus the upstream's delay) on the compacting
   requests served from a ready summary, next to the same requests through the fifo-only policy,
   and on the requests under the threshold.
@@ -65,6 +66,7 @@ _WORDS = (
     "function error retry upstream gateway config model stream chunk header value index test "
     "build deploy cache memory limit offset line search match update delete create return"
 ).split()
+RESUME_S = 0.05  # a request that waited for a summary goes on within this of its arrival
 _USED = re.compile(r"SUMMARY#(\d+):")
 
 
@@ -79,6 +81,7 @@ class Upstream:
     calls: int = 0
     used: set[int] = field(default_factory=set)  # summary numbers seen in the agent's calls
     arrivals: dict[str, float] = field(default_factory=dict)  # x-bench-seq -> perf_counter
+    summary_ends: list[float] = field(default_factory=list)  # perf_counter of each answer
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -93,6 +96,7 @@ class Upstream:
             self.summaries += 1
             number = self.summaries
             await asyncio.sleep(self.summary_delay)
+            self.summary_ends.append(time.perf_counter())
             text = f"<summary>SUMMARY#{number}: " + " ".join(_WORDS[:40]) * 10 + "</summary>"
         else:
             self.calls += 1
@@ -133,7 +137,8 @@ class Sample:
     steps: str
     tokens_before: int
     latency: float  # as the agent saw it
-    before_upstream: float  # from sending to the upstream receiving it: the gateway's inbound time
+    sent: float  # perf_counter when the agent sent it
+    arrived: float  # perf_counter when the upstream received it
 
 
 @dataclass
@@ -163,7 +168,8 @@ async def run_agent(
                 response.headers["x-compactgate-steps"],
                 int(response.headers["x-compactgate-tokens-before"]),
                 latency,
-                upstream.arrivals.get(seq, started) - started,
+                started,
+                upstream.arrivals.get(seq, started),
             )
         )
 
@@ -274,11 +280,16 @@ class Report:
     summary_calls: int
     unused: int
     samples: list[Sample]
+    model_delay: float
+    summary_ends: list[float]
     over: int  # the summarising step's threshold, as x-compactgate-tokens-before counts
 
 
 async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Report:
-    upstream = Upstream(args.model_delay, args.summary_delay)
+    # The fifo baseline only measures the gateway's own time: no need to wait for a model.
+    model_delay = 0.0 if mode == "fifo" else args.model_delay
+    tool_delay = 0.0 if mode == "fifo" else args.tool_delay
+    upstream = Upstream(model_delay, args.summary_delay)
     runner = web.AppRunner(upstream.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -291,14 +302,23 @@ async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Repor
         auth = {"authorization": "Bearer sk-bench"}
         async with httpx.AsyncClient(base_url=base, timeout=120, headers=auth) as client:
             over = await threshold(client, args.step)
-            result = await run_agent(client, upstream, args.turns, args.tool_delay)
+            result = await run_agent(client, upstream, args.turns, tool_delay)
             await asyncio.sleep(args.summary_delay + 0.5)  # let the last precomputation land
     finally:
         process.terminate()
         await process.wait()
         await runner.cleanup()
     unused = upstream.summaries - len(upstream.used)
-    return Report(mode, args.turns, upstream.summaries, unused, result.samples, over)
+    return Report(
+        mode,
+        args.turns,
+        upstream.summaries,
+        unused,
+        result.samples,
+        model_delay,
+        upstream.summary_ends,
+        over,
+    )
 
 
 def _ms(values: list[float]) -> str:
@@ -314,12 +334,17 @@ def print_report(report: Report, baseline: Report | None, args: argparse.Namespa
     compacting = [
         i for i, s in enumerate(samples) if s.steps != "none" or s.tokens_before > report.over
     ]
-    slow = args.summary_delay * 0.5
-    ready = [
-        i for i in compacting if samples[i].steps != "none" and samples[i].before_upstream < slow
-    ]
+
+    def waited_for_summary(sample: Sample) -> bool:
+        # It reached the upstream right after a summary came back that was made while it waited.
+        return any(
+            sample.sent < end <= sample.arrived and sample.arrived - end < RESUME_S
+            for end in report.summary_ends
+        )
+
     deferred = [i for i in compacting if samples[i].steps == "none"]
-    waited = len(compacting) - len(ready) - len(deferred)
+    waited = [i for i in compacting if i not in deferred and waited_for_summary(samples[i])]
+    ready = [i for i in compacting if i not in deferred and i not in waited]
     share = len(ready) / len(compacting) * 100 if compacting else 0.0
     per_100 = report.summary_calls * 100 / report.turns
     print(f"\n== {args.step} + fifo, {report.mode} ==")
@@ -331,11 +356,11 @@ def print_report(report: Report, baseline: Report | None, args: argparse.Namespa
     print(
         f"compacting requests: {len(compacting)}; served from a ready summary: {len(ready)} "
         f"({share:.1f} %); sent whole while the summary was made: {len(deferred)}; "
-        f"waited for it: {waited}"
+        f"waited for it: {len(waited)}"
     )
 
     def added(run: Report, indices: list[int]) -> list[float]:
-        return [(run.samples[i].latency - args.model_delay) * 1000 for i in indices]
+        return [(run.samples[i].latency - run.model_delay) * 1000 for i in indices]
 
     print(f"added latency, compacting from a ready summary: {_ms(added(report, ready))}")
     if baseline is not None:
@@ -364,8 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--step", choices=("compaction", "sandwich", "summarize_old"), default="compaction"
     )
-    parser.add_argument("--model-delay", type=float, default=0.03)
-    parser.add_argument("--summary-delay", type=float, default=0.15)
+    parser.add_argument("--model-delay", type=float, default=0.1)
+    parser.add_argument("--summary-delay", type=float, default=0.3)
     parser.add_argument("--tool-delay", type=float, default=0.02)
     parser.add_argument("--lookahead", type=float, default=2.0, help="summaries.lookahead_requests")
     parser.add_argument("--compare", action="store_true", help="also run without precompute")

@@ -49,9 +49,9 @@ class Case:
 
 CASES: tuple[Case, ...] = (
     Case("small", "small (3 messages), non-streaming, c=1", "small", "fixed", False, 1, PEERS,
-         Load(250, 5), Load(60, 2)),
+         Load(200, 4), Load(60, 2)),
     Case("small-stream", "small, streaming, c=1", "small", "fixed", True, 1, PEERS,
-         Load(250, 5), Load(60, 2)),
+         Load(200, 4), Load(60, 2)),
     Case("small-c32", "small, non-streaming, c=32", "small", "fixed", False, 32, PEERS,
          Load(50_000, 2.0), Load(50_000, 0.75)),
     Case("small-stream-c32", "small, streaming, c=32", "small", "fixed", True, 32, PEERS,

@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="do not profile missed targets with py-spy")
     parser.add_argument("--profile-seconds", type=float, default=None,
                         help="seconds of load per profiled miss (default 6, quick 3)")
-    parser.add_argument("--max-minutes", type=float, default=9,
+    parser.add_argument("--max-minutes", type=float, default=8,
                         help="once the targets are up, start no new batch after this many "
-                        "minutes (default 9; a first LiteLLM install comes on top)")
+                        "minutes (default 8; a first LiteLLM install comes on top)")
     parser.add_argument("--keep-workdir", action="store_true",
                         help="keep the temporary directory with configs and process logs")
     return parser

@@ -77,6 +77,7 @@ log = logging.getLogger("compactgate")
 access_log = logging.getLogger("compactgate.access")
 
 CHAT_PATH = "/v1/chat/completions"
+INTERNAL_ERROR = "The gateway failed on this request; it has been logged with the request id."
 IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
 SHUTTING_DOWN = "The gateway is shutting down and could not finish this response; retry it."
 STREAM_TAIL_BYTES = 8192  # the end of a stream is kept to read its usage chunk
@@ -258,6 +259,9 @@ class ChatCompletions:
                 exchange.status = 499
             else:  # the server's shutdown deadline passed: end the response cleanly
                 await self.report(watcher, exchange, GatewayError(SHUTTING_DOWN))
+        except Exception:  # noqa: BLE001 - the one last-resort boundary: a bug, never client input
+            log.exception("request %s: internal error", exchange.request_id)
+            await self.report(watcher, exchange, GatewayError(INTERNAL_ERROR))
         finally:
             watcher.stop()
             gw.metrics.inflight.dec()

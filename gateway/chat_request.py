@@ -247,7 +247,7 @@ def _marks(value: Any, index: int) -> Marks:
     ):
         raise InvalidRequestError(f"{where}.priority must be 1, 2 or 3.", param=f"{where}.priority")
     kind = value.get("type")
-    if kind is not None and kind not in KINDS:
+    if kind is not None and (not isinstance(kind, str) or kind not in KINDS):
         raise InvalidRequestError(
             f"{where}.type must be one of {', '.join(sorted(KINDS))}.", param=f"{where}.type"
         )

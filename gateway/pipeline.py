@@ -37,6 +37,7 @@ from .tokens import PRIMING_TOKENS
 log = logging.getLogger("compactgate.pipeline")
 
 MAX_SUMMARY_ROUNDS = 8  # links of a rolling summary fetched one after the other
+EXPANSION_MAX_SHARE = 0.1  # the expansion tools may take at most this share of a window
 OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
 
 
@@ -128,15 +129,16 @@ class Pipeline:
         return Budget(
             context_window=window,
             reserved_output=reserve,
-            fixed_tokens=tools_tokens + PRIMING_TOKENS + self._margin + self.expansion_tokens(route),
+            fixed_tokens=tools_tokens + PRIMING_TOKENS + self._margin + self.expansion_tokens(route, window),
             trigger_ratio=config.trigger_ratio,
             target_ratio=config.target_ratio,
         )
 
-    def expansion_tokens(self, route: Route) -> int:
+    def expansion_tokens(self, route: Route, window: int | None) -> int:
         """What the expansion tools and their system line cost, when this route may add them.
 
-        Reserved up front: they are added after the chain ran, so the chain must leave room.
+        Reserved up front: they are added after the chain ran, so the chain must leave room. A
+        window too small to spare `EXPANSION_MAX_SHARE` of itself for them gets no tools (0).
         """
         cache = self._tool_outputs
         if cache is None or not cache.config.expand:
@@ -149,6 +151,8 @@ class Pipeline:
                 note = {"role": "system", "content": cache.system_note()}
                 cost = route.counter.tools(cache.tool_definitions()) + route.counter.message(note)
             self._expansion_cost[route.name] = cost
+        if window is None or cost > window * EXPANSION_MAX_SHARE:
+            return 0
         return cost
 
     def conversation(self, request: ChatRequest, route: Route) -> Conversation:
@@ -225,6 +229,7 @@ class Pipeline:
             payload = request.forward_payload(forwarded_messages, rename, inject)
             expandable = bool(
                 chain is not None and chain.stored and self._tool_outputs is not None
+                and budget is not None and self.expansion_tokens(route, budget.context_window)
                 and self._tool_outputs.config.expand and applicable(payload, self._tool_outputs.names)
             )
             if expandable:
