@@ -160,7 +160,8 @@ async def run_agent(
         raw = orjson.dumps(body)
         seq = str(len(result.samples))
         started = time.perf_counter()
-        response = await client.post("/chat/completions", content=raw, headers={"x-bench-seq": seq})
+        headers = {"x-bench-seq": seq, "x-request-id": f"bench-{seq}"}
+        response = await client.post("/chat/completions", content=raw, headers=headers)
         latency = time.perf_counter() - started
         response.raise_for_status()
         result.samples.append(
@@ -237,7 +238,9 @@ async def start_gateway(
             await asyncio.sleep(0.1)
 
 
-def config_for(upstream_port: int, step: str, mode: str, lookahead: float) -> dict[str, Any]:
+def config_for(
+    upstream_port: int, step: str, mode: str, lookahead: float, events: Path
+) -> dict[str, Any]:
     """`mode`: precompute | no-precompute | fifo (the baseline: no summaries at all)."""
     step_config: dict[str, Any] = {"type": step}
     step_config["summary_length" if step == "summarize_old" else "summary_tokens"] = 500
@@ -254,6 +257,7 @@ def config_for(upstream_port: int, step: str, mode: str, lookahead: float) -> di
         ],
         "policies": {"agent": {"steps": steps}},
         "summaries": {"precompute": mode == "precompute", "lookahead_requests": lookahead},
+        "events": {"path": str(events)},  # one line per compacted request, with step details
     }
 
 
@@ -283,6 +287,7 @@ class Report:
     model_delay: float
     summary_ends: list[float]
     over: int  # the summarising step's threshold, as x-compactgate-tokens-before counts
+    states: dict[int, str]  # request index -> the summarising step's summary state (event log)
 
 
 async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Report:
@@ -295,7 +300,8 @@ async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Repor
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     upstream_port = runner.addresses[0][1]
-    config = config_for(upstream_port, args.step, mode, args.lookahead)
+    events = directory / f"events-{mode}.jsonl"
+    config = config_for(upstream_port, args.step, mode, args.lookahead, events)
     process, port, _ = await start_gateway(config, directory)
     try:
         base = f"http://127.0.0.1:{port}/v1"
@@ -318,7 +324,22 @@ async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Repor
         model_delay,
         upstream.summary_ends,
         over,
+        _summary_states(events, args.step),
     )
+
+
+def _summary_states(events: Path, step: str) -> dict[int, str]:
+    """From the event log: `ready`, or `partial, ...` (an earlier summary, the rest verbatim)."""
+    states: dict[int, str] = {}
+    if not events.exists():
+        return states
+    for line in events.read_bytes().splitlines():
+        event = orjson.loads(line)
+        request_id = str(event.get("request_id", ""))
+        for report in event.get("steps", []):
+            if report.get("type") == step and request_id.startswith("bench-"):
+                states[int(request_id[6:])] = str(report.get("summary", ""))
+    return states
 
 
 def _ms(values: list[float]) -> str:
@@ -345,6 +366,7 @@ def print_report(report: Report, baseline: Report | None, args: argparse.Namespa
     deferred = [i for i in compacting if samples[i].steps == "none"]
     waited = [i for i in compacting if i not in deferred and waited_for_summary(samples[i])]
     ready = [i for i in compacting if i not in deferred and i not in waited]
+    earlier = [i for i in ready if report.states.get(i, "ready").startswith("partial")]
     share = len(ready) / len(compacting) * 100 if compacting else 0.0
     per_100 = report.summary_calls * 100 / report.turns
     print(f"\n== {args.step} + fifo, {report.mode} ==")
@@ -357,6 +379,10 @@ def print_report(report: Report, baseline: Report | None, args: argparse.Namespa
         f"compacting requests: {len(compacting)}; served from a ready summary: {len(ready)} "
         f"({share:.1f} %); sent whole while the summary was made: {len(deferred)}; "
         f"waited for it: {len(waited)}"
+    )
+    print(
+        f"  of those served from a ready summary, {len(earlier)} used the summary so far while "
+        "the newest part was being made (the rest of the history verbatim; it fit)"
     )
 
     def added(run: Report, indices: list[int]) -> list[float]:

@@ -33,11 +33,6 @@ from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
 
-# Hypothesis' failure report imports mypy_extensions, which warns; with filterwarnings=error that
-# would hide the falsifying example behind an INTERNALERROR.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
-)
 
 MAX_BODY = 40 * 1024 * 1024
 MODELS = ("big", "tiny", "tiny-summary", "tiny-error", "tiny-tiktoken")
@@ -323,7 +318,7 @@ def check(
     )
     relayed = "x-compactgate-steps" in response.headers
     assert response.status_code < 500 or relayed, (
-        f"gateway {response.status_code}: {response.text[:500]}"
+        f"gateway {response.status_code}: {response.text[:500]}\n{gateway.output()[-4000:]}"
     )
     if response.status_code >= 400 and not relayed:
         error = response.json()["error"]
