@@ -20,7 +20,6 @@ from .errors import InvalidRequestError
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 KINDS = frozenset({"message", "code", "plan_ref", "log", "other"})
 EXTENSION = "compactgate"
-MAX_DEPTH = 254  # levels of JSON nesting orjson can serialise
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +71,6 @@ def parse_chat_request(body: bytes, max_messages: int) -> ChatRequest:
         raise InvalidRequestError(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
-    _check_nesting(body, payload)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequestError(
@@ -121,21 +119,6 @@ def parse_chat_request(body: bytes, max_messages: int) -> ChatRequest:
         max_output=max_output,
         include_usage=include_usage,
     )
-
-
-def _check_nesting(body: bytes, payload: dict[str, Any]) -> None:
-    """Refuse what could not be forwarded once changed: orjson reads 1024 levels of nesting
-    (deeper is a JSONDecodeError, above) but writes only MAX_DEPTH, so a body nested between the
-    two would fail as a 500 when compaction re-serialises it. Checked by serialising, which is
-    C speed, and only when the body has enough brackets to be that deep."""
-    if body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
-        return
-    try:
-        orjson.dumps(payload)
-    except orjson.JSONEncodeError:
-        raise InvalidRequestError(
-            f"The request body is nested too deeply (at most {MAX_DEPTH} levels)."
-        ) from None
 
 
 def _check_message(message: Any, index: int) -> None:

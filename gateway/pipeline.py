@@ -223,7 +223,7 @@ class Pipeline:
             if rename is None and not request.has_extension and not inject:
                 body = request.body
             else:
-                body = orjson.dumps(request.forward_payload(None, rename, inject))
+                body = serialise(request.forward_payload(None, rename, inject))
             sent = request.messages
         else:
             payload = request.forward_payload(forwarded_messages, rename, inject)
@@ -235,7 +235,7 @@ class Pipeline:
             if expandable:
                 assert self._tool_outputs is not None
                 payload = with_tools(payload, self._tool_outputs)
-            body = orjson.dumps(payload)
+            body = serialise(payload)
             sent = forwarded_messages
         counts: dict[str, int] = {}
         for message in (result if not observe else conversation).messages:
@@ -351,3 +351,12 @@ def _system_text(request: ChatRequest) -> str | None:
 def _status(answers: Mapping[bytes, SummaryAnswer], request: SummaryRequest) -> str:
     answer = answers.get(request.canonical())
     return answer.status if answer is not None else "failed"
+
+
+def serialise(payload: Mapping[str, Any]) -> bytes:
+    """The body to forward. orjson reads 1024 levels of nesting but writes fewer: a body between
+    the two can only be refused here, when it has to be written again (passthrough never is)."""
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequestError(f"The request body cannot be forwarded once changed: {exc}.") from None
