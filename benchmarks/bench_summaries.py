@@ -92,6 +92,8 @@ class Upstream:
         raw = await request.read()
         payload = orjson.loads(raw)
         messages = payload.get("messages") or [{}]
+        # A summary is used when an agent call carries it, or a later summary extends it.
+        self.used.update(int(n) for n in _USED.findall(raw.decode()))
         if messages[0].get("content") == SYSTEM_PROMPT:
             self.summaries += 1
             number = self.summaries
@@ -101,7 +103,6 @@ class Upstream:
         else:
             self.calls += 1
             self.arrivals[request.headers.get("x-bench-seq", "")] = time.perf_counter()
-            self.used.update(int(n) for n in _USED.findall(raw.decode()))
             await asyncio.sleep(self.model_delay)
             text = "Working on it."
         prompt = estimate_prompt_tokens(payload)  # what a provider would report, chars/4

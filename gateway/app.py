@@ -32,7 +32,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
-from .calibration import Calibration, prompt_tokens_from_json, prompt_tokens_from_sse
 from . import admin
 from .asgi import (
     ClientDisconnected,
@@ -47,30 +46,32 @@ from .asgi import (
     send_json,
 )
 from .auth import Authenticator, Identity
+from .calibration import Calibration, prompt_tokens_from_json, prompt_tokens_from_sse
 from .chat_request import ChatRequest, parse_chat_request
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
-from .events import EventLog, reward
 from .errors import (
     ContextLengthExceededError,
     GatewayError,
     ModelNotFoundError,
     NotFoundError,
+    ShuttingDownError,
     UpstreamError,
     UpstreamTimeoutError,
 )
+from .events import EventLog, reward
+from .expansion import Expansion
 from .limits import ConcurrencyLimits, register_gauges
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
 from .retry import send_with_retries
-from .sse import UsageStripper
 from .routing import Route, Router
-from .expansion import Expansion
+from .sse import UsageStripper
 from .stores import open_store
-from .tool_outputs import ToolOutputCache
 from .summaries import Precompute, SummaryService
 from .summarizer import Summarizer
 from .tokens import PRIMING_TOKENS
+from .tool_outputs import ToolOutputCache
 from .upstream import UpstreamClient, UpstreamResponse, forward_headers, passthrough_path
 
 log = logging.getLogger("compactgate")
@@ -258,7 +259,7 @@ class ChatCompletions:
             if watcher.disconnected:
                 exchange.status = 499
             else:  # the server's shutdown deadline passed: end the response cleanly
-                await self.report(watcher, exchange, GatewayError(SHUTTING_DOWN))
+                await self.report(watcher, exchange, ShuttingDownError(SHUTTING_DOWN))
         except Exception:  # noqa: BLE001 - the one last-resort boundary: a bug, never client input
             log.exception("request %s: internal error", exchange.request_id)
             await self.report(watcher, exchange, GatewayError(INTERNAL_ERROR))

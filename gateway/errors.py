@@ -15,7 +15,8 @@ code. The hierarchy:
     ├── TooManyRequestsError         429 rate_limit_error (per-tenant concurrency)
     ├── UpstreamError                502 upstream_error
     │   └── UpstreamUnreachableError    code upstream_unreachable
-    └── UpstreamTimeoutError         504 upstream_timeout
+    ├── UpstreamTimeoutError         504 upstream_timeout
+    └── ShuttingDownError            503 (the shutdown deadline ended a response)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
 unchanged (R1.1).
@@ -117,6 +118,10 @@ class UpstreamTimeoutError(GatewayError):
     """The upstream did not answer (or stalled) within the configured timeout."""
 
 
+class ShuttingDownError(GatewayError):
+    """The server's shutdown deadline passed before this response could finish."""
+
+
 # class -> (status, type, default code). Subclasses not listed inherit their parent's row.
 ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     GatewayError: (500, "server_error", None),
@@ -132,6 +137,7 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     UpstreamError: (502, "upstream_error", "bad_gateway"),
     UpstreamUnreachableError: (502, "upstream_error", "upstream_unreachable"),
     UpstreamTimeoutError: (504, "upstream_error", "upstream_timeout"),
+    ShuttingDownError: (503, "server_error", "shutting_down"),
 }
 
 

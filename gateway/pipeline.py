@@ -11,32 +11,43 @@ sent (the original is, and a metric counts it).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
-from policies import Budget, ChainResult, Conversation, Env, Message, StepReport, StoredOutput, run_chain
+from policies import (
+    Budget,
+    ChainResult,
+    Conversation,
+    Env,
+    Message,
+    StepReport,
+    StoredOutput,
+    run_chain,
+)
 from policies.invariants import check, check_tool_pairs
 from policies.pinning import apply_pin_rules
 from policies.rollup import SummarisingConfig as Summarising
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
 from .chat_request import ChatRequest
-from .expansion import applicable, with_tools
-from .tool_outputs import ToolOutputCache
 from .errors import ContextLengthExceededError, InvalidRequestError
+from .expansion import applicable, with_tools
 from .metrics import Metrics
+from .prefix import PrefixCounts
 from .routing import Route
 from .tokens import PRIMING_TOKENS
+from .tool_outputs import ToolOutputCache
 
 log = logging.getLogger("compactgate.pipeline")
 
 MAX_SUMMARY_ROUNDS = 8  # links of a rolling summary fetched one after the other
+MAX_MEMO_REFS = 4096  # tool-output refs remembered per process
 EXPANSION_MAX_SHARE = 0.1  # the expansion tools may take at most this share of a window
 OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
 
@@ -109,6 +120,8 @@ class Pipeline:
         self._summary_source = summary_source  # (route, tenant) -> the chain's summary source
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
+        self._prefix = PrefixCounts()
+        self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._metrics = metrics
         self._margin = safety_margin
         self._clamp = clamp_max_tokens
@@ -155,12 +168,18 @@ class Pipeline:
             return 0
         return cost
 
-    def conversation(self, request: ChatRequest, route: Route) -> Conversation:
-        count = route.counter.message
+    def conversation(self, request: ChatRequest, route: Route, tenant: str = "") -> Conversation:
+        counts = self._prefix.counts(
+            f"{tenant}|{route.name}",
+            route.counter.tokenizer.name,
+            request.messages,
+            route.counter.message,
+            len(request.body),
+        )
         messages = tuple(
                 Message(
                     data=data,
-                    tokens=count(data),
+                    tokens=counts[i],
                     pin=marks.pin,
                     priority=marks.priority,
                     kind=marks.kind,
@@ -172,10 +191,19 @@ class Pipeline:
 
     def env(self, route: Route, tenant: str, summaries: DictSummaries) -> Env:
         secret = self.ref_secret + tenant.encode()
+        refs = self._refs
 
         def ref_for(text: str) -> str:
-            digest = hmac.new(secret, text.encode("utf-8", "surrogatepass"), hashlib.blake2b).hexdigest()
-            return "ref_" + digest[:24]
+            # Memoised: the same outputs are masked again on every turn of a conversation.
+            key = (tenant, text)
+            ref = refs.get(key)
+            if ref is None:
+                data = text.encode("utf-8", "surrogatepass")
+                ref = "ref_" + hmac.digest(secret, data, "sha256").hex()[:24]
+                refs[key] = ref
+                if len(refs) > MAX_MEMO_REFS:
+                    refs.popitem(last=False)
+            return ref
 
         return Env(
             count=route.counter.message,
@@ -200,7 +228,7 @@ class Pipeline:
         `headers` are the client's request headers; summaries missing from the store are
         computed with its credential. Without them only stored summaries are used (plan).
         """
-        conversation = self.conversation(request, route)
+        conversation = self.conversation(request, route, tenant)
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         tokens_before = conversation.tokens

@@ -64,6 +64,10 @@ MAX_ROUNDS = 16  # links of a rolling summary settled per precomputation
 GROWTH_REQUESTS = 3  # requests averaged when estimating how fast a conversation grows
 SEARCH_STEPS = 3  # bisection steps when predicting where the conversation crosses its trigger
 MAX_FAILURES_KEPT = 4096
+PACE_GAP_S = 300.0  # a longer pause between responses is not the session's pace
+MAX_PACES_KEPT = 10_000
+MAX_LOOKAHEAD_FACTOR = 4.0
+AVERAGE_WEIGHT = 0.3
 ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
 
 
@@ -157,6 +161,7 @@ class SummaryService:
         self._failed: dict[str, float] = {}
         self.local = LocalAnswers(config.local_cache_bytes)
         self.closed = False
+        self.summary_seconds: float | None = None  # running average of one summary's duration
 
     def source(self, route: Route, tenant: str) -> LocalSummaries:
         """A summary source for one chain run (the pipeline's `summary_source`)."""
@@ -266,7 +271,9 @@ class SummaryService:
             found = await self.cached(key)
             if found is not None:
                 return found
+            started = time.monotonic()
             answer = await self.summarizer.summarize(request, route, headers)
+            self.summary_seconds = _average(self.summary_seconds, time.monotonic() - started)
         except SummarizerError as error:
             self._note_failure(key)
             log.warning("summary for %s failed (%s): %s", request.purpose, error.outcome, error)
@@ -332,21 +339,23 @@ class Job:
     headers: tuple[tuple[bytes, bytes], ...]
     window: int | None
     sent: ChainResult | None = None  # what the request path decided (saves running it again)
+    lookahead: float = 2.0  # requests ahead of the crossing to start at
 
 
 class Precompute:
     """After a response, compute the summary the conversation will need at its trigger.
 
     Only past `precompute_ratio` of the budget, and only when the crossing is near: within
-    `lookahead_requests` times what a request adds (averaged over the last few). Predicting
+    `lookahead_requests` times what a request adds (averaged over the last few), or more
+    requests when summaries take longer than that many requests at this tenant's pace. Predicting
     further ahead would compute a summary per request that the next one no longer wants. The
     prediction runs the real chain on the conversation extended by a synthetic message of `x`
     tokens, about the smallest `x` (bisection) for which the chain asks for a summary the store
     does not have: "what would be summarised if the next messages pushed it over now".
     The synthetic message continues the current Turn when the client sends tools (an agent loop,
-    where the next request adds tool results), else it starts a new Turn. A prediction whose
-    range reaches the request's last message is dropped: the real range will also hold the
-    model's answer to it, which is not known yet.
+    where the next request adds tool results), and, in a second prediction, starts a new Turn.
+    A prediction whose range reaches the request's last message is dropped: the real range
+    will also hold the model's answer to it, which is not known yet.
     """
 
     def __init__(self, service: SummaryService, pipeline: Pipeline) -> None:
@@ -355,6 +364,7 @@ class Precompute:
         self.config = service.config
         self._slots = asyncio.Semaphore(self.config.background_concurrency)
         self._queued = 0
+        self._seen: OrderedDict[tuple[str, str], tuple[float, float | None]] = OrderedDict()
 
     def after_response(
         self,
@@ -379,8 +389,29 @@ class Precompute:
             log.debug("precompute queue full; skipped")
             return
         self._queued += 1
-        job = Job(request, route, tenant, tuple(headers), window, sent)
+        lookahead = self._lookahead(tenant, route)
+        job = Job(request, route, tenant, tuple(headers), window, sent, lookahead)
         self.service.spawn(self._run(job), name="precompute")
+
+    def _lookahead(self, tenant: str, route: Route) -> float:
+        """`lookahead_requests`, or more when a summary takes longer than that many requests.
+
+        The pace is this tenant's time between responses on this route (a running average);
+        a summary started `n` requests ahead is ready in time if it takes under `n` of them.
+        """
+        now = time.monotonic()
+        key = (tenant, route.name)
+        last, interval = self._seen.pop(key, (None, None))
+        if last is not None and now - last < PACE_GAP_S:
+            interval = _average(interval, now - last)
+        self._seen[key] = (now, interval)
+        if len(self._seen) > MAX_PACES_KEPT:
+            self._seen.popitem(last=False)
+        base = self.config.lookahead_requests
+        took = self.service.summary_seconds
+        if took is None or not interval:
+            return base
+        return min(base * MAX_LOOKAHEAD_FACTOR, max(base, took / interval + 1))
 
     def _past_point(self, prepared: Prepared) -> bool:
         budget, chain = prepared.budget, prepared.chain
@@ -412,12 +443,24 @@ class Precompute:
         if base.pending:
             return []  # the request itself is waiting for or computing these
         sent = base.tokens_after
-        reach = min(
-            budget.limit - sent, int(self.config.lookahead_requests * _growth(conversation))
-        )
+        reach = min(budget.limit - sent, int(job.lookahead * _growth(conversation)))
         if sent < point or reach <= 0:
             return []
-        filler = self._filler(request)
+        computed: list[SummaryRequest] = []
+        for filler in self._fillers(request):
+            computed += await self._predict(job, conversation, budget, known, filler, reach)
+        return computed
+
+    async def _predict(
+        self,
+        job: Job,
+        conversation: Conversation,
+        budget: Budget,
+        known: DictSummaries,
+        filler: Message,
+        reach: int,
+    ) -> list[SummaryRequest]:
+        """Compute what the chain asks for when `filler` (at most `reach` tokens) crosses."""
         probe = await self._settle(job, _extended(conversation, filler, reach), budget, known)
         if not probe.pending:
             return []  # not crossing within the next requests, or already in the store
@@ -435,13 +478,15 @@ class Precompute:
             job, _extended(conversation, filler, high), budget, known
         )
 
-    def _filler(self, request: ChatRequest) -> Message:
-        role = (
-            "assistant"
+    def _fillers(self, request: ChatRequest) -> list[Message]:
+        """What may come next: more of this Turn (an agent loop, the client sends tools), and a
+        new Turn. A prediction that needs the model's coming answer is dropped later."""
+        roles = (
+            ["assistant", "user"]
             if request.payload.get("tools") or request.payload.get("functions")
-            else "user"
+            else ["user"]
         )
-        return Message(data={"role": role, "content": ""}, tokens=0)
+        return [Message(data={"role": role, "content": ""}, tokens=0) for role in roles]
 
     async def _settle(
         self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
@@ -483,6 +528,10 @@ class Precompute:
                     return computed
                 known.answers[summary_request.canonical()] = answer
         return computed
+
+
+def _average(current: float | None, value: float) -> float:
+    return value if current is None else current + AVERAGE_WEIGHT * (value - current)
 
 
 def _summarises(step: object) -> bool:

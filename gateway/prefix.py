@@ -1,0 +1,90 @@
+"""Token counts of the previous request of each conversation, reused for its unchanged prefix.
+
+A client resends the whole history every turn. Hashing every message to find its cached count
+(`tokens.CountCache`) still costs about half a millisecond on a 200-message agent request; here
+the previous request's message dicts are kept per conversation and compared with `==` (C-speed
+string compares), so only the messages after the first difference are counted at all. Equal
+dicts give equal counts, so a wrong match is impossible: two conversations that share a key
+only cost each other a recount.
+
+Bounded by conversations and by the bytes of the requests they hold; keyed by tenant, route and
+the opening messages, never by Python's `hash()` of content across processes (this is a
+per-process memo; the count cache below it is what workers could share).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAX_CONVERSATIONS = 512
+MAX_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Entry:
+    tokenizer: str
+    messages: Sequence[Mapping[str, Any]]
+    counts: list[int]
+    size: int
+
+
+class PrefixCounts:
+    def __init__(self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES) -> None:
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._max = max_conversations
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self.reused = 0  # messages whose count came from the previous request
+
+    def counts(
+        self,
+        scope: str,
+        tokenizer: str,
+        messages: Sequence[Mapping[str, Any]],
+        count: Callable[[Mapping[str, Any]], int],
+        size: int,
+    ) -> list[int]:
+        """Per-message counts of `messages`; `size` is the request's byte size (for the bound)."""
+        key = _key(scope, messages)
+        entry = self._entries.get(key)
+        same = 0
+        if entry is not None and entry.tokenizer == tokenizer:
+            old = entry.messages
+            limit = min(len(old), len(messages))
+            while same < limit and messages[same] == old[same]:
+                same += 1
+            counts = entry.counts[:same]
+        else:
+            counts = []
+        self.reused += same
+        counts.extend(count(m) for m in messages[same:])
+        self._store(key, _Entry(tokenizer, messages, counts, size))
+        return counts
+
+    def _store(self, key: bytes, entry: _Entry) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= old.size
+        if entry.size > self._max_bytes:
+            return
+        self._entries[key] = entry
+        self._bytes += entry.size
+        while len(self._entries) > self._max or self._bytes > self._max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= dropped.size
+
+
+def _key(scope: str, messages: Sequence[Mapping[str, Any]]) -> bytes:
+    digest = hashlib.sha256(scope.encode())
+    for message in messages[:2]:
+        try:
+            digest.update(orjson.dumps(message))
+        except orjson.JSONEncodeError:
+            digest.update(repr(message).encode())
+    return digest.digest()

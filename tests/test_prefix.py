@@ -1,0 +1,51 @@
+"""Reusing the previous request's counts for an unchanged prefix (gateway/prefix.py)."""
+
+from __future__ import annotations
+
+from gateway.prefix import PrefixCounts
+from gateway.tokenizers import load_tokenizer
+from gateway.tokens import CountCache, MessageCounter
+
+
+def history(n: int) -> list[dict[str, object]]:
+    return [{"role": "system", "content": "sys"}] + [
+        {"role": "user" if i % 2 else "assistant", "content": f"message {i} " * 20} for i in range(n)
+    ]
+
+
+def test_counts_equal_a_fresh_count_and_only_new_messages_are_counted() -> None:
+    counter = MessageCounter(load_tokenizer("tiktoken:o200k_base"), CountCache(0))
+    calls: list[object] = []
+
+    def count(message: object) -> int:
+        calls.append(message)
+        return counter.message(message)  # type: ignore[arg-type]
+
+    memo = PrefixCounts()
+    first = history(50)
+    assert memo.counts("t|m", counter.tokenizer.name, first, count, 10_000) == [counter.message(m) for m in first]
+    calls.clear()
+    second = [*history(50), {"role": "user", "content": "one more"}]
+    assert memo.counts("t|m", counter.tokenizer.name, second, count, 10_000) == [counter.message(m) for m in second]
+    assert calls == [{"role": "user", "content": "one more"}]
+    # an edited earlier message is recounted from there on
+    third = [dict(m) for m in second]
+    third[10]["content"] = "changed"
+    calls.clear()
+    assert memo.counts("t|m", counter.tokenizer.name, third, count, 10_000) == [counter.message(m) for m in third]
+    assert len(calls) == len(third) - 10
+
+
+def test_scopes_and_tokenizers_never_share_counts() -> None:
+    memo = PrefixCounts()
+    messages = history(5)
+    assert memo.counts("a|m", "chars:4", messages, lambda m: 1, 100) == [1] * 6
+    assert memo.counts("b|m", "chars:4", messages, lambda m: 2, 100) == [2] * 6
+    assert memo.counts("a|m", "chars:2", messages, lambda m: 3, 100) == [3] * 6
+
+
+def test_memory_is_bounded() -> None:
+    memo = PrefixCounts(max_conversations=3, max_bytes=1000)
+    for i in range(10):
+        memo.counts(f"t{i}|m", "chars:4", history(2), lambda m: 1, 300)
+    assert len(memo._entries) <= 3 and memo._bytes <= 1000
