@@ -168,16 +168,26 @@ class Pipeline:
             return 0
         return cost
 
-    def conversation(self, request: ChatRequest, route: Route, tenant: str = "") -> Conversation:
-        counts = self._prefix.counts(
+    def counts(self, request: ChatRequest, route: Route, tenant: str) -> list[int]:
+        """Per-message counts; the unchanged prefix of a conversation is not counted again.
+
+        Event-loop only (the prefix memo is not thread-safe).
+        """
+        return self._prefix.counts(
             f"{tenant}|{route.name}",
             route.counter.tokenizer.name,
             request.messages,
             route.counter.message,
             len(request.body),
         )
+
+    def conversation(
+        self, request: ChatRequest, route: Route, counts: Sequence[int] | None = None
+    ) -> Conversation:
+        if counts is None:
+            counts = [route.counter.message(m) for m in request.messages]
         messages = tuple(
-                Message(
+            Message(
                     data=data,
                     tokens=counts[i],
                     pin=marks.pin,
@@ -228,9 +238,12 @@ class Pipeline:
         `headers` are the client's request headers; summaries missing from the store are
         computed with its credential. Without them only stored summaries are used (plan).
         """
-        conversation = self.conversation(request, route, tenant)
+        counts = self.counts(request, route, tenant)
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
+        if not force and self._plainly_fits(sum(counts), budget, route):
+            return self._unchanged(request, route, counts, tools_tokens, budget, observe)
+        conversation = self.conversation(request, route, counts)
         tokens_before = conversation.tokens
         chain: ChainResult | None = None
         if budget is not None:
@@ -285,6 +298,54 @@ class Pipeline:
             injected_usage=inject,
             expandable=expandable,
             priority_preserved=len(important & kept) / len(important) if important else 1.0,
+        )
+
+    def _plainly_fits(self, tokens: int, budget: Budget | None, route: Route) -> bool:
+        """Under the trigger, and under the precompute point where a summary may be needed:
+        the request goes as it is, and no conversation model needs to be built."""
+        if budget is None:
+            return True
+        if budget.limit <= 0 or tokens > budget.trigger:
+            return False
+        summarising = any(isinstance(getattr(s, "config", None), Summarising) for s in route.policy.steps)
+        return not summarising or tokens < route.policy_config.precompute_ratio * budget.limit
+
+    def _unchanged(
+        self,
+        request: ChatRequest,
+        route: Route,
+        counts: Sequence[int],
+        tools_tokens: int,
+        budget: Budget | None,
+        observe: bool,
+    ) -> Prepared:
+        """The fast path: forward the client's own bytes (or a rename of them)."""
+        rename = route.upstream_model if route.renamed else None
+        inject = self._inject_usage and request.stream and not request.include_usage and not observe
+        if rename is None and not request.has_extension and not inject:
+            body = request.body
+        else:
+            body = serialise(request.forward_payload(None, rename, inject))
+        roles: dict[str, int] = {}
+        system = 0
+        for message, tokens in zip(request.messages, counts, strict=True):
+            role = message.get("role", "")
+            roles[role] = roles.get(role, 0) + 1
+            if role in ("system", "developer"):
+                system += tokens
+        total = sum(counts) + tools_tokens + PRIMING_TOKENS
+        return Prepared(
+            route=route,
+            body=body,
+            tokens_before=total,
+            tokens_after=total,
+            budget=budget,
+            chain=None,
+            counts_by_role=roles,
+            tokens_by_region={"system": system, "tools": tools_tokens, "history": sum(counts) - system},
+            messages=request.messages,
+            observe=observe,
+            injected_usage=inject,
         )
 
     def tools_tokens(self, request: ChatRequest, route: Route) -> int:

@@ -446,9 +446,15 @@ class Precompute:
         reach = min(budget.limit - sent, int(job.lookahead * _growth(conversation)))
         if sent < point or reach <= 0:
             return []
-        computed: list[SummaryRequest] = []
-        for filler in self._fillers(request):
-            computed += await self._predict(job, conversation, budget, known, filler, reach)
+        same_turn, new_turn = self._fillers(request)
+        if same_turn is not None:
+            computed, moved = await self._predict(
+                job, conversation, budget, known, same_turn, reach, base
+            )
+            if moved:
+                return computed
+        # This Turn will not move the cut (or no Turn is under way): the next Turn might.
+        computed, _ = await self._predict(job, conversation, budget, known, new_turn, reach, base)
         return computed
 
     async def _predict(
@@ -459,11 +465,14 @@ class Precompute:
         known: DictSummaries,
         filler: Message,
         reach: int,
-    ) -> list[SummaryRequest]:
-        """Compute what the chain asks for when `filler` (at most `reach` tokens) crosses."""
+        base: ChainResult,
+    ) -> tuple[list[SummaryRequest], bool]:
+        """Compute what the chain asks for when `filler` (at most `reach` tokens) crosses; and
+        whether the filler moves a summarised range at all (stored already or not)."""
         probe = await self._settle(job, _extended(conversation, filler, reach), budget, known)
+        moved = _summarised(probe, job.route) != _summarised(base, job.route)
         if not probe.pending:
-            return []  # not crossing within the next requests, or already in the store
+            return [], moved  # not crossing within the next requests, or already stored
         low, high = 0, reach
         for _ in range(SEARCH_STEPS):
             middle = (low + high) // 2
@@ -474,19 +483,15 @@ class Precompute:
                 high = middle
             else:
                 low = middle
-        return await self._settle_computing(
-            job, _extended(conversation, filler, high), budget, known
-        )
+        extended = _extended(conversation, filler, high)
+        return await self._settle_computing(job, extended, budget, known), True
 
-    def _fillers(self, request: ChatRequest) -> list[Message]:
-        """What may come next: more of this Turn (an agent loop, the client sends tools), and a
+    def _fillers(self, request: ChatRequest) -> tuple[Message | None, Message]:
+        """What may come next: more of this Turn (an agent loop: the client sends tools), or a
         new Turn. A prediction that needs the model's coming answer is dropped later."""
-        roles = (
-            ["assistant", "user"]
-            if request.payload.get("tools") or request.payload.get("functions")
-            else ["user"]
-        )
-        return [Message(data={"role": role, "content": ""}, tokens=0) for role in roles]
+        agent = bool(request.payload.get("tools") or request.payload.get("functions"))
+        same = Message(data={"role": "assistant", "content": ""}, tokens=0) if agent else None
+        return same, Message(data={"role": "user", "content": ""}, tokens=0)
 
     async def _settle(
         self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
@@ -528,6 +533,12 @@ class Precompute:
                     return computed
                 known.answers[summary_request.canonical()] = answer
         return computed
+
+
+def _summarised(result: ChainResult, route: Route) -> list[tuple[str, int]]:
+    """Messages each summarising step replaced: it changes only when a range moves."""
+    summarising = {step.type for step in route.policy.steps if _summarises(step)}
+    return [(r.type, r.messages_removed) for r in result.steps if r.type in summarising]
 
 
 def _average(current: float | None, value: float) -> float:
