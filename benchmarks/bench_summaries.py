@@ -14,7 +14,8 @@ summaries) as the baseline for latency; `--compare` adds a run without precomput
 
 Printed per summarising run:
 
-* summariser calls per 100 Turns, and how many of the summaries were never used;
+* summariser calls per 100 Turns, and how many summaries were never used (neither carried by
+  an agent call nor extended by a later summary);
 * compacting requests (over the summarising step's threshold) and the share served from a ready
   summary: compacted without waiting for a summary call (one that came back while the request
   was in the gateway, just before the request went on). The others were sent whole while their

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
-from . import admin
+from . import admin, litellm_upstream
 from .asgi import (
     ClientDisconnected,
     DisconnectWatcher,
@@ -140,6 +140,8 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()
+        if any(m.upstream.provider == "litellm" for m in self.config.models):
+            await litellm_upstream.warm_up()  # import it now, not on the first request
         self.pipeline.ref_secret = await self.shared_secret()
         try:
             yield
@@ -294,7 +296,9 @@ class ChatCompletions:
             request, route, tenant, window=gw.effective_window(route), observe=observe,
             headers=None if observe else scope["headers"],
         )
-        url = _upstream_url(route, "/chat/completions")
+        url = route.chat_url
+        if url is None:
+            raise NotFoundError(f"The model `{route.name}` has no chat upstream.")
         headers = forward_headers(scope["headers"], route.upstream.api_key, route.upstream.headers)
         while True:
             up_started = time.perf_counter()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from policies import Policy
 from policies.registry import build_step, parse_step_config
 
-from . import model_registry
+from . import litellm_upstream, model_registry
 from .config import Config, ModelConfig, PolicyConfig, RetryConfig, UpstreamConfig
 from .tokenizers import default_tokenizer_spec, load_tokenizer
 from .tokens import CountCache, MessageCounter
@@ -43,6 +43,15 @@ class Route:
     mode: str  # enforce | observe
     max_retries: int  # emergency retries after a context-window error
     retry: RetryConfig  # 429/5xx/connection retries
+
+    @property
+    def chat_url(self) -> str | None:
+        """Where chat completions go: the OpenAI-compatible URL, or litellm's scheme."""
+        if self.upstream.provider == "litellm":
+            return litellm_upstream.url_for(self.upstream.base_url)
+        if self.upstream.base_url is None:
+            return None
+        return self.upstream.base_url + "/chat/completions"
 
     @property
     def renamed(self) -> bool:

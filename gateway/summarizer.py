@@ -224,8 +224,9 @@ class Summarizer:
             if resolved is None:
                 raise SummarizerError(f"the summary model {request.model!r} is not configured")
             chosen = resolved
-        if chosen.upstream.base_url is None:
-            raise SummarizerError(f"the model {chosen.name!r} has no OpenAI-compatible upstream")
+        url = chosen.chat_url
+        if url is None:
+            raise SummarizerError(f"the model {chosen.name!r} has no chat upstream")
         credentials = [
             (k, v) for k, v in headers if k.decode("latin-1").lower() in CREDENTIAL_HEADERS
         ]
@@ -235,7 +236,6 @@ class Summarizer:
         if self._config.max_input_tokens is not None:
             window = min(window or self._config.max_input_tokens, self._config.max_input_tokens)
         deadline = asyncio.get_running_loop().time() + self._config.timeout_s
-        url = chosen.upstream.base_url + "/chat/completions"
         return Target(chosen, url, sent, window, deadline)
 
     async def _summarize(self, request: SummaryRequest, target: Target) -> SummaryAnswer:

@@ -20,6 +20,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 import aiohttp
 
+from . import litellm_upstream
 from .config import ServerConfig
 from .errors import (
     GatewayError,
@@ -141,6 +142,8 @@ class UpstreamClient:
         self, method: str, url: str, headers: Mapping[str, str], body: bytes | None
     ) -> UpstreamResponse:
         """Send a request and return once the response headers arrived."""
+        if url.startswith(litellm_upstream.SCHEME):
+            return await litellm_upstream.open_litellm(url, headers, body, self.timeouts.total)  # type: ignore[return-value]
         if self._session is None:
             await self.start()
         assert self._session is not None

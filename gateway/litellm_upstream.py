@@ -1,0 +1,139 @@
+"""Upstreams that need translation, through litellm (R1.2: "any provider litellm supports").
+
+litellm is imported on first use only (it costs seconds of start-up and hundreds of MB) and with
+its local model registry (no network at import). A route with `provider: litellm` gets the URL
+`litellm:<api_base>`; `UpstreamClient.open` hands such requests here, and this module answers
+with an object that behaves like `UpstreamResponse`: the status and body a client would have got
+from an OpenAI-compatible server (OpenAI JSON, or SSE events ending with `[DONE]`). So the chat
+path, the retries, the reactive path, the expansion rounds and the summariser treat it like any
+other upstream. litellm's exceptions become the gateway's own here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import openai
+import orjson
+
+from .errors import UpstreamTimeoutError, UpstreamUnreachableError
+
+SCHEME = "litellm:"
+_JSON = {"content-type": "application/json"}
+_SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+
+
+def url_for(api_base: str | None) -> str:
+    return SCHEME + (api_base or "")
+
+
+def _litellm() -> Any:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch it at import
+    import litellm
+
+    litellm.telemetry = False
+    litellm.suppress_debug_info = True  # no banners on our stdout
+    return litellm
+
+
+async def warm_up() -> None:
+    """Import litellm off the event loop (start-up of a config that has litellm routes)."""
+    await asyncio.to_thread(_litellm)
+
+
+class LitellmResponse:
+    """An answer shaped like `UpstreamResponse`."""
+
+    def __init__(self, status: int, body: bytes = b"", stream: Any = None) -> None:
+        self.status = status
+        self._body = body
+        self._stream = stream
+        self.headers: dict[str, str] = dict(_SSE if stream is not None else _JSON)
+        self._iterator: Any = None
+        self._finished = False
+
+    def relay_headers(self) -> list[tuple[bytes, bytes]]:
+        return [(k.encode(), v.encode()) for k, v in self.headers.items()]
+
+    @property
+    def content_type(self) -> str:
+        return self.headers["content-type"]
+
+    async def read(self) -> bytes:
+        if self._stream is None:
+            return self._body
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        if self._stream is None or self._finished and self._iterator is None:
+            if self._body:
+                yield self._body
+                self._body = b""
+            return
+        # Each call continues the one stream: the gateway peeks at the first chunk, then relays.
+        if self._iterator is None:
+            self._iterator = self._stream.__aiter__()
+        while not self._finished:
+            try:
+                chunk = await self._iterator.__anext__()
+            except StopAsyncIteration:
+                self._finished = True
+                yield b"data: [DONE]\n\n"
+                return
+            yield b"data: " + _dumps(chunk) + b"\n\n"
+
+    def close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None and hasattr(stream, "aclose"):
+            asyncio.ensure_future(stream.aclose())
+
+    def release(self) -> None:
+        self.close()
+
+
+async def open_litellm(url: str, headers: Mapping[str, str], body: bytes | None, timeout: float) -> LitellmResponse:
+    """Run one chat completion through litellm; errors come back as OpenAI-style responses."""
+    litellm = _litellm()
+    payload = orjson.loads(body or b"{}")
+    api_base = url.removeprefix(SCHEME) or None
+    authorization = headers.get("authorization", "")
+    api_key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else None
+    extra = {k: v for k, v in headers.items() if k.startswith("x-") and not k.startswith("x-compactgate")}
+    kwargs = {k: v for k, v in payload.items() if k not in ("model", "messages")}
+    try:
+        result = await litellm.acompletion(
+            model=payload.get("model"),
+            messages=payload.get("messages"),
+            api_base=api_base,
+            api_key=api_key,
+            extra_headers=extra or None,
+            timeout=timeout,
+            num_retries=0,
+            **kwargs,
+        )
+    except litellm.exceptions.Timeout as exc:
+        raise UpstreamTimeoutError(f"The upstream did not answer in time: {exc}") from None
+    except litellm.exceptions.APIConnectionError as exc:
+        raise UpstreamUnreachableError(f"The upstream could not be reached: {exc}") from None
+    except litellm.exceptions.ContextWindowExceededError as exc:
+        return LitellmResponse(400, _error(exc, "context_length_exceeded"))
+    except (openai.OpenAIError, *litellm.LITELLM_EXCEPTION_TYPES) as exc:  # provider errors
+        return LitellmResponse(int(getattr(exc, "status_code", 502) or 502), _error(exc, None))
+    if payload.get("stream"):
+        return LitellmResponse(200, stream=result)
+    return LitellmResponse(200, _dumps(result))
+
+
+def _dumps(value: Any) -> bytes:
+    data = value.model_dump(exclude_none=True) if hasattr(value, "model_dump") else value
+    return orjson.dumps(data, default=str)
+
+
+def _error(exc: Exception, code: str | None) -> bytes:
+    status = int(getattr(exc, "status_code", 500) or 500)
+    message = str(getattr(exc, "message", "") or exc)
+    kind = "invalid_request_error" if status < 500 else "upstream_error"
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
