@@ -24,6 +24,7 @@ from .errors import UpstreamTimeoutError, UpstreamUnreachableError
 SCHEME = "litellm:"
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+_closing: set[asyncio.Future[Any]] = set()  # streams being closed (kept until done)
 
 
 def url_for(api_base: str | None) -> str:
@@ -68,7 +69,7 @@ class LitellmResponse:
         return b"".join([chunk async for chunk in self.chunks()])
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        if self._stream is None or self._finished and self._iterator is None:
+        if self._stream is None:
             if self._body:
                 yield self._body
                 self._body = b""
@@ -88,20 +89,26 @@ class LitellmResponse:
     def close(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None and hasattr(stream, "aclose"):
-            asyncio.ensure_future(stream.aclose())
+            task = asyncio.ensure_future(stream.aclose())
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
 
     def release(self) -> None:
         self.close()
 
 
-async def open_litellm(url: str, headers: Mapping[str, str], body: bytes | None, timeout: float) -> LitellmResponse:
+async def open_litellm(
+    url: str, headers: Mapping[str, str], body: bytes | None, timeout: float
+) -> LitellmResponse:
     """Run one chat completion through litellm; errors come back as OpenAI-style responses."""
     litellm = _litellm()
     payload = orjson.loads(body or b"{}")
     api_base = url.removeprefix(SCHEME) or None
     authorization = headers.get("authorization", "")
     api_key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else None
-    extra = {k: v for k, v in headers.items() if k.startswith("x-") and not k.startswith("x-compactgate")}
+    extra = {
+        k: v for k, v in headers.items() if k.startswith("x-") and not k.startswith("x-compactgate")
+    }
     kwargs = {k: v for k, v in payload.items() if k not in ("model", "messages")}
     try:
         result = await litellm.acompletion(
