@@ -160,3 +160,32 @@ def test_check_config_exit_codes_and_output(
 
 def test_check_config_passes_on_the_shipped_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(EXAMPLE)]) == 0, capsys.readouterr().out
+
+
+def test_the_example_documents_every_key() -> None:
+    """config.example.yaml must show every key of every config section and step (R1.5)."""
+    from pydantic import BaseModel
+
+    from gateway.config import Config
+    from policies.registry import STEPS
+
+    text = EXAMPLE.read_text()
+    seen: set[type[BaseModel]] = set()
+    missing: list[str] = []
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if f"{field.alias or name}:" not in text:
+                missing.append(f"{model.__name__}.{name}")
+            for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+                for inner in (arg, *getattr(arg, "__args__", ())):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        walk(inner)
+
+    walk(Config)
+    for config_cls, _ in STEPS.values():
+        walk(config_cls)
+    assert missing == []
