@@ -46,34 +46,51 @@ _MAX_CONVERSATIONS = 100_000
 
 def _response(status: bytes, content_type: bytes, body: bytes) -> bytes:
     return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: " + content_type
-        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + content_type
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
     )
 
 
 def completion_json() -> bytes:
-    return orjson.dumps({
-        "id": "chatcmpl-bench0000000000000000000000",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": MODEL,
-        "system_fingerprint": "fp_bench",
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": "The capital of France is Paris.",
-                        "refusal": None},
-            "logprobs": None,
-            "finish_reason": "stop",
-        }],
-        "usage": {"prompt_tokens": 30, "completion_tokens": 8, "total_tokens": 38},
-    })
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench0000000000000000000000",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": MODEL,
+            "system_fingerprint": "fp_bench",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": "The capital of France is Paris.",
+                        "refusal": None,
+                    },
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 30, "completion_tokens": 8, "total_tokens": 38},
+        }
+    )
 
 
 def stream_events(chunks: int) -> list[bytes]:
     """`chunks` SSE events (role, content pieces, finish) and `[DONE]`, each an HTTP chunk."""
-    head: dict[str, Any] = {"id": "chatcmpl-bench0000000000000000000000",
-                            "object": "chat.completion.chunk", "created": 1_700_000_000,
-                            "model": MODEL, "system_fingerprint": "fp_bench"}
+    head: dict[str, Any] = {
+        "id": "chatcmpl-bench0000000000000000000000",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": MODEL,
+        "system_fingerprint": "fp_bench",
+    }
 
     def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -115,9 +132,14 @@ class Answers:
         self.ok = _response(b"200 OK", b"application/json", completion_json())
         self.stream = stream_events(chunks)
         self.models = _response(
-            b"200 OK", b"application/json",
-            orjson.dumps({"object": "list", "data": [
-                {"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}),
+            b"200 OK",
+            b"application/json",
+            orjson.dumps(
+                {
+                    "object": "list",
+                    "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}],
+                }
+            ),
         )
         self.context_error = _response(
             b"400 Bad Request", b"application/json", orjson.dumps(CONTEXT_ERROR)
@@ -221,8 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--chunks", type=int, default=20, help="SSE events per streamed answer")
-    parser.add_argument("--reject-above", type=int, default=None, metavar="BYTES",
-                        help="emergency mode: 400 context_length_exceeded above this body size")
+    parser.add_argument(
+        "--reject-above",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="emergency mode: 400 context_length_exceeded above this body size",
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop

@@ -135,7 +135,11 @@ class Target:
 
 
 async def _one(
-    session: aiohttp.ClientSession, target: Target, index: int, batch: Batch, stream: bool,
+    session: aiohttp.ClientSession,
+    target: Target,
+    index: int,
+    batch: Batch,
+    stream: bool,
     base_headers: Mapping[str, str],
 ) -> None:
     """Send request `index` to `target`, wait for the whole answer, record it in `batch`."""
@@ -167,7 +171,8 @@ async def _one(
                     problem = f"{response.status}: {data[:300]!r}"
             if not batch.sample_headers:
                 batch.sample_headers = {
-                    k.lower(): v for k, v in response.headers.items()
+                    k.lower(): v
+                    for k, v in response.headers.items()
                     if k.lower().startswith("x-compactgate")
                 }
     except (aiohttp.ClientError, TimeoutError) as exc:

@@ -16,8 +16,15 @@ from pathlib import Path
 
 OWN_CODE = ("gateway/", "policies/")
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")
-_RUNTIME = ("runpy", "asyncio/runners.py", "uvicorn/main.py", "uvicorn/server.py",
-            "uvicorn/_compat.py", "gateway/cli.py", "gateway/__main__.py")
+_RUNTIME = (
+    "runpy",
+    "asyncio/runners.py",
+    "uvicorn/main.py",
+    "uvicorn/server.py",
+    "uvicorn/_compat.py",
+    "gateway/cli.py",
+    "gateway/__main__.py",
+)
 # A sample whose innermost Python frame is the loop runner is in uvloop's C code: waiting in
 # epoll or doing socket I/O for a callback. py-spy cannot tell the two apart, so those samples
 # are counted apart and left out of the percentages.
@@ -98,9 +105,21 @@ async def record(
 ) -> tuple[str, str | None]:
     """Run `drive()` while py-spy samples `pid` for `seconds`: (collapsed stacks, problem)."""
     process = await asyncio.create_subprocess_exec(
-        py_spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-        "--rate", "250", "--format", "raw", "--nonblocking", "--output", str(out),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(max(1, round(seconds))),
+        "--rate",
+        "250",
+        "--format",
+        "raw",
+        "--nonblocking",
+        "--output",
+        str(out),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
     await asyncio.sleep(0.5)  # let it attach
     await drive()

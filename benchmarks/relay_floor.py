@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--upstream", required=True, help="upstream origin, e.g. http://127.0.0.1:9000")
+    parser.add_argument(
+        "--upstream", required=True, help="upstream origin, e.g. http://127.0.0.1:9000"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     args = parser.parse_args(argv)
@@ -75,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     sock.bind((args.host, args.port))
     print(f"READY {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(
-        build_app(args.upstream.rstrip("/")), loop="uvloop", http="httptools",
-        access_log=False, log_level="warning",
+        build_app(args.upstream.rstrip("/")),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0

@@ -124,29 +124,79 @@ class Verdict:
 
 def verdicts(results: Results) -> list[Verdict]:
     return [
-        Verdict("small request: added p50", added(results, "small", "gateway"), "ms", 0.3,
-                False, "small", "gateway"),
-        Verdict("small request: overhead lower than LiteLLM's",
-                overhead_ratio(results, "small", "litellm", "gateway"), "x", 20, True, "small",
-                "gateway"),
-        Verdict("200 messages, seen before: added p50", added(results, "agent-seen", "gateway"),
-                "ms", 1.0, False, "agent-seen", "gateway"),
-        Verdict("200 messages, first time seen: added p50",
-                added(results, "agent-first", "gateway"), "ms", 10.0, False, "agent-first",
-                "gateway"),
-        Verdict("streaming: TTFB added (small)",
-                added(results, "small-stream", "gateway", ttfb=True), "ms", 0.5, False,
-                "small-stream", "gateway"),
-        Verdict("throughput c=32 vs LiteLLM, small",
-                throughput_ratio(results, "small-c32", "gateway", "litellm"), "x", 10, True,
-                "small-c32", "gateway"),
-        Verdict("throughput c=32 vs LiteLLM, 200 messages",
-                throughput_ratio(results, "agent-seen-c32", "gateway", "litellm"), "x", 10, True,
-                "agent-seen-c32", "gateway"),
-        Verdict("compaction without LLM (mask + trim): adds, 200 messages seen before",
-                compaction_cost(results, "compact-seen"), "ms", 2.0, False, "compact-seen",
-                "gateway-compact",
-                "p50 of the 32k-window model minus p50 of the passthrough model, same requests"),
+        Verdict(
+            "small request: added p50",
+            added(results, "small", "gateway"),
+            "ms",
+            0.3,
+            False,
+            "small",
+            "gateway",
+        ),
+        Verdict(
+            "small request: overhead lower than LiteLLM's",
+            overhead_ratio(results, "small", "litellm", "gateway"),
+            "x",
+            20,
+            True,
+            "small",
+            "gateway",
+        ),
+        Verdict(
+            "200 messages, seen before: added p50",
+            added(results, "agent-seen", "gateway"),
+            "ms",
+            1.0,
+            False,
+            "agent-seen",
+            "gateway",
+        ),
+        Verdict(
+            "200 messages, first time seen: added p50",
+            added(results, "agent-first", "gateway"),
+            "ms",
+            10.0,
+            False,
+            "agent-first",
+            "gateway",
+        ),
+        Verdict(
+            "streaming: TTFB added (small)",
+            added(results, "small-stream", "gateway", ttfb=True),
+            "ms",
+            0.5,
+            False,
+            "small-stream",
+            "gateway",
+        ),
+        Verdict(
+            "throughput c=32 vs LiteLLM, small",
+            throughput_ratio(results, "small-c32", "gateway", "litellm"),
+            "x",
+            10,
+            True,
+            "small-c32",
+            "gateway",
+        ),
+        Verdict(
+            "throughput c=32 vs LiteLLM, 200 messages",
+            throughput_ratio(results, "agent-seen-c32", "gateway", "litellm"),
+            "x",
+            10,
+            True,
+            "agent-seen-c32",
+            "gateway",
+        ),
+        Verdict(
+            "compaction without LLM (mask + trim): adds, 200 messages seen before",
+            compaction_cost(results, "compact-seen"),
+            "ms",
+            2.0,
+            False,
+            "compact-seen",
+            "gateway-compact",
+            "p50 of the 32k-window model minus p50 of the passthrough model, same requests",
+        ),
     ]
 
 
@@ -190,8 +240,9 @@ def _version(package: str) -> str:
 def gateway_commit(root: Path) -> str:
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
-                                  timeout=20).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=20
+            ).stdout.strip()
         except (subprocess.SubprocessError, OSError):
             return ""
 
@@ -205,8 +256,18 @@ def versions(root: Path, litellm: str | None) -> list[tuple[str, str]]:
         ("python", platform.python_version()),
         ("gateway commit", gateway_commit(root)),
         ("litellm (peer venv)", litellm or "not installed"),
-        *((name, _version(name)) for name in (
-            "aiohttp", "uvicorn", "starlette", "uvloop", "httptools", "orjson", "tiktoken")),
+        *(
+            (name, _version(name))
+            for name in (
+                "aiohttp",
+                "uvicorn",
+                "starlette",
+                "uvloop",
+                "httptools",
+                "orjson",
+                "tiktoken",
+            )
+        ),
     ]
 
 
@@ -264,8 +325,7 @@ class RunInfo:
 # -- the document --------------------------------------------------------------------------
 
 
-def render(results: Results, info: RunInfo, root: Path, litellm: str | None,
-           analysis: str) -> str:
+def render(results: Results, info: RunInfo, root: Path, litellm: str | None, analysis: str) -> str:
     out: list[str] = [
         "# Benchmarks",
         "",
@@ -294,10 +354,18 @@ def render(results: Results, info: RunInfo, root: Path, litellm: str | None,
 
 
 def _section_targets(results: Results) -> list[str]:
-    rows = [[v.goal, v.shown(), v.wanted(), f"**{v.status}**", f"`{v.case}`"]
-            for v in verdicts(results)]
-    rows.append(["served from a ready summary (issue 5)", "not measured yet", "-", "TODO",
-                 "hook: a `summary-ready` case in `benchmarks/cases.py`"])
+    rows = [
+        [v.goal, v.shown(), v.wanted(), f"**{v.status}**", f"`{v.case}`"] for v in verdicts(results)
+    ]
+    rows.append(
+        [
+            "served from a ready summary (issue 5)",
+            "not measured yet",
+            "-",
+            "TODO",
+            "hook: a `summary-ready` case in `benchmarks/cases.py`",
+        ]
+    )
     lines = ["## Targets (issue 9)", ""]
     lines += _table(("target", "measured", "goal", "result", "case"), rows)
     return [*lines, ""]
@@ -339,19 +407,28 @@ def _section_ratios(results: Results) -> list[str]:
     lines = [
         "## Ratios",
         "",
-        "Added p50 = target p50 minus direct p50 in the same case; \"gateway over floor\" = "
+        'Added p50 = target p50 minus direct p50 in the same case; "gateway over floor" = '
         "gateway added minus relay added, the gateway's own cost above a do-nothing Python "
         "relay on the same stack (less sensitive to machine load than the absolute figures); "
-        "\"CPU/req over floor\" the same for CPU time per request. "
-        "\"LiteLLM / gateway\" is how many times more latency LiteLLM adds; throughput ratios "
+        '"CPU/req over floor" the same for CPU time per request. '
+        '"LiteLLM / gateway" is how many times more latency LiteLLM adds; throughput ratios '
         "are requests per second at that concurrency.",
         "",
     ]
     lines += _table(
-        ("case", "gateway added", "relay floor added", "LiteLLM added", "gateway over floor",
-         "CPU/req over floor", "gateway TTFB added",
-         "LiteLLM / gateway", "throughput gateway / LiteLLM", "throughput gateway / direct",
-         "other gateway targets, added"),
+        (
+            "case",
+            "gateway added",
+            "relay floor added",
+            "LiteLLM added",
+            "gateway over floor",
+            "CPU/req over floor",
+            "gateway TTFB added",
+            "LiteLLM / gateway",
+            "throughput gateway / LiteLLM",
+            "throughput gateway / direct",
+            "other gateway targets, added",
+        ),
         rows,
     )
     return [*lines, ""]
@@ -365,15 +442,37 @@ def _section_absolute(results: Results) -> list[str]:
             batch = results.get(case.key, {}).get(target)
             if f is None:
                 if batch is not None:
-                    rows.append([case.key, target, "0", str(batch.errors), "", "", "", "", "", "",
-                                 batch.first_error[:80].replace("|", "/")])
+                    rows.append(
+                        [
+                            case.key,
+                            target,
+                            "0",
+                            str(batch.errors),
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            batch.first_error[:80].replace("|", "/"),
+                        ]
+                    )
                 continue
-            rows.append([
-                case.key, target, str(f.n), str(f.errors), _num(f.p50, 3), _num(f.p99, 3),
-                _num(f.ttfb50, 3) if case.stream else "", _num(f.ttfb99, 3) if case.stream else "",
-                _num(f.rps, 0), _num(f.cpu_ms, 3),
-                (batch.first_error[:80].replace("|", "/") if batch and batch.errors else ""),
-            ])
+            rows.append(
+                [
+                    case.key,
+                    target,
+                    str(f.n),
+                    str(f.errors),
+                    _num(f.p50, 3),
+                    _num(f.p99, 3),
+                    _num(f.ttfb50, 3) if case.stream else "",
+                    _num(f.ttfb99, 3) if case.stream else "",
+                    _num(f.rps, 0),
+                    _num(f.cpu_ms, 3),
+                    (batch.first_error[:80].replace("|", "/") if batch and batch.errors else ""),
+                ]
+            )
     lines = [
         "## Absolute numbers",
         "",
@@ -382,21 +481,36 @@ def _section_absolute(results: Results) -> list[str]:
         "`direct`, the upstream's own).",
         "",
     ]
-    lines += _table(("case", "target", "n", "errors", "p50", "p99", "TTFB p50", "TTFB p99",
-                     "req/s", "CPU ms/req", "first error"), rows)
+    lines += _table(
+        (
+            "case",
+            "target",
+            "n",
+            "errors",
+            "p50",
+            "p99",
+            "TTFB p50",
+            "TTFB p99",
+            "req/s",
+            "CPU ms/req",
+            "first error",
+        ),
+        rows,
+    )
     lines.append("")
     lines.append("Cases:")
     lines.append("")
-    lines += [f"- `{c.key}`: {c.title}; targets {', '.join(c.targets)}" for c in CASES
-              if c.key in results]
+    lines += [
+        f"- `{c.key}`: {c.title}; targets {', '.join(c.targets)}" for c in CASES if c.key in results
+    ]
     lines += [
         "",
         "Requests (`benchmarks/workloads.py`, deterministic): the small one is system + assistant "
         "+ user; the agent one has 200 messages (system prompt, user task, assistant tool calls, "
         "some parallel, code and log tool results, remarks and follow-ups) and 4 tool "
-        "definitions. Every agent message carries a conversation marker: \"first time seen\" "
+        'definitions. Every agent message carries a conversation marker: "first time seen" '
         "changes it, so none of the 200 messages is in the gateway's count cache (changing only "
-        "the first user message would leave 199 of them cached); \"seen before\" keeps it and "
+        'the first user message would leave 199 of them cached); "seen before" keeps it and '
         "changes only the last message. Each batch starts with a few uncounted warm-up "
         "requests that reopen keep-alive connections.",
     ]
@@ -409,11 +523,15 @@ def _section_paths(results: Results, info: RunInfo) -> list[str]:
     if info.tokens:
         lines.append(
             "- Request sizes (o200k tokens of messages + tools, as the gateway counts them): "
-            + ", ".join(f"{k} {v:,}" for k, v in info.tokens.items()) + "."
+            + ", ".join(f"{k} {v:,}" for k, v in info.tokens.items())
+            + "."
         )
     for key, headers in info.sample_headers.items():
-        shown = ", ".join(f"{k.removeprefix('x-compactgate-')}={v}"
-                          for k, v in sorted(headers.items()) if not k.endswith("request-id"))
+        shown = ", ".join(
+            f"{k.removeprefix('x-compactgate-')}={v}"
+            for k, v in sorted(headers.items())
+            if not k.endswith("request-id")
+        )
         lines.append(f"- Gateway headers of one `{key}` answer: {shown}.")
     for case, label in (("compact-seen", "seen before"), ("compact-first", "first time seen")):
         cost = compaction_cost(results, case)

@@ -53,29 +53,58 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark CompactGate against the upstream, a Python relay floor and the "
         "LiteLLM proxy on loopback, and write docs/benchmarks.md.",
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 2 rounds of small batches (about 1-2 minutes)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help=f"rounds per case (default {ROUNDS_FULL}, quick {ROUNDS_QUICK})")
-    parser.add_argument("--cases", default=None,
-                        help="comma-separated case keys to run (default: all): "
-                        + ", ".join(c.key for c in CASES))
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
-                        help="the report to write (default docs/benchmarks.md)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 2 rounds of small batches (about 1-2 minutes)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"rounds per case (default {ROUNDS_FULL}, quick {ROUNDS_QUICK})",
+    )
+    parser.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated case keys to run (default: all): " + ", ".join(c.key for c in CASES),
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=ROOT / "docs" / "benchmarks.md",
+        help="the report to write (default docs/benchmarks.md)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures as JSON")
     parser.add_argument("--no-litellm", action="store_true", help="leave the LiteLLM peer out")
-    parser.add_argument("--install-timeout", type=float, default=900,
-                        help="seconds allowed for installing the LiteLLM peer (default 900)")
+    parser.add_argument(
+        "--install-timeout",
+        type=float,
+        default=900,
+        help="seconds allowed for installing the LiteLLM peer (default 900)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
-    parser.add_argument("--no-profile", action="store_true",
-                        help="do not profile missed targets with py-spy")
-    parser.add_argument("--profile-seconds", type=float, default=None,
-                        help="seconds of load per profiled miss (default 6, quick 3)")
-    parser.add_argument("--max-minutes", type=float, default=8,
-                        help="once the targets are up, start no new batch after this many "
-                        "minutes (default 8; a first LiteLLM install comes on top)")
-    parser.add_argument("--keep-workdir", action="store_true",
-                        help="keep the temporary directory with configs and process logs")
+    parser.add_argument(
+        "--no-profile", action="store_true", help="do not profile missed targets with py-spy"
+    )
+    parser.add_argument(
+        "--profile-seconds",
+        type=float,
+        default=None,
+        help="seconds of load per profiled miss (default 6, quick 3)",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=8,
+        help="once the targets are up, start no new batch after this many "
+        "minutes (default 8; a first LiteLLM install comes on top)",
+    )
+    parser.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="keep the temporary directory with configs and process logs",
+    )
     return parser
 
 
@@ -151,8 +180,9 @@ class Bench:
             self.notes.append(f"the relay floor did not start: {error}")
         peer = None if self.args.no_litellm else asyncio.create_task(self.start_litellm(session))
         if not await self.wait_ready(session, self.services["gateway"], 120):
-            raise targets.StartError("the gateway did not become ready:\n"
-                                     + self.services["gateway"].log_tail())
+            raise targets.StartError(
+                "the gateway did not become ready:\n" + self.services["gateway"].log_tail()
+            )
         relay = self.services.get("relay")
         if relay is not None and not await self.wait_ready(session, relay, 60):
             self.notes.append("the relay floor did not answer; left out")
@@ -173,12 +203,15 @@ class Bench:
             self.log(self.notes[-1])
             return
         self.litellm_version = await asyncio.to_thread(targets.litellm_version)
-        service = targets.start_litellm(self.workdir, self.services["upstream"],
-                                        self.authorization.removeprefix("Bearer "))
+        service = targets.start_litellm(
+            self.workdir, self.services["upstream"], self.authorization.removeprefix("Bearer ")
+        )
         self.services["litellm"] = service
         if not await self.wait_ready(session, service, 300):
-            self.notes.append("LiteLLM left out: the proxy did not become ready in 300 s; its log "
-                              "ends: " + service.log_tail(3).replace("\n", " / ")[:300])
+            self.notes.append(
+                "LiteLLM left out: the proxy did not become ready in 300 s; its log "
+                "ends: " + service.log_tail(3).replace("\n", " / ")[:300]
+            )
             self.log(self.notes[-1])
             self.services.pop("litellm").stop()
             return
@@ -198,8 +231,12 @@ class Bench:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and service.alive():
             try:
-                async with session.post(service.origin + CHAT, data=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=10)) as response:
+                async with session.post(
+                    service.origin + CHAT,
+                    data=body,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=10),
+                ) as response:
                     await response.read()
                     if response.status == 200:
                         return True
@@ -213,41 +250,78 @@ class Bench:
     def target(self, case: Case, name: str) -> load.Target:
         service = self.service_of(name)
         assert service is not None
-        return load.Target(service.origin + CHAT, self.body_for(case, name),
-                           self.headers_for(name), (service.pid,))
+        return load.Target(
+            service.origin + CHAT, self.body_for(case, name), self.headers_for(name), (service.pid,)
+        )
 
     def keep_headers(self, case: Case, name: str, batch: Batch) -> None:
         if name != "gateway" and name.startswith("gateway") and batch.sample_headers:
             self.sample_headers.setdefault(f"{case.key}/{name}", batch.sample_headers)
 
-    async def batch(self, session: aiohttp.ClientSession, case: Case, name: str,
-                    requests: int, seconds: float, warmup: bool = True) -> Batch:
+    async def batch(
+        self,
+        session: aiohttp.ClientSession,
+        case: Case,
+        name: str,
+        requests: int,
+        seconds: float,
+        warmup: bool = True,
+    ) -> Batch:
         """Closed-loop load on one target at the case's concurrency."""
         target = self.target(case, name)
-        common = dict(stream=case.stream, concurrency=case.concurrency,
-                      authorization=self.authorization)
+        common = dict(
+            stream=case.stream, concurrency=case.concurrency, authorization=self.authorization
+        )
         if warmup:
-            warm = await load.run(session, target, requests=warmup_requests(case.concurrency),
-                                  max_seconds=10, first_index=self.index, **common)
+            warm = await load.run(
+                session,
+                target,
+                requests=warmup_requests(case.concurrency),
+                max_seconds=10,
+                first_index=self.index,
+                **common,
+            )
             self.index += warm.sent
-        measured = await load.run(session, target, requests=requests, max_seconds=seconds,
-                                  first_index=self.index, **common)
+        measured = await load.run(
+            session,
+            target,
+            requests=requests,
+            max_seconds=seconds,
+            first_index=self.index,
+            **common,
+        )
         self.index += measured.sent
         self.keep_headers(case, name, measured)
         return measured
 
-    async def paired(self, session: aiohttp.ClientSession, case: Case, names: list[str],
-                     requests: int, seconds: float) -> list[Batch]:
+    async def paired(
+        self,
+        session: aiohttp.ClientSession,
+        case: Case,
+        names: list[str],
+        requests: int,
+        seconds: float,
+    ) -> list[Batch]:
         """Concurrency 1: one request to each target in turn (`load.run_paired`)."""
         targets = [self.target(case, name) for name in names]
         common = dict(stream=case.stream, authorization=self.authorization)
-        warm = await load.run_paired(session, targets, requests=warmup_requests(1),
-                                     max_seconds=10 * len(targets), first_index=self.index,
-                                     **common)
+        warm = await load.run_paired(
+            session,
+            targets,
+            requests=warmup_requests(1),
+            max_seconds=10 * len(targets),
+            first_index=self.index,
+            **common,
+        )
         self.index += warm[0].sent
-        batches = await load.run_paired(session, targets, requests=requests,
-                                        max_seconds=seconds * len(targets),
-                                        first_index=self.index, **common)
+        batches = await load.run_paired(
+            session,
+            targets,
+            requests=requests,
+            max_seconds=seconds * len(targets),
+            first_index=self.index,
+            **common,
+        )
         self.index += batches[0].sent
         for name, batch in zip(names, batches, strict=True):
             self.keep_headers(case, name, batch)
@@ -262,33 +336,42 @@ class Bench:
         self.results[case.key] = merged
         for round_number in range(self.rounds):
             if time.monotonic() > self.deadline:
-                self.notes.append(f"--max-minutes reached: case {case.key} has "
-                                  f"{round_number} of {self.rounds} rounds")
+                self.notes.append(
+                    f"--max-minutes reached: case {case.key} has "
+                    f"{round_number} of {self.rounds} rounds"
+                )
                 return
             if case.concurrency == 1:
-                batches = await self.paired(session, case, available, budget.requests,
-                                            budget.seconds)
+                batches = await self.paired(
+                    session, case, available, budget.requests, budget.seconds
+                )
                 for name, batch in zip(available, batches, strict=True):
                     merged[name].merge(batch)
                 continue
             shift = round_number % len(available)
             for name in available[shift:] + available[:shift]:
-                merged[name].merge(await self.batch(session, case, name, budget.requests,
-                                                    budget.seconds))
+                merged[name].merge(
+                    await self.batch(session, case, name, budget.requests, budget.seconds)
+                )
         for target in available:
             f = report.figures(self.results, case.key, target)
             if f is None:
-                self.log(f"  {case.key:18s} {target:18s} no answers; first error: "
-                         f"{merged[target].first_error[:200]}")
+                self.log(
+                    f"  {case.key:18s} {target:18s} no answers; first error: "
+                    f"{merged[target].first_error[:200]}"
+                )
                 continue
             ttfb = f" ttfb {f.ttfb50:7.3f}" if case.stream else ""
-            self.log(f"  {case.key:18s} {target:18s} n {f.n:6d} err {f.errors:3d} p50 {f.p50:8.3f} "
-                     f"p99 {f.p99:8.3f}{ttfb} ms  {f.rps:7.0f} req/s  cpu {f.cpu_ms:6.3f} ms/req")
+            self.log(
+                f"  {case.key:18s} {target:18s} n {f.n:6d} err {f.errors:3d} p50 {f.p50:8.3f} "
+                f"p99 {f.p99:8.3f}{ttfb} ms  {f.rps:7.0f} req/s  cpu {f.cpu_ms:6.3f} ms/req"
+            )
 
     async def memory(self, session: aiohttp.ClientSession) -> dict[str, float]:
         """RSS of a fresh gateway: idle (after a warm-up) and after N distinct conversations."""
-        config = targets.gateway_config(self.services["upstream"],
-                                        self.services["upstream-emergency"])
+        config = targets.gateway_config(
+            self.services["upstream"], self.services["upstream-emergency"]
+        )
         service = targets.start_gateway(self.workdir, config, name="gateway-memory")
         self.services["gateway-memory"] = service
         try:
@@ -299,24 +382,37 @@ class Bench:
             target = load.Target(service.origin + CHAT, conversation.first_time)
             common = dict(stream=False, authorization=self.authorization, max_seconds=60)
             base = 90_000_000  # numbers no other batch uses
-            await load.run(session, target, concurrency=1, requests=10, first_index=base,
-                           **common)
+            await load.run(session, target, concurrency=1, requests=10, first_index=base, **common)
             await asyncio.sleep(1.0)
             idle = load.rss_bytes(service.pid)
-            batch = await load.run(session, target, concurrency=4,
-                                   requests=MEMORY_CONVERSATIONS, first_index=base + 100, **common)
+            batch = await load.run(
+                session,
+                target,
+                concurrency=4,
+                requests=MEMORY_CONVERSATIONS,
+                first_index=base + 100,
+                **common,
+            )
             await asyncio.sleep(1.0)
             after = load.rss_bytes(service.pid)
             figures = {
-                "idle_mib": idle / 2**20, "after_mib": after / 2**20,
-                "delta_mib": (after - idle) / 2**20, "conversations": batch.count,
-                "messages": MEMORY_MESSAGES, "errors": batch.errors,
+                "idle_mib": idle / 2**20,
+                "after_mib": after / 2**20,
+                "delta_mib": (after - idle) / 2**20,
+                "conversations": batch.count,
+                "messages": MEMORY_MESSAGES,
+                "errors": batch.errors,
                 "per_conversation_kib": (after - idle) / 1024 / max(1, batch.count),
             }
             if not self.quick:  # a second thousand: the growth once start-up garbage is reused
-                more = await load.run(session, target, concurrency=4,
-                                      requests=MEMORY_CONVERSATIONS,
-                                      first_index=base + 100 + MEMORY_CONVERSATIONS, **common)
+                more = await load.run(
+                    session,
+                    target,
+                    concurrency=4,
+                    requests=MEMORY_CONVERSATIONS,
+                    first_index=base + 100 + MEMORY_CONVERSATIONS,
+                    **common,
+                )
                 await asyncio.sleep(1.0)
                 second = load.rss_bytes(service.pid)
                 figures["second_mib"] = second / 2**20
@@ -375,8 +471,12 @@ class Bench:
         session = load.new_session(max(c.concurrency for c in CASES))
         info = report.RunInfo(
             command="python -m benchmarks.run" + (" --quick" if self.quick else ""),
-            mode="quick" if self.quick else "full", started=time.strftime("%Y-%m-%d %H:%M %Z"),
-            seconds=0.0, rounds=self.rounds, loadavg_before=_loadavg(), loadavg_after="",
+            mode="quick" if self.quick else "full",
+            started=time.strftime("%Y-%m-%d %H:%M %Z"),
+            seconds=0.0,
+            rounds=self.rounds,
+            loadavg_before=_loadavg(),
+            loadavg_after="",
             foreign_cores=math.nan,
         )
         try:
@@ -394,8 +494,10 @@ class Bench:
             info.foreign_cores = max(0.0, busy - own_cpu) / wall
             info.loadavg_after = _loadavg()
             if not self.args.no_memory and time.monotonic() < self.deadline:
-                self.log(f"memory: {MEMORY_CONVERSATIONS} distinct {MEMORY_MESSAGES}-message "
-                         "conversations")
+                self.log(
+                    f"memory: {MEMORY_CONVERSATIONS} distinct {MEMORY_MESSAGES}-message "
+                    "conversations"
+                )
                 info.memory = await self.memory(session)
                 self.log(f"  {info.memory}")
             self.log("verdicts:")
@@ -413,7 +515,8 @@ class Bench:
         info.tokens = {
             "small": workloads.token_count(self.workload("small", "passthrough", False).template),
             "200-message agent request": workloads.token_count(
-                self.workload("agent", "passthrough", False).template),
+                self.workload("agent", "passthrough", False).template
+            ),
         }
         analysis = ANALYSIS.read_text() if ANALYSIS.exists() else ""
         text = report.render(self.results, info, ROOT, self.litellm_version, analysis)

@@ -123,14 +123,16 @@ def agent_messages(count: int = 200, seed: int = 9) -> list[Message]:
         for _ in range(parallel):
             call += 1
             arguments = {"path": f"src/{mark}/{rng.choice(_IDENTS)}.py", "query": _prose(rng, 4)}
-            calls.append({
-                "id": f"call_{mark}_{call:06d}",
-                "type": "function",
-                "function": {
-                    "name": rng.choice(("read_file", "grep", "run_tests")),
-                    "arguments": orjson.dumps(arguments).decode(),
-                },
-            })
+            calls.append(
+                {
+                    "id": f"call_{mark}_{call:06d}",
+                    "type": "function",
+                    "function": {
+                        "name": rng.choice(("read_file", "grep", "run_tests")),
+                        "arguments": orjson.dumps(arguments).decode(),
+                    },
+                }
+            )
         messages.append({"role": "assistant", "content": None, "tool_calls": calls})
         for item in calls:
             if rng.random() < 0.55:

@@ -209,7 +209,10 @@ class Gateway:
             self.metrics.window_lowered.labels(self.metrics.model_label(route.name)).inc()
             log.warning(
                 "model %s: upstream reports a %d-token context window (%s); was %s",
-                route.name, error.limit, error.signature, current,
+                route.name,
+                error.limit,
+                error.signature,
+                current,
             )
 
 
@@ -234,7 +237,9 @@ class ChatCompletions:
         try:
             server = gw.config.server
             identity = gw.authenticate(scope)  # 401 before the body is even read
-            body = await read_body(receive, scope, server.max_body_bytes, server.body_read_timeout_s)
+            body = await read_body(
+                receive, scope, server.max_body_bytes, server.body_read_timeout_s
+            )
             request = parse_chat_request(body, server.max_messages)
             gw.auth.authorize(identity, request.model)  # 403
             route = gw.router.resolve(request.model)
@@ -249,8 +254,12 @@ class ChatCompletions:
                 await self.serve(scope, watcher.send, request, route, exchange)
             if exchange.status < 400:  # ahead of need (R4.6): never delays this response
                 gw.precompute.after_response(
-                    request, route, gw.tenant(scope), scope["headers"],
-                    gw.effective_window(route), exchange.prepared,
+                    request,
+                    route,
+                    gw.tenant(scope),
+                    scope["headers"],
+                    gw.effective_window(route),
+                    exchange.prepared,
                 )
         except GatewayError as error:
             await self.report(watcher, exchange, error)
@@ -262,7 +271,7 @@ class ChatCompletions:
                 exchange.status = 499
             else:  # the server's shutdown deadline passed: end the response cleanly
                 await self.report(watcher, exchange, ShuttingDownError(SHUTTING_DOWN))
-        except Exception:  # noqa: BLE001 - the one last-resort boundary: a bug, never client input
+        except Exception:
             log.exception("request %s: internal error", exchange.request_id)
             await self.report(watcher, exchange, GatewayError(INTERNAL_ERROR))
         finally:
@@ -293,7 +302,11 @@ class ChatCompletions:
         tenant = gw.tenant(scope)
         observe = route.mode == "observe"
         prepared = await gw.pipeline.prepare(
-            request, route, tenant, window=gw.effective_window(route), observe=observe,
+            request,
+            route,
+            tenant,
+            window=gw.effective_window(route),
+            observe=observe,
             headers=None if observe else scope["headers"],
         )
         url = route.chat_url
@@ -307,31 +320,55 @@ class ChatCompletions:
                 await gw.tool_outputs.save(tenant, prepared.stored)
             if prepared.expandable:  # we read the answer to find internal calls: no gzip
                 sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
-            response = await send_with_retries(gw.upstream, route, url, sending, prepared.body, gw.metrics)
+            response = await send_with_retries(
+                gw.upstream, route, url, sending, prepared.body, gw.metrics
+            )
             if response.status >= 400:
                 error_body = await response.read()
                 response.release()
                 context_error = classify(response.status, error_body)
-                if context_error is not None and await self.can_retry(route, exchange, context_error):
-                    prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
+                if context_error is not None and await self.can_retry(
+                    route, exchange, context_error
+                ):
+                    prepared = await self.recompact(
+                        request, route, tenant, prepared, context_error, observe, scope["headers"]
+                    )
                     continue
                 exchange.upstream_seconds += time.perf_counter() - up_started
                 self.note(exchange, prepared)
                 exchange.status = response.status
-                await send_bytes(send, response.status, error_body, [*response.relay_headers(), *self.headers(exchange)], None)
+                await send_bytes(
+                    send,
+                    response.status,
+                    error_body,
+                    [*response.relay_headers(), *self.headers(exchange)],
+                    None,
+                )
                 return
             if request.stream:
                 first = await _first_chunk(response)
                 context_error = _stream_context_error(first)
-                if context_error is not None and await self.can_retry(route, exchange, context_error):
+                if context_error is not None and await self.can_retry(
+                    route, exchange, context_error
+                ):
                     response.close()
                     try:
-                        prepared = await self.recompact(request, route, tenant, prepared, context_error, observe, scope["headers"])
+                        prepared = await self.recompact(
+                            request,
+                            route,
+                            tenant,
+                            prepared,
+                            context_error,
+                            observe,
+                            scope["headers"],
+                        )
                     except ContextLengthExceededError:
                         if first:  # the upstream said the context overflowed: that is the answer
                             raise
                         # An empty stream was only a guess at an overflow: report what happened.
-                        raise UpstreamError("The upstream answered 200 with an empty stream.") from None
+                        raise UpstreamError(
+                            "The upstream answered 200 with an empty stream."
+                        ) from None
                     continue
                 if not first:  # retries spent: never relay a silent empty 200
                     response.close()
@@ -345,14 +382,24 @@ class ChatCompletions:
                         response.release()
                         self.note(exchange, prepared)
                         exchange.status = response.status
-                        await send_bytes(send, response.status, error_body, [*response.relay_headers(), *self.headers(exchange)], None)
+                        await send_bytes(
+                            send,
+                            response.status,
+                            error_body,
+                            [*response.relay_headers(), *self.headers(exchange)],
+                            None,
+                        )
                         return
                 self.note(exchange, prepared)
                 exchange.status = response.status
                 stripper = UsageStripper() if prepared.injected_usage else None
                 tail = await self.relay_stream(send, response, first, exchange, stripper)
                 exchange.upstream_seconds += time.perf_counter() - up_started
-                self.calibrate(route, prepared, prompt_tokens_from_sse(stripper.usage_event if stripper else tail))
+                self.calibrate(
+                    route,
+                    prepared,
+                    prompt_tokens_from_sse(stripper.usage_event if stripper else tail),
+                )
                 return
             data = await response.read()
             response.release()
@@ -360,7 +407,9 @@ class ChatCompletions:
                 raise UpstreamError("The upstream answered with an empty body.")
             status, relay_headers = response.status, response.relay_headers()
             if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
-                resolved = await gw.expansion.resolve(data, prepared.body, route, url, sending, tenant)
+                resolved = await gw.expansion.resolve(
+                    data, prepared.body, route, url, sending, tenant
+                )
                 exchange.internal_rounds = resolved.rounds
                 status, data = resolved.status, resolved.body
                 relay_headers = resolved.headers or relay_headers
@@ -443,7 +492,9 @@ class ChatCompletions:
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
         except (UpstreamError, UpstreamTimeoutError) as error:
             # Headers are gone: the only way to tell the client is an SSE error event.
-            log.warning("request %s: upstream stream failed: %s", exchange.request_id, error.message)
+            log.warning(
+                "request %s: upstream stream failed: %s", exchange.request_id, error.message
+            )
             event = b"data: " + error.body() + b"\n\n"
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
@@ -478,12 +529,16 @@ class ChatCompletions:
         metrics.request_seconds.labels(exchange.model).observe(total)
         if exchange.upstream_seconds:
             metrics.upstream_seconds.labels(exchange.model).observe(exchange.upstream_seconds)
-        metrics.overhead_seconds.labels(exchange.model).observe(max(0.0, total - exchange.upstream_seconds))
+        metrics.overhead_seconds.labels(exchange.model).observe(
+            max(0.0, total - exchange.upstream_seconds)
+        )
         if exchange.tokens_before:
             metrics.tokens_before.labels(exchange.model).inc(exchange.tokens_before)
             metrics.tokens_after.labels(exchange.model).inc(exchange.tokens_after)
             if not exchange.observe and exchange.tokens_after < exchange.tokens_before:
-                metrics.tokens_saved.labels(exchange.model).inc(exchange.tokens_before - exchange.tokens_after)
+                metrics.tokens_saved.labels(exchange.model).inc(
+                    exchange.tokens_before - exchange.tokens_after
+                )
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
@@ -494,11 +549,16 @@ class ChatCompletions:
             access_log.info(
                 "request_id=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f tokens_before=%d "
                 "tokens_after=%d steps=%s retries=%d",
-                exchange.request_id, exchange.model, exchange.status, total * 1000,
-                exchange.upstream_seconds * 1000, exchange.tokens_before, exchange.tokens_after,
-                exchange.steps, exchange.retries,
+                exchange.request_id,
+                exchange.model,
+                exchange.status,
+                total * 1000,
+                exchange.upstream_seconds * 1000,
+                exchange.tokens_before,
+                exchange.tokens_after,
+                exchange.steps,
+                exchange.retries,
             )
-
 
     def log_event(self, exchange: Exchange, total: float) -> None:
         """One event-log line for a compacted or retried request (R5.3, 004 phases and reward)."""
@@ -513,7 +573,8 @@ class ChatCompletions:
         phases += ["recovery"] if recovery else []
         phases += ["success"] if success else ["failure"]
         would_fail = bool(exchange.retries) or (
-            budget is not None and prepared.tokens_before > budget.context_window - budget.reserved_output
+            budget is not None
+            and prepared.tokens_before > budget.context_window - budget.reserved_output
         )
         self.gw.events.record(
             {
@@ -535,8 +596,14 @@ class ChatCompletions:
                 "phases": phases,
                 "total_ms": round(total * 1000, 2),
                 "reward": round(
-                    reward(success, bool(recovery), exchange.tokens_before, exchange.tokens_after,
-                           exchange.priority_preserved, total * 1000),
+                    reward(
+                        success,
+                        bool(recovery),
+                        exchange.tokens_before,
+                        exchange.tokens_after,
+                        exchange.priority_preserved,
+                        total * 1000,
+                    ),
                     4,
                 ),
             },
@@ -547,7 +614,9 @@ class ChatCompletions:
 def _upstream_url(route: Route, path: str) -> str:
     base = route.upstream.base_url
     if base is None:
-        raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream for {path}.")
+        raise NotFoundError(
+            f"The model `{route.name}` has no OpenAI-compatible upstream for {path}."
+        )
     return base + path
 
 
@@ -649,16 +718,22 @@ async def passthrough(request: Request) -> Response:
     url = _upstream_url(route, passthrough_path(raw_path))
     if request.url.query:
         url += "?" + request.url.query
-    headers = forward_headers(request.scope["headers"], route.upstream.api_key, route.upstream.headers)
+    headers = forward_headers(
+        request.scope["headers"], route.upstream.api_key, route.upstream.headers
+    )
     with gw.limits.hold(identity.tenant):
         response = await gw.upstream.open(request.method, url, headers, body or None)
         try:
             data = await response.read()
         finally:
             response.release()
-    return Response(data, status_code=response.status, headers=dict(
-        (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.relay_headers()
-    ))
+    return Response(
+        data,
+        status_code=response.status,
+        headers=dict(
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.relay_headers()
+        ),
+    )
 
 
 def _route_for_passthrough(gw: Gateway, body: bytes) -> Route:
@@ -698,7 +773,9 @@ async def plan(request: Request) -> Response:
     gw.auth.authorize(identity, chat.model)
     route = gw.router.resolve(chat.model)
     if route is None:
-        raise ModelNotFoundError(f"The model `{chat.model}` is not served by this gateway.", param="model")
+        raise ModelNotFoundError(
+            f"The model `{chat.model}` is not served by this gateway.", param="model"
+        )
     prepared = await gw.pipeline.prepare(
         chat, route, gw.tenant(request.scope), window=gw.effective_window(route)
     )
@@ -720,7 +797,8 @@ def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
         "target": budget.target if budget else None,
         "tokens_before": prepared.tokens_before,
         "tokens_after": prepared.tokens_after,
-        "fits": budget is None or prepared.tokens_after <= (budget.context_window - budget.reserved_output),
+        "fits": budget is None
+        or prepared.tokens_after <= (budget.context_window - budget.reserved_output),
         "counts_by_role": dict(prepared.counts_by_role),
         "tokens_by_region": dict(prepared.tokens_by_region),
         "steps": [s.as_dict() for s in prepared.steps],
@@ -746,13 +824,17 @@ async def metrics(request: Request) -> Response:
 
 async def _on_gateway_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, GatewayError)
-    return Response(error.body(), status_code=error.status, media_type="application/json", headers=error.headers)
+    return Response(
+        error.body(), status_code=error.status, media_type="application/json", headers=error.headers
+    )
 
 
 async def _on_http_error(request: Request, error: Exception) -> Response:
     status = getattr(error, "status_code", 404)
     message = "Not found." if status == 404 else str(getattr(error, "detail", "Bad request."))
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+    body = {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    }
     return JSONResponse(body, status_code=status)
 
 
@@ -770,7 +852,14 @@ class _Dispatch:
         if scope["type"] == "http":
             if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
                 status, message = refused
-                body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+                body = {
+                    "error": {
+                        "message": message,
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                    }
+                }
                 await send_json(send, status, body)
                 return
             if scope["path"] == CHAT_PATH and scope["method"] == "POST":
@@ -790,9 +879,15 @@ def build_app(config: Config) -> _Dispatch:
             HttpRoute("/metrics", metrics, methods=["GET"]),
             HttpRoute("/v1/compactgate/events", admin.events, methods=["GET"]),
             HttpRoute("/ui", admin.ui, methods=["GET"]),
-            HttpRoute("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
+            HttpRoute(
+                "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+            ),
         ],
-        exception_handlers={GatewayError: _on_gateway_error, 404: _on_http_error, 405: _on_http_error},
+        exception_handlers={
+            GatewayError: _on_gateway_error,
+            404: _on_http_error,
+            405: _on_http_error,
+        },
         lifespan=gateway.lifespan,
     )
     app.state.gateway = gateway

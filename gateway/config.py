@@ -36,22 +36,34 @@ class ServerConfig(_Strict):
     max_messages: int = Field(20_000, gt=0, description="More messages get 400")
     upstream_timeout_s: float = Field(600.0, gt=0, description="Whole upstream call, non-streaming")
     connect_timeout_s: float = Field(10.0, gt=0)
-    first_byte_timeout_s: float | None = Field(None, gt=0, description="Default: upstream_timeout_s")
+    first_byte_timeout_s: float | None = Field(
+        None, gt=0, description="Default: upstream_timeout_s"
+    )
     stream_idle_timeout_s: float = Field(120.0, gt=0, description="Longest gap inside a stream")
-    body_read_timeout_s: float = Field(30.0, gt=0, description="A client trickling its body is cut off")
+    body_read_timeout_s: float = Field(
+        30.0, gt=0, description="A client trickling its body is cut off"
+    )
     max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
-    safety_margin_tokens: int = Field(32, ge=0, description="Kept free on top of the output reserve")
+    safety_margin_tokens: int = Field(
+        32, ge=0, description="Kept free on top of the output reserve"
+    )
     clamp_max_tokens: bool = Field(False, description="Lower max_tokens instead of failing")
     stream_usage: Literal["inject", "passthrough"] = Field(
         "passthrough",
         description="inject: ask streaming upstreams for usage (calibration) and strip it again",
     )
-    admin_token: str | None = Field(None, description="Bearer token for /metrics, /ui, events, plan")
-    admin_port: int | None = Field(None, gt=0, lt=65536, description="Serve admin surfaces there only")
+    admin_token: str | None = Field(
+        None, description="Bearer token for /metrics, /ui, events, plan"
+    )
+    admin_port: int | None = Field(
+        None, gt=0, lt=65536, description="Serve admin surfaces there only"
+    )
 
 
 class UpstreamConfig(_Strict):
-    base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. http://host/v1")
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible base URL, e.g. http://host/v1"
+    )
     model: str | None = Field(None, description="Model name sent upstream (rename)")
     api_key: str | None = Field(None, description="Gateway-held key; else the client's is passed")
     provider: Literal["openai", "litellm"] = "openai"
@@ -79,13 +91,17 @@ class UpstreamConfig(_Strict):
 
 
 class RetryConfig(_Strict):
-    max_attempts: int = Field(3, ge=1, le=10, description="Tries per upstream call (429/5xx/connect)")
+    max_attempts: int = Field(
+        3, ge=1, le=10, description="Tries per upstream call (429/5xx/connect)"
+    )
     backoff_base_seconds: float = Field(0.5, ge=0)
     max_delay_seconds: float = Field(10.0, ge=0)
 
 
 class ModelConfig(_Strict):
-    name: str = Field(min_length=1, description="What clients send as `model`; globs like gpt-4o* work")
+    name: str = Field(
+        min_length=1, description="What clients send as `model`; globs like gpt-4o* work"
+    )
     upstream: UpstreamConfig
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
@@ -102,13 +118,17 @@ class ModelConfig(_Strict):
             return None
         kind, _, arg = value.partition(":")
         if kind not in ("tiktoken", "hf", "chars") or not arg:
-            raise ValueError("must be tiktoken:<encoding>, hf:<path to tokenizer.json> or chars:<n>")
+            raise ValueError(
+                "must be tiktoken:<encoding>, hf:<path to tokenizer.json> or chars:<n>"
+            )
         if kind == "chars":
             try:
                 if float(arg) <= 0:
                     raise ValueError
             except ValueError:
-                raise ValueError("chars:<n> needs a positive number of characters per token") from None
+                raise ValueError(
+                    "chars:<n> needs a positive number of characters per token"
+                ) from None
         return value
 
 
@@ -194,7 +214,8 @@ class ToolOutputsConfig(_Strict):
     default_limit: int = Field(200, ge=1, le=2000, description="Lines per read when not asked")
     max_rounds: int = Field(4, ge=1, le=10, description="Internal tool rounds per request")
     ref_secret: str | None = Field(
-        None, description="Key of ref ids; default: shared via a Redis store, else random per process"
+        None,
+        description="Key of ref ids; default: shared via a Redis store, else random per process",
     )
 
 
@@ -278,12 +299,15 @@ def default_config(environ: Mapping[str, str] | None = None) -> Config:
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str, problems: list[str]) -> Any:
     if isinstance(value, str):
+
         def replace(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
             found = environ.get(name)
             if found is None or (found == "" and default is not None):
                 if default is None:
-                    problems.append(f"{path or '(top level)'}: environment variable {name} is not set")
+                    problems.append(
+                        f"{path or '(top level)'}: environment variable {name} is not set"
+                    )
                     return ""
                 return default
             return found
@@ -312,7 +336,13 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif i > 0 and isinstance(loc[i - 1], int) and part in STEPS and i >= 2 and loc[i - 2] == "steps":
+        elif (
+            i > 0
+            and isinstance(loc[i - 1], int)
+            and part in STEPS
+            and i >= 2
+            and loc[i - 2] == "steps"
+        ):
             continue  # pydantic puts the discriminator tag in the path; YAML has no such level
         else:
             out += f".{part}" if out else str(part)

@@ -164,7 +164,7 @@ _ANTHROPIC_SUM = re.compile(
 
 
 def parse_anthropic(view: ErrorView) -> Numbers:
-    """"prompt is too long: N tokens > M maximum" or "... exceed context limit: N + O > M"."""
+    """ "prompt is too long: N tokens > M maximum" or "... exceed context limit: N + O > M"."""
     if match := _ANTHROPIC_PROMPT.search(view.message):
         return _int(match.group(2)), _int(match.group(1)), None
     if match := _ANTHROPIC_SUM.search(view.message):
@@ -190,7 +190,7 @@ _OPENROUTER_OUTPUT = re.compile(_N + r" in the output", re.I)
 
 
 def parse_openrouter(view: ErrorView) -> Numbers:
-    """"... requested about T tokens (A of text input, B of tool input, C in the output)"."""
+    """ "... requested about T tokens (A of text input, B of tool input, C in the output)"."""
     message = view.message
     limit = _int(m.group(1)) if (m := _OPENROUTER_LIMIT.search(message)) else None
     output = _int(m.group(1)) if (m := _OPENROUTER_OUTPUT.search(message)) else None

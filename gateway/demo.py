@@ -182,7 +182,10 @@ async def _demo(turns: int, llm: bool = False) -> int:
         f"compactgate demo: gateway on http://127.0.0.1:{port}/v1 in front of {stage.banner}\n"
         f"An agent reads files turn after turn; its history soon outgrows the window.\n"
     )
-    header = f"{'turn':>4}  {'msgs':>4}  {'sent':>6} -> {'fwd':>6}  {'steps':<24} {'retries':>7}  without gateway"
+    header = (
+        f"{'turn':>4}  {'msgs':>4}  {'sent':>6} -> {'fwd':>6}  {'steps':<24} {'retries':>7}"
+        "  without gateway"
+    )
     print(header)
     print("-" * len(header))
     client = openai.AsyncOpenAI(
@@ -213,7 +216,8 @@ async def _demo(turns: int, llm: bool = False) -> int:
             rescued += direct_fails
             verdict = "REJECTED (too long)" if direct_fails else "ok"
             print(
-                f"{turn:>4}  {len(messages):>4}  {before:>6} -> {after:>6}  {steps:<24} {retries:>7}  {verdict}"
+                f"{turn:>4}  {len(messages):>4}  {before:>6} -> {after:>6}  "
+                f"{steps:<24} {retries:>7}  {verdict}"
             )
             messages.append({"role": "assistant", "content": reply})
     except openai.APIConnectionError:
@@ -230,8 +234,9 @@ async def _demo(turns: int, llm: bool = False) -> int:
             await stage.close()  # the local model too, however the demo ends
     elapsed = time.perf_counter() - started
     print(
-        f"\n{turns} turns in {elapsed:.1f} s: {rescued} requests the model would have refused were answered;"
-        f" {saved} prompt tokens were not sent.\nThe latest user message, the system prompt and every"
+        f"\n{turns} turns in {elapsed:.1f} s: {rescued} requests the model would have refused "
+        f"were answered; {saved} prompt tokens were not sent.\nThe latest user message, "
+        "the system prompt and every"
         " tool call/result pair were kept. Try `compactgate plan` on your own request bodies."
     )
     return 0

@@ -60,8 +60,14 @@ def context_error_body(window: int, prompt_tokens: int, max_tokens: int) -> dict
             f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
             "in the completion). Please reduce the length of the messages or completion."
         )
-    return {"error": {"message": message, "type": "invalid_request_error",
-                      "param": "messages", "code": "context_length_exceeded"}}
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
 
 
 def completion_body(
@@ -87,10 +93,14 @@ def completion_body(
         "created": int(time.time()),
         "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "choices": [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
@@ -103,12 +113,19 @@ def sse(event: Mapping[str, Any] | str) -> bytes:
 def stream_frames(body: Mapping[str, Any], *, include_usage: bool, pieces: int = 3) -> list[bytes]:
     """The SSE frames OpenAI would send for `body` (a completion_body), ending with [DONE]."""
     choice, usage = body["choices"][0], body["usage"]
-    head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
-            "model": body["model"], "system_fingerprint": body["system_fingerprint"]}
+    head = {
+        "id": body["id"],
+        "object": "chat.completion.chunk",
+        "created": body["created"],
+        "model": body["model"],
+        "system_fingerprint": body["system_fingerprint"],
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        frame = {**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                      "finish_reason": finish}]}
+        frame = {
+            **head,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
         if include_usage:
             frame["usage"] = None
         return frame
@@ -121,9 +138,18 @@ def stream_frames(body: Mapping[str, Any], *, include_usage: bool, pieces: int =
         function = call.get("function", {})
         arguments = function.get("arguments", "")
         half = len(arguments) // 2
-        deltas.append({"tool_calls": [{"index": index, "id": call.get("id"), "type": "function",
-                                       "function": {"name": function.get("name"),
-                                                    "arguments": arguments[:half]}}]})
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call.get("id"),
+                        "type": "function",
+                        "function": {"name": function.get("name"), "arguments": arguments[:half]},
+                    }
+                ]
+            }
+        )
         rest = {"index": index, "function": {"arguments": arguments[half:]}}
         deltas.append({"tool_calls": [rest]})
     frames = [sse(chunk(delta)) for delta in deltas]
@@ -157,8 +183,9 @@ def make_echo_app(context_window: int = 4096, chars_per_token: float = 4.0) -> w
         prompt = estimate_prompt_tokens(payload, chars_per_token)
         if prompt + max_tokens > context_window:
             body = context_error_body(context_window, prompt, max_tokens)
-            return web.Response(status=400, body=orjson.dumps(body),
-                                content_type="application/json")
+            return web.Response(
+                status=400, body=orjson.dumps(body), content_type="application/json"
+            )
         text = " ".join(latest_user_text(messages).split())[:80]
         content = f"echo: {text} [saw {len(messages)} messages, ~{prompt} prompt tokens]"
         body = completion_body(content=content, prompt_tokens=prompt)
@@ -166,8 +193,9 @@ def make_echo_app(context_window: int = 4096, chars_per_token: float = 4.0) -> w
             return web.Response(body=orjson.dumps(body), content_type="application/json")
         options = payload.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache"})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
         await response.prepare(request)
         for frame in stream_frames(body, include_usage=include_usage):
             await response.write(frame)

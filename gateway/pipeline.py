@@ -89,6 +89,7 @@ class Prepared:
     def stored(self) -> tuple[StoredOutput, ...]:
         """Full texts of the tool outputs masked in what is forwarded."""
         return self.chain.stored if self.chain is not None and not self.observe else ()
+
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -129,7 +130,9 @@ class Pipeline:
         self.ref_secret = ref_secret  # replaced at start-up by the shared one
         self._fetch = fetch_summaries
 
-    def budget(self, request: ChatRequest, route: Route, tools_tokens: int, window: int | None) -> Budget | None:
+    def budget(
+        self, request: ChatRequest, route: Route, tools_tokens: int, window: int | None
+    ) -> Budget | None:
         if window is None:
             return None
         if request.max_output is not None:
@@ -142,7 +145,10 @@ class Pipeline:
         return Budget(
             context_window=window,
             reserved_output=reserve,
-            fixed_tokens=tools_tokens + PRIMING_TOKENS + self._margin + self.expansion_tokens(route, window),
+            fixed_tokens=tools_tokens
+            + PRIMING_TOKENS
+            + self._margin
+            + self.expansion_tokens(route, window),
             trigger_ratio=config.trigger_ratio,
             target_ratio=config.target_ratio,
         )
@@ -188,14 +194,14 @@ class Pipeline:
             counts = [route.counter.message(m) for m in request.messages]
         messages = tuple(
             Message(
-                    data=data,
-                    tokens=counts[i],
-                    pin=marks.pin,
-                    priority=marks.priority,
-                    kind=marks.kind,
-                    origin=i,
-                )
-                for i, (data, marks) in enumerate(zip(request.messages, request.marks, strict=True))
+                data=data,
+                tokens=counts[i],
+                pin=marks.pin,
+                priority=marks.priority,
+                kind=marks.kind,
+                origin=i,
+            )
+            for i, (data, marks) in enumerate(zip(request.messages, request.marks, strict=True))
         )
         return Conversation(apply_pin_rules(messages, route.policy_config.pin_rules))
 
@@ -255,7 +261,9 @@ class Pipeline:
             if chain.changed and not self._valid(conversation, chain):
                 chain = None
         result = chain.conversation if chain is not None and chain.changed else conversation
-        forwarded_messages: list[Any] = result.data() if result is not conversation else request.messages
+        forwarded_messages: list[Any] = (
+            result.data() if result is not conversation else request.messages
+        )
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
         inject = self._inject_usage and request.stream and not request.include_usage and not observe
@@ -269,9 +277,13 @@ class Pipeline:
         else:
             payload = request.forward_payload(forwarded_messages, rename, inject)
             expandable = bool(
-                chain is not None and chain.stored and self._tool_outputs is not None
-                and budget is not None and self.expansion_tokens(route, budget.context_window)
-                and self._tool_outputs.config.expand and applicable(payload, self._tool_outputs.names)
+                chain is not None
+                and chain.stored
+                and self._tool_outputs is not None
+                and budget is not None
+                and self.expansion_tokens(route, budget.context_window)
+                and self._tool_outputs.config.expand
+                and applicable(payload, self._tool_outputs.names)
             )
             if expandable:
                 assert self._tool_outputs is not None
@@ -292,7 +304,11 @@ class Pipeline:
             budget=budget,
             chain=chain,
             counts_by_role=counts,
-            tokens_by_region={"system": system, "tools": tools_tokens, "history": result.tokens - system},
+            tokens_by_region={
+                "system": system,
+                "tools": tools_tokens,
+                "history": result.tokens - system,
+            },
             messages=sent,
             observe=observe,
             injected_usage=inject,
@@ -307,7 +323,9 @@ class Pipeline:
             return True
         if budget.limit <= 0 or tokens > budget.trigger:
             return False
-        summarising = any(isinstance(getattr(s, "config", None), Summarising) for s in route.policy.steps)
+        summarising = any(
+            isinstance(getattr(s, "config", None), Summarising) for s in route.policy.steps
+        )
         return not summarising or tokens < route.policy_config.precompute_ratio * budget.limit
 
     def _unchanged(
@@ -342,7 +360,11 @@ class Pipeline:
             budget=budget,
             chain=None,
             counts_by_role=roles,
-            tokens_by_region={"system": system, "tools": tools_tokens, "history": sum(counts) - system},
+            tokens_by_region={
+                "system": system,
+                "tools": tools_tokens,
+                "history": sum(counts) - system,
+            },
             messages=request.messages,
             observe=observe,
             injected_usage=inject,
@@ -351,7 +373,9 @@ class Pipeline:
     def tools_tokens(self, request: ChatRequest, route: Route) -> int:
         """Tokens the request's tool definitions add to the prompt."""
         return route.counter.tools(
-            request.payload.get("tools"), request.payload.get("functions"), system_text=_system_text(request)
+            request.payload.get("tools"),
+            request.payload.get("functions"),
+            system_text=_system_text(request),
         )
 
     async def _run(
@@ -394,7 +418,9 @@ class Pipeline:
     ) -> ChainResult | None:
         """The chain cut after its last summarising step, if that alone fits the request."""
         steps = route.policy.steps
-        last = [i for i, s in enumerate(steps) if isinstance(getattr(s, "config", None), Summarising)]
+        last = [
+            i for i, s in enumerate(steps) if isinstance(getattr(s, "config", None), Summarising)
+        ]
         if not last:
             return None
         policy = replace(route.policy, steps=steps[: last[-1] + 1])
@@ -419,9 +445,16 @@ class Pipeline:
         """The output reserve plus tools leave no room: clamp max_tokens or fail clearly."""
         if request.max_output is not None and self._clamp:
             reserve = max(1, budget.context_window // 4)
-            return Budget(budget.context_window, reserve, budget.fixed_tokens, budget.trigger_ratio, budget.target_ratio)
+            return Budget(
+                budget.context_window,
+                reserve,
+                budget.fixed_tokens,
+                budget.trigger_ratio,
+                budget.target_ratio,
+            )
         raise InvalidRequestError(
-            f"max_tokens ({budget.reserved_output}) plus the tool definitions ({tools_tokens} tokens) "
+            f"max_tokens ({budget.reserved_output}) plus the tool definitions "
+            f"({tools_tokens} tokens) "
             f"leave no room for messages in the {budget.context_window}-token context window.",
             param="max_tokens" if request.max_output is not None else "tools",
             code="context_length_exceeded",
@@ -448,4 +481,6 @@ def serialise(payload: Mapping[str, Any]) -> bytes:
     try:
         return orjson.dumps(payload)
     except orjson.JSONEncodeError as exc:
-        raise InvalidRequestError(f"The request body cannot be forwarded once changed: {exc}.") from None
+        raise InvalidRequestError(
+            f"The request body cannot be forwarded once changed: {exc}."
+        ) from None

@@ -35,7 +35,9 @@ class _Entry:
 
 
 class PrefixCounts:
-    def __init__(self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
+    ) -> None:
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._max = max_conversations
         self._max_bytes = max_bytes
