@@ -10,7 +10,7 @@ stripped; the original bytes are kept so an unchanged request is forwarded byte 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -43,6 +43,12 @@ class ChatRequest:
     has_extension: bool
     max_output: int | None  # max_completion_tokens or max_tokens
     include_usage: bool  # stream_options.include_usage
+
+    def with_max_output(self, value: int) -> ChatRequest:
+        """The same request asking for at most `value` output tokens (clamp_max_tokens)."""
+        key = "max_completion_tokens" if "max_completion_tokens" in self.payload else "max_tokens"
+        payload = {**self.payload, key: value}
+        return replace(self, payload=payload, body=orjson.dumps(payload), max_output=value)
 
     def forward_payload(
         self, messages: list[Any] | None, model: str | None, inject_usage: bool = False

@@ -255,6 +255,7 @@ class Pipeline:
         if budget is not None:
             if budget.limit <= 0:
                 budget = self._too_small(request, budget, tools_tokens)
+                request = request.with_max_output(budget.reserved_output)  # what is forwarded
             chain = await self._run(conversation, budget, route, tenant, force, headers)
             if chain.error is not None:
                 raise ContextLengthExceededError(chain.error, param="messages")

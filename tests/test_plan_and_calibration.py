@@ -284,3 +284,16 @@ def test_pin_rules_keep_matching_messages(
         m.get("tool_calls", [{}])[0].get("id") == "c3" for m in sent if m.get("tool_calls")
     )  # ... with its call
     assert not any(m.get("tool_call_id") == "c2" for m in sent)
+
+
+def test_max_tokens_that_leave_no_room_are_refused_or_clamped(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
+    model = {"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 4000, "tokenizer": "chars:4"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5000}
+    strict = start_gateway({"models": [model]})
+    refused = httpx.post(f"{strict.base_url}/chat/completions", json=body, timeout=20)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+    assert fake_upstream.chat_requests() == []
+    clamping = start_gateway({"server": {"clamp_max_tokens": True}, "models": [model]})
+    assert httpx.post(f"{clamping.base_url}/chat/completions", json=body, timeout=20).status_code == 200
+    [sent] = fake_upstream.chat_requests()
+    assert sent["json"]["max_tokens"] == 1000 and sent["json"]["messages"] == body["messages"]
