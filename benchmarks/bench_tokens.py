@@ -32,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from gateway.prefix import PrefixCounts
 from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer
 from gateway.tokens import CountCache, MessageCounter
 
@@ -179,6 +180,13 @@ def main(argv: list[str] | None = None) -> None:
     def warm() -> None:
         counter.messages([*history, {"role": "user", "content": _prose(rng, 60)}])
 
+    prefix = PrefixCounts()
+    prefix.counts("bench", counter.tokenizer.name, history, counter.message, 0)
+
+    def warm_prefix() -> None:  # what the gateway does: the previous request's prefix, by ==
+        appended = [*history, {"role": "user", "content": _prose(rng, 60)}]
+        prefix.counts("bench", counter.tokenizer.name, appended, counter.message, 0)
+
     def warm_each() -> None:  # the same, one message() call per message
         for message in [*history, {"role": "user", "content": _prose(rng, 60)}]:
             counter.message(message)
@@ -204,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
             "cold": cold,
             "warm": warm,
             "warm_each": warm_each,
+            "warm_prefix": warm_prefix,
             "raw": raw,
             "uncached": lambda: uncached.messages(history),
             "floor": floor,
@@ -248,6 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  warm, message() each     {ms['warm_each']:8.3f} ms  warm/cold "
         f"{ms['warm_each'] / cold_ms:6.2%}  (per-message calls instead of messages())"
+    )
+    print(
+        f"  warm, gateway path       {ms['warm_prefix']:8.3f} ms  warm/cold "
+        f"{ms['warm_prefix'] / cold_ms:6.2%}  "
+        "(target < 5 %; unchanged prefix reused, gateway/prefix.py)"
     )
     print(
         f"  raw encode_ordinary      {raw_ms:8.2f} ms  ours cold / raw {cold_ms / raw_ms:5.3f}"
