@@ -700,16 +700,23 @@ async def list_models(request: Request) -> Response:
     return await passthrough(request)
 
 
+async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
+    """The body under the size and time limits (413/408 raised); None if the client left."""
+    server = gw.config.server
+    try:
+        return await read_body(
+            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
+        )
+    except ClientDisconnected:
+        return None
+
+
 async def passthrough(request: Request) -> Response:
     """Any other /v1/* path, forwarded unchanged to the model's (or the default) upstream."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
-    server = gw.config.server
-    try:
-        body = await read_body(
-            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
-        )
-    except ClientDisconnected:
+    body = await _read_limited(gw, request)
+    if body is None:
         return Response(status_code=499)
     route = _route_for_passthrough(gw, body)
     gw.auth.authorize(identity, route.name)
@@ -762,14 +769,10 @@ async def plan(request: Request) -> Response:
     """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (R5.2)."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
-    server = gw.config.server
-    try:
-        body = await read_body(
-            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
-        )
-    except ClientDisconnected:
+    body = await _read_limited(gw, request)
+    if body is None:
         return Response(status_code=499)
-    chat = parse_chat_request(body, server.max_messages)
+    chat = parse_chat_request(body, gw.config.server.max_messages)
     gw.auth.authorize(identity, chat.model)
     route = gw.router.resolve(chat.model)
     if route is None:

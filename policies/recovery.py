@@ -12,11 +12,9 @@ Three modes, chosen per policy by `recovery_mode`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from .budget import Budget
 from .chain import RecoveryMode, RecoveryOutcome
+from .content import with_text
 from .conversation import PROTECTED_ROLES, Conversation, Message, content_text
 from .step import Env, StepResult
 from .summaries import SummaryRequest, prepare_for_summary
@@ -124,7 +122,7 @@ def truncate(conversation: Conversation, budget: Budget, env: Env) -> StepResult
         cut = min(len(text) - 200, int((excess + 32) * ratio * 1.1))
         if cut <= 0:
             break
-        data = _with_text(message.data, _cut_middle(text, cut))
+        data = with_text(message.data, _cut_middle(text, cut))
         messages[index] = message.with_data(data, env.count(data))
         replaced.add(index)
     return StepResult(Conversation(tuple(messages)), replaced=len(replaced))
@@ -135,15 +133,3 @@ def _cut_middle(text: str, cut: int) -> str:
     head = keep // 2
     tail = keep - head
     return text[:head] + TRUNCATION_MARKER.format(n=cut) + text[len(text) - tail :]
-
-
-def _with_text(data: Mapping[str, Any], text: str) -> dict[str, Any]:
-    """The message with its content replaced by `text` (content arrays keep non-text parts)."""
-    new = dict(data)
-    content = data.get("content")
-    if isinstance(content, list):
-        others = [p for p in content if not (isinstance(p, Mapping) and p.get("type") == "text")]
-        new["content"] = [{"type": "text", "text": text}, *others]
-    else:
-        new["content"] = text
-    return new

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,16 @@ def model(fake: FakeUpstream, **extra: Any) -> dict[str, Any]:
 POLICIES = {"p": {"steps": [{"type": "fifo"}]}}
 
 
+def log_lines(log: Path, count: int) -> list[str]:
+    """The event log's lines once it has `count` (events are written just after the response)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
 def test_shadow_mode_forwards_the_original_and_reports_what_it_would_do(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
@@ -66,7 +77,7 @@ def test_shadow_mode_forwards_the_original_and_reports_what_it_would_do(
     assert "x-compactgate-steps" not in response.headers
     [recorded] = fake_upstream.chat_requests()
     assert base64.b64decode(recorded["body_b64"]) == raw  # untouched
-    [event] = [json.loads(line) for line in log.read_text().splitlines()]
+    [event] = [json.loads(line) for line in log_lines(log, 1)]
     assert event["mode"] == "observe" and event["steps"][0]["type"] == "fifo"
     metrics = httpx.get(f"{gw.url}/metrics").text
     assert "compactgate_tokens_saved_total" not in metrics.replace(
@@ -88,6 +99,8 @@ def test_event_log_has_one_line_per_compacted_request_with_phases_and_reward(
         f"{gw.base_url}/chat/completions", json=big, headers={"x-request-id": "req-42"}, timeout=20
     )
     assert response.headers["x-compactgate-steps"] == "fifo"
+    lines = log_lines(log, 1)
+    time.sleep(0.3)  # nothing more arrives for the small request
     lines = log.read_text().splitlines()
     assert len(lines) == 1  # the small request was not compacted: no event
     event = json.loads(lines[0])
@@ -119,7 +132,7 @@ def test_event_log_content_only_when_asked(
         json={"model": "m", "messages": long_history()},
         timeout=20,
     )
-    event = json.loads(log.read_text().splitlines()[0])
+    event = json.loads(log_lines(log, 1)[0])
     assert event["messages"][-1] == {"role": "user", "content": "and now?"}
 
 
@@ -203,6 +216,7 @@ def test_api_keys_never_reach_logs_or_metrics(
             timeout=20,
         )
     metrics = httpx.get(f"{gw.url}/metrics").text
+    assert log_lines(log, 1)  # the compacted request's event, with content, is there to search
     for place in (metrics, gw.output(), log.read_text()):
         assert secret not in place and "abcdef0123456789" not in place
 
