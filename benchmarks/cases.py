@@ -14,6 +14,10 @@ Targets:
     gateway-compact      CompactGate, model `bench-compact` (32k window: masking + trimming)
     gateway-emergency    CompactGate, a model whose upstream rejects the request once with
                          `context_length_exceeded`, so the gateway compacts and retries
+    gateway-summary      CompactGate, model `bench-summary` (64k window, policy `compaction`):
+                         the request crosses the trigger and is served with a summary of its
+                         older turns that is already in the summary cache (the warm-up
+                         requests made it; every measured request only appends a message)
 """
 
 from __future__ import annotations
@@ -157,6 +161,17 @@ CASES: tuple[Case, ...] = (
         ("direct", "gateway", "gateway-compact"),
         Load(20, 6),
         Load(6, 3),
+    ),
+    Case(
+        "summary-ready",
+        "200 messages over a 64k window, summary of the older turns ready, seen before, c=1",
+        "agent",
+        "appended",
+        False,
+        1,
+        ("direct", "gateway", "gateway-summary"),
+        Load(40, 6),
+        Load(10, 3),
     ),
     Case(
         "emergency",

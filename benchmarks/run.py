@@ -143,13 +143,18 @@ class Bench:
                 "passthrough": targets.PASSTHROUGH_MODEL,
                 "compact": targets.COMPACT_MODEL,
                 "emergency": targets.EMERGENCY_PREFIX + workloads.MODEL_MARK.decode(),
+                "summary": targets.SUMMARY_MODEL,
             }[kind]
             build = workloads.small if shape == "small" else workloads.agent
             self.workloads[key] = build(model, stream)
         return self.workloads[key]
 
     def body_for(self, case: Case, target: str) -> load.BodyFor:
-        kinds = {"gateway-compact": "compact", "gateway-emergency": "emergency"}
+        kinds = {
+            "gateway-compact": "compact",
+            "gateway-emergency": "emergency",
+            "gateway-summary": "summary",
+        }
         kind = kinds.get(target, "passthrough")
         workload = self.workload(case.shape, kind, case.stream)
         if kind == "emergency":
@@ -424,6 +429,22 @@ class Bench:
             self.services.pop("gateway-memory", None)
         return figures
 
+    async def summary_metrics(self, session: aiohttp.ClientSession) -> dict[str, float]:
+        """The gateway's summary counters: only `bench-summary` summarises, so they tell how
+        the `summary-ready` requests were served (cache hits) and how often it summarised."""
+        wanted = ("compactgate_summary_cache_total", "compactgate_summarizer_calls_total")
+        try:
+            async with session.get(self.services["gateway"].origin + "/metrics") as response:
+                text = await response.text()
+        except aiohttp.ClientError:
+            return {}
+        found: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(wanted):
+                name, _, value = line.rpartition(" ")
+                found[name] = float(value)
+        return found
+
     async def profile_misses(self, session: aiohttp.ClientSession) -> dict[str, list[str]]:
         misses = [v for v in report.verdicts(self.results) if v.status == "MISS"]
         if not misses:
@@ -500,6 +521,7 @@ class Bench:
                 )
                 info.memory = await self.memory(session)
                 self.log(f"  {info.memory}")
+            info.summary_metrics = await self.summary_metrics(session)
             self.log("verdicts:")
             report.summary_lines(self.results, self.log)
             if not self.args.no_profile:

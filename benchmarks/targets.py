@@ -35,6 +35,8 @@ PASSTHROUGH_MODEL = "bench-passthrough"
 COMPACT_MODEL = "bench-compact"
 EMERGENCY_PREFIX = "bench-emergency-"
 COMPACT_WINDOW = 32_768
+SUMMARY_MODEL = "bench-summary"  # policy `compaction`: summary of old turns + the last turn
+SUMMARY_WINDOW = 65_536  # the 200-message request (~60k tokens) crosses its trigger
 EMERGENCY_REJECT_ABOVE = 65_536  # bytes: the 200-message body is rejected, a compacted one is not
 
 
@@ -179,7 +181,8 @@ def compaction_steps() -> tuple[list[str], str]:
 
 
 def gateway_config(upstream: Service, emergency: Service) -> str:
-    """The gateway's YAML: a passthrough model, a compacting one, emergency models (a glob)."""
+    """The gateway's YAML: a passthrough model, a compacting one, emergency models (a glob),
+    and a summarising one (its summaries come from the same fast upstream)."""
     steps, _ = compaction_steps()
     step_lines = "\n".join(f"      - {{type: {step}}}" for step in steps)
     common = "    max_output_tokens: 1024\n    tokenizer: tiktoken:o200k_base\n"
@@ -198,10 +201,17 @@ def gateway_config(upstream: Service, emergency: Service) -> str:
         f"    context_window: 1000000\n{common}"
         "    policy: compact\n"
         "    max_retries: 2\n"
+        f"  - name: {SUMMARY_MODEL}\n"
+        f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
+        f"    context_window: {SUMMARY_WINDOW}\n{common}"
+        "    policy: summary\n"
         "policies:\n"
         "  compact:\n"
         "    steps:\n"
         f"{step_lines}\n"
+        "  summary:\n"
+        "    steps:\n"
+        "      - {type: compaction, retain_last_turns: 1}\n"
     )
 
 
