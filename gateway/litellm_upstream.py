@@ -25,6 +25,10 @@ SCHEME = "litellm:"
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 _closing: set[asyncio.Future[Any]] = set()  # streams being closed (kept until done)
+# Headers not passed on to litellm's provider call: ours, and the openai SDK's `x-stainless-*`,
+# which are instructions to an SDK (`x-stainless-raw-response: true`, sent by a client's
+# `with_raw_response`, would make litellm's own openai client return an unparsed response).
+_OURS = ("x-compactgate", "x-stainless-")
 
 
 def url_for(api_base: str | None) -> str:
@@ -106,9 +110,7 @@ async def open_litellm(
     api_base = url.removeprefix(SCHEME) or None
     authorization = headers.get("authorization", "")
     api_key = authorization[7:].strip() if authorization[:7].lower() == "bearer " else None
-    extra = {
-        k: v for k, v in headers.items() if k.startswith("x-") and not k.startswith("x-compactgate")
-    }
+    extra = {k: v for k, v in headers.items() if k.startswith("x-") and not k.startswith(_OURS)}
     kwargs = {k: v for k, v in payload.items() if k not in ("model", "messages")}
     try:
         result = await litellm.acompletion(
