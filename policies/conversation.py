@@ -13,7 +13,7 @@ message that are not system/developer form a leading partial Turn.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 PROTECTED_ROLES = frozenset({"system", "developer"})
@@ -46,7 +46,7 @@ class Message:
 
     def with_data(self, data: Mapping[str, Any], tokens: int) -> Message:
         """The same message (same marks and origin) with new content."""
-        return replace(self, data=data, tokens=tokens)
+        return Message(data, tokens, self.pin, self.priority, self.kind, self.origin)
 
 
 def content_text(content: Any) -> str:

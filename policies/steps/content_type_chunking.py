@@ -29,8 +29,9 @@ from ..budget import Budget
 from ..chunking import Kind, compress, detect
 from ..content import with_text
 from ..conversation import PROTECTED_ROLES, Conversation, Message
+from ..memo import Memo
 from ..step import Env, StepConfig, StepResult
-from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, NOTE_RE, PLACEHOLDER_RE
+from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, NOTE_RE, is_placeholder
 
 MARK_KINDS: dict[str, Kind] = {
     "code": "code",
@@ -75,20 +76,21 @@ class ContentTypeChunking:
         for turn in conversation.turns():
             for i in range(turn.start, turn.end):
                 turn_start[i] = turn.start
-        candidates = [i for i, m in enumerate(messages) if i != latest and _eligible(m)]
+        # candidates oldest first, looked at only when the scan gets to them
+        pending = (i for i, m in enumerate(conversation.messages) if i != latest and _eligible(m))
+        candidate = next(pending, None)
         changed: dict[int, str] = {}
         running = 0
-        pointer = 0
         for i, message in enumerate(messages):
             running += message.tokens
             if running <= budget.trigger:
                 continue
-            while pointer < len(candidates) and candidates[pointer] < turn_start[i]:
+            while candidate is not None and candidate < turn_start[i]:
                 if running <= budget.target:
                     break
-                index = candidates[pointer]
-                pointer += 1
-                new = self._compressed(messages[index])
+                index = candidate
+                candidate = next(pending, None)
+                new = self._compressed(messages[index], env.memo)
                 if new is None:
                     continue
                 data = with_text(messages[index].data, new[0])
@@ -107,19 +109,27 @@ class ContentTypeChunking:
             Conversation(tuple(messages)), replaced=len(changed), detail={"compressed": kinds}
         )
 
-    def _compressed(self, message: Message) -> tuple[str, str] | None:
+    def _compressed(self, message: Message, memo: Memo) -> tuple[str, str] | None:
+        """(compressed text, kind), or None when compressing does not change the text.
+
+        Both the type and the compressed form are functions of the text (and the marks and
+        config), worked out once per text through `memo`: the same history comes back on every
+        request.
+        """
         text = message.text
-        if not text.strip():
+        if not text or text.isspace():
             return None
-        kind = MARK_KINDS.get(message.kind or "") or detect(text)
+        kind = MARK_KINDS.get(message.kind or "") or memo.get(
+            ("detect", text), lambda: detect(text), len(text)
+        )
         ratio = self.config.ratios.of(kind)
-        new = compress(
-            text,
-            kind,
-            ratio,
-            lossy=message.priority != 1,
-            prose=self.config.compress_prose,
-            code_blocks=self.config.ratios.code < 1.0,
+        lossy = message.priority != 1
+        prose = self.config.compress_prose
+        code_blocks = self.config.ratios.code < 1.0
+        new = memo.get(
+            ("compress", text, kind, ratio, lossy, prose, code_blocks),
+            lambda: compress(text, kind, ratio, lossy=lossy, prose=prose, code_blocks=code_blocks),
+            2 * len(text),
         )
         return (new, kind) if new != text else None
 
@@ -134,6 +144,6 @@ def _eligible(message: Message) -> bool:
         if call_id.startswith(EXPANSION_ID_PREFIX) or message.data.get("name") in EXPANSION_TOOLS:
             return False
         text = message.text
-        if NOTE_RE.search(text) or PLACEHOLDER_RE.match(text.strip()):
+        if NOTE_RE.search(text) or is_placeholder(text):
             return False
     return message.data.get("content") is not None

@@ -49,6 +49,7 @@ EXPANSION_TOOLS = frozenset({"tool_output_cache", "tool_output_cache_grep"})
 EXPANSION_ID_PREFIX = "cg_"
 PLACEHOLDER = "[tool output trimmed; ref={ref}]"
 PLACEHOLDER_RE = re.compile(r"^\[tool output trimmed; ref=[^\]\s]+\]$")
+_PADDED_PLACEHOLDER_RE = re.compile(r"\s*\[tool output trimmed; ref=[^\]\s]+\]\s*\Z")
 NOTE = (
     "\n[tool output cut; ref={ref}: showing {shown} of {lines} lines{long}. The full output "
     "({size} bytes) can be expanded with the tool tool_output_cache "
@@ -92,6 +93,7 @@ class ToolOutputCache:
         names = call_names(messages)
         refs: dict[int, str] = {}  # maskable output -> its ref, when known
         full: dict[int, str] = {}  # maskable output -> its full text
+        order: list[int] = []  # maskable outputs long enough to mask, in order
         stored: dict[str, StoredOutput] = {}
         viewed: set[int] = set()
         for i, message in enumerate(messages):
@@ -101,16 +103,22 @@ class ToolOutputCache:
             noted = NOTE_RE.search(text)
             if noted is not None:
                 refs[i] = noted.group(1)
+                if len(text) >= MIN_MASK_CHARS:
+                    order.append(i)
                 continue
             full[i] = text
             view = self._view(text, env, refs, i)
             if view is None:
+                if len(text) >= MIN_MASK_CHARS:
+                    order.append(i)
                 continue
             data = with_text(message.data, view)
             messages[i] = message.with_data(data, env.count(data))
-            stored.setdefault(refs[i], _stored(refs[i], text))
+            if refs[i] not in stored:
+                stored[refs[i]] = _stored(refs[i], text)
             viewed.add(i)
-        order = sorted(i for i in set(refs) | set(full) if len(messages[i].text) >= MIN_MASK_CHARS)
+            if len(messages[i].text) >= MIN_MASK_CHARS:
+                order.append(i)
         masks = _Masks(messages, refs, full, stored, env)
         masked = {i for i in self._over_tool_budget(messages, order, budget) if masks.get(i)}
         if self.config.fit_budget and order:
@@ -186,7 +194,6 @@ class ToolOutputCache:
         masks: _Masks,
     ) -> set[int]:
         """Mask the oldest outputs wherever the history, as it grew, passed the trigger."""
-        group_start = _group_starts(messages)
         candidates = [i for i in order if i not in masked]
         more: set[int] = set()
         running = 0
@@ -199,7 +206,9 @@ class ToolOutputCache:
                 running -= masks.saving(i)
             if running <= trigger:
                 continue
-            bound = group_start.get(i, i)
+            if pointer == len(candidates) or running <= target:
+                continue
+            bound = _group_start(messages, i)
             while pointer < len(candidates) and candidates[pointer] < bound and running > target:
                 index = candidates[pointer]
                 pointer += 1
@@ -229,9 +238,11 @@ class _Masks:
 
     def get(self, index: int) -> Message | None:
         """The placeholder for output `index`; None when no ref can be made for it."""
-        if index not in self.built:
-            self.built[index] = self._build(index)
-        return self.built[index]
+        try:
+            return self.built[index]
+        except KeyError:
+            built = self.built[index] = self._build(index)
+            return built
 
     def saving(self, index: int) -> int:
         replacement = self.get(index)
@@ -247,7 +258,8 @@ class _Masks:
             except LookupError:
                 return None
             self.refs[index] = ref
-            self.stored.setdefault(ref, _stored(ref, self.full[index]))
+            if ref not in self.stored:
+                self.stored[ref] = _stored(ref, self.full[index])
         message = self.messages[index]
         data = with_text(message.data, PLACEHOLDER.format(ref=ref))
         return message.with_data(data, self.env.count(data))
@@ -268,30 +280,30 @@ def _maskable_text(message: Message, names: Mapping[str, str]) -> str | None:
     return text
 
 
-def _group_starts(messages: list[Message]) -> dict[int, int]:
-    """Tool result index -> index of the assistant message whose calls it answers.
+def _group_start(messages: list[Message], index: int) -> int:
+    """For a tool result, the index of the assistant message whose calls it answers; else `index`.
 
     Results directly follow their call (OpenAI's rule, checked by `invariants`), so the opening
-    assistant message is the last one with tool_calls before the run of results.
+    assistant message is the one before the run of results, if it has tool_calls.
     """
-    starts: dict[int, int] = {}
-    opener: int | None = None
-    for i, message in enumerate(messages):
-        role = message.role
-        if role == "tool":
-            if opener is not None:
-                starts[i] = opener
-        elif role == "assistant" and message.data.get("tool_calls"):
-            opener = i
-        else:
-            opener = None
-    return starts
+    if messages[index].role != "tool":
+        return index
+    opener = index - 1
+    while opener >= 0 and messages[opener].role == "tool":
+        opener -= 1
+    if (
+        opener >= 0
+        and messages[opener].role == "assistant"
+        and messages[opener].data.get("tool_calls")
+    ):
+        return opener
+    return index
+
+
+def is_placeholder(text: str) -> bool:
+    """Whether `text`, stripped, is a placeholder (`PLACEHOLDER_RE`), without copying it."""
+    return _PADDED_PLACEHOLDER_RE.match(text) is not None
 
 
 def _stored(ref: str, text: str) -> StoredOutput:
-    return StoredOutput(
-        ref=ref,
-        text=text,
-        byte_size=len(text.encode("utf-8", "surrogatepass")),
-        line_count=text.count("\n") + 1 if text else 0,
-    )
+    return StoredOutput(ref=ref, text=text)
