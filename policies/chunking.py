@@ -32,7 +32,7 @@ import json
 import operator
 import re
 import tokenize
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Literal
 
 Kind = Literal["code", "text", "plan_ref", "log", "json", "other"]
@@ -103,35 +103,30 @@ def _log_lines(lines: list[str], needed: int) -> bool:
     frames = "(" in joined or "[" in joined or 'File "' in joined
     if not (stamps or levels or frames):
         return needed <= 0
-    return _at_least(
-        needed,
-        lines,
-        lambda line: bool(
+    left = len(lines)
+    for line in lines:
+        if needed <= 0 or needed > left:
+            break
+        left -= 1
+        if (
             (stamps and ":" in line and _LOG_STAMP_RE.search(line))
             or (levels and _LOG_LEVEL_RE.search(line))
             or (frames and _LOG_FRAME_RE.match(line))
-        ),
-    )
+        ):
+            needed -= 1
+    return needed <= 0
 
 
 def _code_lines(lines: list[str], needed: int) -> bool:
     """Whether CODE_LINE_RE finds something in at least `needed` of `lines` (its `[;{]\\s*$`
     branch is a look at the line's end)."""
-    return _at_least(
-        needed,
-        lines,
-        lambda line: line.rstrip()[-1:] in (";", "{") or _CODE_START_RE.match(line) is not None,
-    )
-
-
-def _at_least(needed: int, lines: list[str], test: Callable[[str], bool]) -> bool:
-    """Whether `test` holds for at least `needed` lines; stops as soon as the answer is known."""
     left = len(lines)
     for line in lines:
         if needed <= 0 or needed > left:
             break
-        needed -= test(line)
         left -= 1
+        if line.rstrip()[-1:] in (";", "{") or _CODE_START_RE.match(line):
+            needed -= 1
     return needed <= 0
 
 

@@ -144,11 +144,11 @@ def call_names(messages: Sequence[Message]) -> dict[str, str]:
     names: dict[str, str] = {}
     for message in messages:
         for call in message.data.get("tool_calls") or ():
-            if _is_mapping(call) and _is_mapping(function := call.get("function")):
+            if is_mapping(call) and is_mapping(function := call.get("function")):
                 names[str(call.get("id", ""))] = str(function.get("name", ""))
     return names
 
 
-def _is_mapping(value: Any) -> bool:
+def is_mapping(value: Any) -> bool:
     """`isinstance(value, Mapping)`, quick for the dicts that parsed JSON is made of."""
     return type(value) is dict or isinstance(value, Mapping)

@@ -31,7 +31,7 @@ from ..content import with_text
 from ..conversation import PROTECTED_ROLES, Conversation, Message
 from ..memo import Memo
 from ..step import Env, StepConfig, StepResult
-from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, NOTE_RE, is_placeholder
+from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, find_note, is_placeholder
 
 MARK_KINDS: dict[str, Kind] = {
     "code": "code",
@@ -74,19 +74,22 @@ class ContentTypeChunking:
         latest = conversation.latest_user_index()
         turn_start = [0] * len(messages)
         for turn in conversation.turns():
-            for i in range(turn.start, turn.end):
-                turn_start[i] = turn.start
+            turn_start[turn.start : turn.end] = [turn.start] * (turn.end - turn.start)
         # candidates oldest first, looked at only when the scan gets to them
-        pending = (i for i, m in enumerate(conversation.messages) if i != latest and _eligible(m))
+        roles = conversation.roles()
+        pending = (
+            i for i, m in enumerate(conversation.messages) if i != latest and _eligible(m, roles[i])
+        )
         candidate = next(pending, None)
         changed: dict[int, str] = {}
         running = 0
+        trigger, target = budget.trigger, budget.target
         for i, message in enumerate(messages):
             running += message.tokens
-            if running <= budget.trigger:
+            if running <= trigger:
                 continue
             while candidate is not None and candidate < turn_start[i]:
-                if running <= budget.target:
+                if running <= target:
                     break
                 index = candidate
                 candidate = next(pending, None)
@@ -134,16 +137,16 @@ class ContentTypeChunking:
         return (new, kind) if new != text else None
 
 
-def _eligible(message: Message) -> bool:
-    if message.role in PROTECTED_ROLES or message.pin:
+def _eligible(message: Message, role: str) -> bool:
+    if role in PROTECTED_ROLES or message.pin:
         return False
     if message.kind is not None and ":" in message.kind:  # summaries, placeholders
         return False
-    if message.role == "tool":
+    if role == "tool":
         call_id = str(message.data.get("tool_call_id", ""))
         if call_id.startswith(EXPANSION_ID_PREFIX) or message.data.get("name") in EXPANSION_TOOLS:
             return False
         text = message.text
-        if NOTE_RE.search(text) or is_placeholder(text):
+        if find_note(text) is not None or is_placeholder(text):
             return False
     return message.data.get("content") is not None

@@ -34,7 +34,8 @@ Content arrays: the text parts are joined and replaced by one text part; other p
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -42,7 +43,7 @@ from pydantic import Field
 from ..budget import Budget, stable_cut
 from ..content import with_text
 from ..conversation import Conversation, Message
-from ..pinning import call_names
+from ..pinning import is_mapping
 from ..step import Env, StepConfig, StepResult, StoredOutput
 
 EXPANSION_TOOLS = frozenset({"tool_output_cache", "tool_output_cache_grep"})
@@ -56,6 +57,7 @@ NOTE = (
     '{{"ref_id": "{ref}", "offset": <line>, "limit": <lines>}}]'
 )
 NOTE_RE = re.compile(r"\n\[tool output cut; ref=([^:\s\]]+):")
+NOTE_START = "\n[tool output cut; ref="  # what every NOTE_RE match starts with
 LONG_LINE_MARK = " [...]"
 MIN_MASK_CHARS = 200  # shorter outputs cost about what their placeholder would: never masked
 
@@ -90,17 +92,19 @@ class ToolOutputCache:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
-        names = call_names(messages)
+        expansion_ids = _expansion_call_ids(messages)
         refs: dict[int, str] = {}  # maskable output -> its ref, when known
         full: dict[int, str] = {}  # maskable output -> its full text
         order: list[int] = []  # maskable outputs long enough to mask, in order
         stored: dict[str, StoredOutput] = {}
         viewed: set[int] = set()
         for i, message in enumerate(messages):
-            text = _maskable_text(message, names)
+            if message.role != "tool":
+                continue
+            text = _maskable_text(message, expansion_ids)
             if text is None:
                 continue
-            noted = NOTE_RE.search(text)
+            noted = find_note(text)
             if noted is not None:
                 refs[i] = noted.group(1)
                 if len(text) >= MIN_MASK_CHARS:
@@ -141,11 +145,11 @@ class ToolOutputCache:
         config = self.config
         if len(text) <= config.max_line_length and len(text) * 4 <= config.max_message_bytes:
             return None  # no line can be too long, and even 4-byte characters would fit
-        lines = text.split("\n")
-        long = max(map(len, lines)) > config.max_line_length
+        long = _has_long_line(text, config.max_line_length)
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if not long and size <= config.max_message_bytes:
             return None
+        lines = text.split("\n")
         try:
             ref = env.ref_for(text)
         except LookupError:
@@ -265,14 +269,14 @@ class _Masks:
         return message.with_data(data, self.env.count(data))
 
 
-def _maskable_text(message: Message, names: Mapping[str, str]) -> str | None:
+def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | None:
     """The text of a tool output this step may cut or mask; None for everything else."""
     if message.role != "tool" or message.pin:
         return None
     call_id = str(message.data.get("tool_call_id", ""))
     if call_id.startswith(EXPANSION_ID_PREFIX):
         return None
-    if message.data.get("name") in EXPANSION_TOOLS or names.get(call_id) in EXPANSION_TOOLS:
+    if message.data.get("name") in EXPANSION_TOOLS or call_id in expansion_ids:
         return None
     text = message.text
     if len(text) < 200 and PLACEHOLDER_RE.match(text.strip()):
@@ -298,6 +302,37 @@ def _group_start(messages: list[Message], index: int) -> int:
     ):
         return opener
     return index
+
+
+def _expansion_call_ids(messages: Sequence[Message]) -> set[str]:
+    """Ids of the tool calls to the gateway's expansion tools (by `pinning.call_names`'s rule:
+    the last call with an id names it)."""
+    ids: set[str] = set()
+    for message in messages:
+        for call in message.data.get("tool_calls") or ():
+            if is_mapping(call) and is_mapping(function := call.get("function")):
+                if str(function.get("name", "")) in EXPANSION_TOOLS:
+                    ids.add(str(call.get("id", "")))
+                else:
+                    ids.discard(str(call.get("id", "")))
+    return ids
+
+
+def _has_long_line(text: str, limit: int) -> bool:
+    """`max(map(len, text.split("\\n"))) > limit`, looking only at the lines through every
+    (limit + 1)th character: any run of limit + 1 characters covers one of them."""
+    step = limit + 1
+    for at in range(limit, len(text), step):
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        if (len(text) if end < 0 else end) - start > limit:
+            return True
+    return False
+
+
+def find_note(text: str) -> re.Match[str] | None:
+    """`NOTE_RE.search(text)`, without running the regex over texts that have no note."""
+    return NOTE_RE.search(text) if NOTE_START in text else None
 
 
 def is_placeholder(text: str) -> bool:
