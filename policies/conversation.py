@@ -89,6 +89,19 @@ class Conversation:
     def of(cls, messages: Iterable[Message]) -> Conversation:
         return cls(tuple(messages))
 
+    def with_contents(self, messages: Sequence[Message]) -> Conversation:
+        """This conversation with some messages' contents replaced (`Message.with_data`, which
+        keeps roles, marks and order): the derived facts that do not depend on contents or
+        counts (roles, Turns, latest user message, protected flags) carry over."""
+        assert len(messages) == len(self.messages)
+        return Conversation(
+            tuple(messages),
+            _turns=self._turns,
+            _latest=self._latest,
+            _roles=self._roles,
+            _protected=self._protected,
+        )
+
     @property
     def tokens(self) -> int:
         if self._tokens < 0:
@@ -222,7 +235,7 @@ def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversati
     wanted = {i for i in indices if 0 <= i < len(messages) and not protected[i]}
     if not wanted:
         return conversation, 0
-    for group in tool_groups(messages):
+    for group in _tool_groups(messages, conversation.roles()):
         if any(i not in wanted for i in group):
             wanted.difference_update(group)
     if not wanted:
@@ -237,16 +250,19 @@ def tool_groups(messages: Sequence[Message]) -> list[list[int]]:
     Tool results follow their assistant message (OpenAI requires them immediately after it). A
     tool result whose call is not found stays in a group of its own.
     """
+    return _tool_groups(messages, [m.role for m in messages])
+
+
+def _tool_groups(messages: Sequence[Message], roles: Sequence[str]) -> list[list[int]]:
     groups: list[list[int]] = []
     owner: dict[str, int] = {}
-    for i, message in enumerate(messages):
-        role = message.role
-        if role == "assistant" and (call_ids := message.tool_call_ids):
+    for i, role in enumerate(roles):
+        if role == "assistant" and (call_ids := messages[i].tool_call_ids):
             groups.append([i])
             for call_id in call_ids:
                 owner[call_id] = len(groups) - 1
         elif role == "tool":
-            group = owner.get(str(message.data.get("tool_call_id", "")))
+            group = owner.get(str(messages[i].data.get("tool_call_id", "")))
             if group is None:
                 groups.append([i])
             else:

@@ -109,7 +109,9 @@ class ContentTypeChunking:
         for kind in changed.values():
             kinds[kind] = kinds.get(kind, 0) + 1
         return StepResult(
-            Conversation(tuple(messages)), replaced=len(changed), detail={"compressed": kinds}
+            conversation.with_contents(messages),
+            replaced=len(changed),
+            detail={"compressed": kinds},
         )
 
     def _compressed(self, message: Message, memo: Memo) -> tuple[str, str] | None:

@@ -134,7 +134,7 @@ class ToolOutputCache:
         if not viewed and not masked:
             return StepResult.unchanged(conversation, reason="within limits")
         return StepResult(
-            Conversation(tuple(messages)),
+            conversation.with_contents(messages),
             replaced=len(viewed | masked),
             stored=tuple(stored.values()),
             detail={"outputs_cut": len(viewed), "outputs_trimmed": len(masked)},
@@ -313,7 +313,7 @@ def _expansion_call_ids(messages: Sequence[Message]) -> set[str]:
             if is_mapping(call) and is_mapping(function := call.get("function")):
                 if str(function.get("name", "")) in EXPANSION_TOOLS:
                     ids.add(str(call.get("id", "")))
-                else:
+                elif ids:
                     ids.discard(str(call.get("id", "")))
     return ids
 
