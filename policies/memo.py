@@ -9,18 +9,22 @@ A client resends its whole history on every call; what a step works out from a m
 alone (its content type, its compressed form) is the same on every request. The gateway keeps
 one memo for the process and passes it in through `Env`; an `Env` made without one gets its own,
 which still serves the repeated passes of one chain run. Bounded by entries and by the characters
-of the texts it holds; the least recently used entries go first.
+of the texts it holds; the least recently used entries go first. Safe to share between threads
+(the gateway also runs chains in a worker thread): each step is one atomic `OrderedDict`
+operation, a race costs at most a recomputation, and the character count is then approximate.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TypeVar
 
 T = TypeVar("T")
 
 MAX_ENTRIES = 50_000
-MAX_CHARS = 64 * 1024 * 1024
+MAX_CHARS = 32 * 1024 * 1024
+_MISSING = object()
 
 
 class Memo:
@@ -31,7 +35,7 @@ class Memo:
     def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
         self.max_entries = max_entries
         self.max_chars = max_chars
-        self._entries: dict[Hashable, tuple[object, int]] = {}
+        self._entries: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
         self._chars = 0
 
     def __len__(self) -> int:
@@ -49,15 +53,21 @@ class Memo:
         the bound; an entry larger than the whole bound is computed but not kept.
         """
         entries = self._entries
-        found = entries.pop(key, None)
-        if found is not None:
-            entries[key] = found  # most recently used last
-            return found[0]  # type: ignore[return-value]
+        found = entries.get(key, _MISSING)
+        if found is not _MISSING:
+            try:
+                entries.move_to_end(key)  # most recently used last
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+            return found[0]  # type: ignore[index,no-any-return]
         value = compute()
         if chars <= self.max_chars and self.max_entries > 0:
             entries[key] = (value, chars)
             self._chars += chars
             while len(entries) > self.max_entries or self._chars > self.max_chars:
-                oldest = next(iter(entries))
-                self._chars -= entries.pop(oldest)[1]
+                try:
+                    _, (_, size) = entries.popitem(last=False)
+                except KeyError:
+                    break
+                self._chars -= size
         return value

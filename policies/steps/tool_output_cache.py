@@ -92,6 +92,7 @@ class ToolOutputCache:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
+        roles = conversation.roles()
         expansion_ids = _expansion_call_ids(messages)
         refs: dict[int, str] = {}  # maskable output -> its ref, when known
         full: dict[int, str] = {}  # maskable output -> its full text
@@ -99,7 +100,7 @@ class ToolOutputCache:
         stored: dict[str, StoredOutput] = {}
         viewed: set[int] = set()
         for i, message in enumerate(messages):
-            if message.role != "tool":
+            if roles[i] != "tool":
                 continue
             text = _maskable_text(message, expansion_ids)
             if text is None:
@@ -126,7 +127,7 @@ class ToolOutputCache:
         masks = _Masks(messages, refs, full, stored, env)
         masked = {i for i in self._over_tool_budget(messages, order, budget) if masks.get(i)}
         if self.config.fit_budget and order:
-            masked |= self._over_trigger(messages, order, masked, budget, masks)
+            masked |= self._over_trigger(messages, roles, order, masked, budget, masks)
         for i in masked:
             replacement = masks.get(i)
             assert replacement is not None
@@ -192,6 +193,7 @@ class ToolOutputCache:
     def _over_trigger(
         self,
         messages: list[Message],
+        roles: Sequence[str],
         order: list[int],
         masked: set[int],
         budget: Budget,
@@ -212,7 +214,7 @@ class ToolOutputCache:
                 continue
             if pointer == len(candidates) or running <= target:
                 continue
-            bound = _group_start(messages, i)
+            bound = _group_start(messages, roles, i)
             while pointer < len(candidates) and candidates[pointer] < bound and running > target:
                 index = candidates[pointer]
                 pointer += 1
@@ -270,8 +272,9 @@ class _Masks:
 
 
 def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | None:
-    """The text of a tool output this step may cut or mask; None for everything else."""
-    if message.role != "tool" or message.pin:
+    """The text of a tool output (the caller checked the role) this step may cut or mask; None
+    for everything else."""
+    if message.pin:
         return None
     call_id = str(message.data.get("tool_call_id", ""))
     if call_id.startswith(EXPANSION_ID_PREFIX):
@@ -284,22 +287,18 @@ def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | N
     return text
 
 
-def _group_start(messages: list[Message], index: int) -> int:
+def _group_start(messages: list[Message], roles: Sequence[str], index: int) -> int:
     """For a tool result, the index of the assistant message whose calls it answers; else `index`.
 
     Results directly follow their call (OpenAI's rule, checked by `invariants`), so the opening
     assistant message is the one before the run of results, if it has tool_calls.
     """
-    if messages[index].role != "tool":
+    if roles[index] != "tool":
         return index
     opener = index - 1
-    while opener >= 0 and messages[opener].role == "tool":
+    while opener >= 0 and roles[opener] == "tool":
         opener -= 1
-    if (
-        opener >= 0
-        and messages[opener].role == "assistant"
-        and messages[opener].data.get("tool_calls")
-    ):
+    if opener >= 0 and roles[opener] == "assistant" and messages[opener].data.get("tool_calls"):
         return opener
     return index
 
