@@ -79,6 +79,8 @@ def detect(text: str) -> Kind:
         return "text"
     if stripped[0] in "[{" and minify_json(stripped) is not None:
         return "json"
+    if "\n" not in stripped:  # one line: too few for a log or code, and no fence
+        return "text"
     # enough lines to tell, and detection stays cheap on huge outputs
     sample = list(itertools.islice(filter(str.strip, stripped.split("\n")), SAMPLE_LINES))
     if len(sample) >= 5 and _log_lines(sample, (len(sample) + 1) // 2):
@@ -99,7 +101,7 @@ def _log_lines(lines: list[str], needed: int) -> bool:
     on a line that has what its branch needs (a colon, a level word, a bracket)."""
     joined = "\n".join(lines)
     stamps = ":" in joined
-    levels = any(level in joined for level in LOG_LEVELS)
+    levels = any(map(joined.__contains__, LOG_LEVELS))
     frames = "(" in joined or "[" in joined or 'File "' in joined
     if not (stamps or levels or frames):
         return needed <= 0

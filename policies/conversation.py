@@ -44,11 +44,16 @@ class Message:
         calls = self.data.get("tool_calls")
         if not calls:
             return ()
-        return tuple(str(c.get("id", "")) for c in calls if isinstance(c, Mapping))
+        return tuple([str(c.get("id", "")) for c in calls if is_mapping(c)])
 
     def with_data(self, data: Mapping[str, Any], tokens: int) -> Message:
         """The same message (same marks and origin) with new content."""
         return Message(data, tokens, self.pin, self.priority, self.kind, self.origin)
+
+
+def is_mapping(value: Any) -> bool:
+    """`isinstance(value, Mapping)`, quick for the dicts that parsed JSON is made of."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def content_text(content: Any) -> str:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from .conversation import Message
+from .conversation import Message, is_mapping
 
 EXTENSION = "compactgate"
 KINDS = ("message", "code", "plan_ref", "log", "other")
@@ -147,8 +147,3 @@ def call_names(messages: Sequence[Message]) -> dict[str, str]:
             if is_mapping(call) and is_mapping(function := call.get("function")):
                 names[str(call.get("id", ""))] = str(function.get("name", ""))
     return names
-
-
-def is_mapping(value: Any) -> bool:
-    """`isinstance(value, Mapping)`, quick for the dicts that parsed JSON is made of."""
-    return type(value) is dict or isinstance(value, Mapping)

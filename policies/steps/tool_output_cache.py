@@ -42,8 +42,7 @@ from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..content import with_text
-from ..conversation import Conversation, Message
-from ..pinning import is_mapping
+from ..conversation import Conversation, Message, is_mapping
 from ..step import Env, StepConfig, StepResult, StoredOutput
 
 EXPANSION_TOOLS = frozenset({"tool_output_cache", "tool_output_cache_grep"})
