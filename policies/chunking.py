@@ -52,16 +52,13 @@ _LOG_LEVEL_RE = re.compile(
     r"\b(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL|SEVERE)\b"
 )
 _LOG_FRAME_RE = re.compile(r"\s+at \S+\(|\s*File \".*\", line \d+|\s*\[\s*\d+(?:\.\d+)?\]")
-CODE_LINE_RE = re.compile(
-    r"^\s*(?:def |class |import |from \S+ import |return\b|if\b.*[:{]\s*$|for\b.*[:{]\s*$"
-    r"|while\b.*[:{]\s*$|#include|function\b|const |let |var |public |private |fn |func "
-    r"|package |[})\]];?\s*$)|[;{]\s*$"
-)
-_CODE_START_RE = re.compile(  # CODE_LINE_RE's `^` branch; its `[;{]\s*$` is a look at the end
+_CODE_START = (  # a line that starts like code; CODE_LINE_RE also takes one ending in ; or {
     r"\s*(?:def |class |import |from \S+ import |return\b|if\b.*[:{]\s*$|for\b.*[:{]\s*$"
     r"|while\b.*[:{]\s*$|#include|function\b|const |let |var |public |private |fn |func "
     r"|package |[})\]];?\s*$)"
 )
+CODE_LINE_RE = re.compile("^" + _CODE_START + r"|[;{]\s*$")
+_CODE_START_RE = re.compile(_CODE_START)  # matched at a line's start; the end is a plain look
 NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
 # What NUMBER_RE can replace in ASCII text: lines with equal keys are equal without these.
 _NUMBER_CHARS = str.maketrans("", "", "0123456789abcdefABCDEFx")
