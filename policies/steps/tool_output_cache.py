@@ -125,7 +125,8 @@ class ToolOutputCache:
                 order.append(i)
         masks = _Masks(messages, refs, full, stored, env)
         masked = {i for i in self._over_tool_budget(messages, order, budget) if masks.get(i)}
-        if self.config.fit_budget and order:
+        # the running total only grows, so it passes the trigger iff the whole does
+        if self.config.fit_budget and order and _total(messages, masked, masks) > budget.trigger:
             masked |= self._over_trigger(messages, roles, order, masked, budget, masks)
         for i in masked:
             replacement = masks.get(i)
@@ -268,6 +269,11 @@ class _Masks:
         message = self.messages[index]
         data = with_text(message.data, PLACEHOLDER.format(ref=ref))
         return message.with_data(data, self.env.count(data))
+
+
+def _total(messages: list[Message], masked: AbstractSet[int], masks: _Masks) -> int:
+    """Tokens of `messages` once the `masked` outputs are replaced by their placeholders."""
+    return sum(m.tokens for m in messages) - sum(masks.saving(i) for i in masked)
 
 
 def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | None:
