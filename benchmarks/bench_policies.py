@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from policies import Budget, Conversation, Env, Message, Policy, build_policy, run_chain
+from policies import Budget, Conversation, Env, Message, Policy, build_policy, check, run_chain
 from policies.conversation import content_text
 from policies.memo import Memo
 from policies.registry import STEPS, build_step
@@ -224,6 +224,14 @@ def bench_speed(repeat: int) -> dict[str, Timing]:
         cold, warm = chain_timings(fresh, budget, policy, repeat)
         print(f"     cold (fresh Env)      {cold}")
         print(f"     warm (gateway state)  {warm}")
+        checked = timed(
+            lambda conv, budget=budget: check(
+                conv, run_chain(conv, budget, policy, env()).conversation
+            ),
+            fresh,
+            repeat,
+        )
+        print(f"     cold + invariant check {checked} (the gateway checks before sending)")
         figures[f"chain {window // 1000}k cold"] = cold
         figures[f"chain {window // 1000}k warm"] = warm
     budget = Budget(context_window=128_000, reserved_output=16_000, fixed_tokens=2_000)
