@@ -292,24 +292,3 @@ def test_a_shared_memo_changes_no_output() -> None:
     again = run_chain(conv(data), budget(6000), policy, env(memo=memo)).conversation.data()
     assert len(memo) > 0
     assert cold == first == again
-
-
-def test_memo_is_bounded_and_keeps_recent_entries() -> None:
-    memo = Memo(max_entries=3, max_chars=100)
-    calls: list[str] = []
-
-    def compute(key: str) -> str:
-        calls.append(key)
-        return key.upper()
-
-    for key in ["a", "b", "c", "a", "d"]:  # "a" used again: "b" is the oldest when "d" comes
-        assert memo.get(("up", key), lambda key=key: compute(key), 10) == key.upper()
-    assert calls == ["a", "b", "c", "d"]
-    assert len(memo) == 3 and memo.chars == 30
-    memo.get(("up", "b"), lambda: compute("b"), 10)
-    assert calls[-1] == "b"  # was evicted
-    memo.get(("up", "huge"), lambda: compute("huge"), 1000)  # larger than the bound: not kept
-    memo.get(("up", "huge"), lambda: compute("huge"), 1000)
-    assert calls[-2:] == ["huge", "huge"]
-    memo.get(("up", "e"), lambda: compute("e"), 90)  # the char bound evicts the oldest
-    assert memo.chars <= 100
