@@ -25,6 +25,7 @@ from policies import (
     ChainResult,
     Conversation,
     Env,
+    Memo,
     Message,
     StepReport,
     StoredOutput,
@@ -123,6 +124,7 @@ class Pipeline:
         self._expansion_cost: dict[str, int] = {}
         self._prefix = PrefixCounts()
         self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._memo = Memo()  # per-text results of the steps, reused across requests
         self._metrics = metrics
         self._margin = safety_margin
         self._clamp = clamp_max_tokens
@@ -226,6 +228,7 @@ class Pipeline:
             summaries=summaries,
             ref_for=ref_for,
             count_text=route.counter.text,
+            memo=self._memo,
         )
 
     async def prepare(

@@ -9,6 +9,7 @@ from .budget import Budget, stable_cut
 from .chain import ChainResult, Policy, StepReport, run_chain, summarize_reports
 from .conversation import Conversation, Message, Turn, find_safe_boundary, parse_turns
 from .invariants import Violation, check
+from .memo import Memo
 from .pinning import Marks, PinRule, apply_pin_rules, marks_from_extension, split_extension
 from .registry import DEFAULT_STEPS, STEPS, build_policy, build_step, parse_step_config
 from .step import Env, StepConfig, StepResult, StoredOutput
@@ -22,6 +23,7 @@ __all__ = [
     "Conversation",
     "Env",
     "Marks",
+    "Memo",
     "Message",
     "PinRule",
     "Policy",

@@ -27,25 +27,41 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import json
+import operator
 import re
 import tokenize
+from collections.abc import Iterator
 from typing import Literal
 
 Kind = Literal["code", "text", "plan_ref", "log", "json", "other"]
 
 FENCE_RE = re.compile(r"^([ \t]*)(```|~~~)([^\n]*)\n(.*?)^\1\2[ \t]*$", re.M | re.S)
+FENCES = ("```", "~~~")
 LOG_LINE_RE = re.compile(
     r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}|\b\d{2}:\d{2}:\d{2}\b"
     r"|\b(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL|SEVERE)\b"
     r"|^\s+at \S+\(|^\s*File \".*\", line \d+|^\s*\[\s*\d+(?:\.\d+)?\]"
 )
-CODE_LINE_RE = re.compile(
-    r"^\s*(?:def |class |import |from \S+ import |return\b|if\b.*[:{]\s*$|for\b.*[:{]\s*$"
-    r"|while\b.*[:{]\s*$|#include|function\b|const |let |var |public |private |fn |func "
-    r"|package |[})\]];?\s*$)|[;{]\s*$"
+# LOG_LINE_RE split so that the regex engine can skip ahead (a pattern that opens with `\b` or
+# an alternation of classes is tried at every position): the same lines match (tested).
+_LOG_STAMP_RE = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}|\d(?<!\w\d)\d:\d{2}:\d{2}\b")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "NOTICE", "WARN", "ERROR", "FATAL", "CRITICAL", "SEVERE")
+_LOG_LEVEL_RE = re.compile(
+    r"\b(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL|SEVERE)\b"
 )
+_LOG_FRAME_RE = re.compile(r"\s+at \S+\(|\s*File \".*\", line \d+|\s*\[\s*\d+(?:\.\d+)?\]")
+_CODE_START = (  # a line that starts like code; CODE_LINE_RE also takes one ending in ; or {
+    r"\s*(?:def |class |import |from \S+ import |return\b|if\b.*[:{]\s*$|for\b.*[:{]\s*$"
+    r"|while\b.*[:{]\s*$|#include|function\b|const |let |var |public |private |fn |func "
+    r"|package |[})\]];?\s*$)"
+)
+CODE_LINE_RE = re.compile("^" + _CODE_START + r"|[;{]\s*$")
+_CODE_START_RE = re.compile(_CODE_START)  # matched at a line's start; the end is a plain look
 NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
+# What NUMBER_RE can replace in ASCII text: lines with equal keys are equal without these.
+_NUMBER_CHARS = str.maketrans("", "", "0123456789abcdefABCDEFx")
 JSON_WS_RE = re.compile(r'("(?:[^"\\]|\\.)*")|\s+', re.S)
 SAMPLE_LINES = 24
 ELISION = "[... {n} lines elided by compactgate ...]"
@@ -60,19 +76,64 @@ def detect(text: str) -> Kind:
         return "text"
     if stripped[0] in "[{" and minify_json(stripped) is not None:
         return "json"
-    lines = [line for line in stripped.split("\n") if line.strip()]
-    sample = lines[:SAMPLE_LINES]  # enough to tell, and detection stays cheap on huge outputs
-    if len(lines) >= 5 and sum(1 for line in sample if LOG_LINE_RE.search(line)) * 2 >= len(sample):
+    if "\n" not in stripped:  # one line: too few for a log or code, and no fence
+        return "text"
+    # enough lines to tell, and detection stays cheap on huge outputs
+    sample = list(itertools.islice(filter(str.strip, stripped.split("\n")), SAMPLE_LINES))
+    if len(sample) >= 5 and _log_lines(sample, (len(sample) + 1) // 2):
         return "log"
-    fenced = sum(len(m.group(0)) for m in FENCE_RE.finditer(stripped))
+    fenced = sum(len(m.group(0)) for m in _fences(stripped))
     if fenced * 2 >= len(stripped):
         return "code"
-    if len(lines) >= 3:
-        if sum(1 for line in sample if CODE_LINE_RE.search(line)) * 5 >= len(sample) * 3:
+    if len(sample) >= 3:
+        if _code_lines(sample, (len(sample) * 3 + 4) // 5):
             return "code"
         if _python_module(stripped) is not None:
             return "code"
     return "text"
+
+
+def _log_lines(lines: list[str], needed: int) -> bool:
+    """Whether LOG_LINE_RE finds something in at least `needed` of `lines`. A regex only runs
+    on a line that has what its branch needs (a colon, a level word, a bracket)."""
+    joined = "\n".join(lines)
+    stamps = ":" in joined
+    levels = any(map(joined.__contains__, LOG_LEVELS))
+    frames = "(" in joined or "[" in joined or 'File "' in joined
+    if not (stamps or levels or frames):
+        return needed <= 0
+    left = len(lines)
+    for line in lines:
+        if needed <= 0 or needed > left:
+            break
+        left -= 1
+        if (
+            (stamps and ":" in line and _LOG_STAMP_RE.search(line))
+            or (levels and _LOG_LEVEL_RE.search(line))
+            or (frames and _LOG_FRAME_RE.match(line))
+        ):
+            needed -= 1
+    return needed <= 0
+
+
+def _code_lines(lines: list[str], needed: int) -> bool:
+    """Whether CODE_LINE_RE finds something in at least `needed` of `lines` (its `[;{]\\s*$`
+    branch is a look at the line's end)."""
+    left = len(lines)
+    for line in lines:
+        if needed <= 0 or needed > left:
+            break
+        left -= 1
+        if line.rstrip()[-1:] in (";", "{") or _CODE_START_RE.match(line):
+            needed -= 1
+    return needed <= 0
+
+
+def _fences(text: str) -> Iterator[re.Match[str]]:
+    """`FENCE_RE.finditer(text)`, without scanning texts that have no fence at all."""
+    if FENCES[0] not in text and FENCES[1] not in text:
+        return iter(())
+    return FENCE_RE.finditer(text)
 
 
 # JSON ------------------------------------------------------------------------------------------
@@ -102,7 +163,7 @@ def minify_json(text: str) -> str | None:
 
 def minify_code(text: str) -> str:
     """Comment-only lines and blank-line runs removed; indentation never changed."""
-    if FENCE_RE.search(text):
+    if next(_fences(text), None) is not None:
         return minify_fences(text)
     return _minify_block(text, "")
 
@@ -190,21 +251,48 @@ def _minify_generic(code: str) -> str:
 
 def collapse_repeats(text: str) -> str:
     lines = text.split("\n")
-    keys = NUMBER_RE.sub("0", text).split("\n")  # one pass; digits never span a newline
+    # A line's key is NUMBER_RE.sub("0", line) (digits never span a newline). Keys are only
+    # worked out for lines that differ but agree once every character NUMBER_RE may replace is
+    # deleted (equal keys need that); in non-ASCII text (other digits) all keys are.
+    ascii_only = text.isascii()
+    source = text.translate(_NUMBER_CHARS) if ascii_only else NUMBER_RE.sub("0", text)
+    skeletons = source.split("\n")
+    keys: dict[int, str] = {}
+
+    def key(i: int) -> str:
+        if i not in keys:
+            keys[i] = NUMBER_RE.sub("0", lines[i])
+        return keys[i]
+
+    # lines that continue the run of the line before them (same key); runs are maximal
+    follows = [
+        j
+        for j in itertools.compress(
+            range(1, len(lines)), map(operator.eq, skeletons, itertools.islice(skeletons, 1, None))
+        )
+        if not ascii_only or lines[j - 1] == lines[j] or key(j - 1) == key(j)
+    ]
+    if not follows:
+        return text
     out: list[str] = []
-    i = 0
-    while i < len(lines):
-        j = i + 1
-        while j < len(lines) and keys[j] == keys[i]:
-            j += 1
-        run = lines[i:j]
-        if len(run) >= 2 and all(line == run[0] for line in run):
+    done = 0  # lines before this are in `out`
+    k = 0
+    while k < len(follows):
+        start, end = follows[k] - 1, follows[k] + 1
+        k += 1
+        while k < len(follows) and follows[k] == end:
+            end += 1
+            k += 1
+        out += lines[done:start]
+        run = lines[start:end]
+        if all(line == run[0] for line in run):
             out += [run[0], REPEATED.format(n=len(run) - 1)]
-        elif len(run) >= 3 and lines[i].strip():
+        elif len(run) >= 3 and run[0].strip():
             out += [run[0], SIMILAR.format(n=len(run) - 2), run[-1]]
         else:
             out += run
-        i = j
+        done = end
+    out += lines[done:]
     return "\n".join(out)
 
 
@@ -282,5 +370,6 @@ def compress(
     if kind == "other":
         return elide(text, ratio) if lossy else text
     # prose: code blocks inside it are still code
-    small = minify_fences(text) if code_blocks and FENCE_RE.search(text) else text
+    has_fence = code_blocks and next(_fences(text), None) is not None
+    small = minify_fences(text) if has_fence else text
     return elide(small, ratio) if lossy and prose else small

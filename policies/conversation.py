@@ -13,7 +13,7 @@ message that are not system/developer form a leading partial Turn.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 PROTECTED_ROLES = frozenset({"system", "developer"})
@@ -41,12 +41,19 @@ class Message:
 
     @property
     def tool_call_ids(self) -> tuple[str, ...]:
-        calls = self.data.get("tool_calls") or ()
-        return tuple(str(c.get("id", "")) for c in calls if isinstance(c, Mapping))
+        calls = self.data.get("tool_calls")
+        if not calls:
+            return ()
+        return tuple([str(c.get("id", "")) for c in calls if is_mapping(c)])
 
     def with_data(self, data: Mapping[str, Any], tokens: int) -> Message:
         """The same message (same marks and origin) with new content."""
-        return replace(self, data=data, tokens=tokens)
+        return Message(data, tokens, self.pin, self.priority, self.kind, self.origin)
+
+
+def is_mapping(value: Any) -> bool:
+    """`isinstance(value, Mapping)`, quick for the dicts that parsed JSON is made of."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def content_text(content: Any) -> str:
@@ -80,10 +87,25 @@ class Conversation:
     _turns: tuple[Turn, ...] | None = field(default=None, compare=False, repr=False)
     _latest: int = field(default=-2, compare=False, repr=False)  # -2: not computed, -1: none
     _tokens: int = field(default=-1, compare=False, repr=False)  # -1: not computed
+    _roles: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
+    _protected: tuple[bool, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, messages: Iterable[Message]) -> Conversation:
         return cls(tuple(messages))
+
+    def with_contents(self, messages: Sequence[Message]) -> Conversation:
+        """This conversation with some messages' contents replaced (`Message.with_data`, which
+        keeps roles, marks and order): the derived facts that do not depend on contents or
+        counts (roles, Turns, latest user message, protected flags) carry over."""
+        assert len(messages) == len(self.messages)
+        return Conversation(
+            tuple(messages),
+            _turns=self._turns,
+            _latest=self._latest,
+            _roles=self._roles,
+            _protected=self._protected,
+        )
 
     @property
     def tokens(self) -> int:
@@ -98,13 +120,19 @@ class Conversation:
         """The message dicts as they will be forwarded."""
         return [m.data for m in self.messages]
 
+    def roles(self) -> tuple[str, ...]:
+        """Every message's role, in order."""
+        if self._roles is None:
+            object.__setattr__(self, "_roles", tuple(m.role for m in self.messages))
+        assert self._roles is not None
+        return self._roles
+
     def latest_user_index(self) -> int | None:
         if self._latest == -2:
-            found = -1
-            for i in range(len(self.messages) - 1, -1, -1):
-                if self.messages[i].role == "user":
-                    found = i
-                    break
+            roles = self.roles()
+            found = len(roles) - 1
+            while found >= 0 and roles[found] != "user":
+                found -= 1
             object.__setattr__(self, "_latest", found)
         return None if self._latest < 0 else self._latest
 
@@ -114,6 +142,18 @@ class Conversation:
         placeholder) is not protected: when nothing else is left, it can go too."""
         message = self.messages[index]
         return _client_prompt(message) or message.pin or index == self.latest_user_index()
+
+    def protected(self) -> tuple[bool, ...]:
+        """`is_protected` of every index, worked out once."""
+        if self._protected is None:
+            latest = self.latest_user_index()
+            flags = tuple(
+                (role in PROTECTED_ROLES and m.origin >= 0) or m.pin or i == latest
+                for i, (m, role) in enumerate(zip(self.messages, self.roles(), strict=True))
+            )
+            object.__setattr__(self, "_protected", flags)
+        assert self._protected is not None
+        return self._protected
 
     def head_end(self) -> int:
         """Index after the client's leading system/developer messages (the untouchable head)."""
@@ -125,7 +165,7 @@ class Conversation:
     def turns(self) -> tuple[Turn, ...]:
         """The Turns after the head, in order (parseTurnBoundaries)."""
         if self._turns is None:
-            object.__setattr__(self, "_turns", parse_turns(self.messages, self.head_end()))
+            object.__setattr__(self, "_turns", _turns(self.roles(), self.head_end()))
         assert self._turns is not None
         return self._turns
 
@@ -136,20 +176,26 @@ def _client_prompt(message: Message) -> bool:
 
 def parse_turn_boundaries(messages: Sequence[Message], head_end: int = 0) -> list[int]:
     """Start index of every Turn after `head_end` (002 parseTurnBoundaries)."""
-    starts = [i for i in range(head_end, len(messages)) if messages[i].role == "user"]
-    if head_end < len(messages) and (not starts or starts[0] != head_end):
+    return _turn_starts([m.role for m in messages], head_end)
+
+
+def parse_turns(messages: Sequence[Message], head_end: int = 0) -> tuple[Turn, ...]:
+    return _turns([m.role for m in messages], head_end)
+
+
+def _turn_starts(roles: Sequence[str], head_end: int) -> list[int]:
+    starts = [i for i in range(head_end, len(roles)) if roles[i] == "user"]
+    if head_end < len(roles) and (not starts or starts[0] != head_end):
         starts.insert(0, head_end)
     return starts
 
 
-def parse_turns(messages: Sequence[Message], head_end: int = 0) -> tuple[Turn, ...]:
-    starts = parse_turn_boundaries(messages, head_end)
+def _turns(roles: Sequence[str], head_end: int) -> tuple[Turn, ...]:
+    starts = _turn_starts(roles, head_end)
     if not starts:  # nothing after the head
         return ()
-    ends = [*starts[1:], len(messages)]
-    return tuple(
-        Turn(s, e, leading=messages[s].role != "user") for s, e in zip(starts, ends, strict=True)
-    )
+    ends = [*starts[1:], len(roles)]
+    return tuple(Turn(s, e, leading=roles[s] != "user") for s, e in zip(starts, ends, strict=True))
 
 
 def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int = 0) -> int:
@@ -190,10 +236,11 @@ def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversati
     kept, the whole group is kept. Order is kept (R3.6).
     """
     messages = conversation.messages
-    wanted = {i for i in indices if 0 <= i < len(messages) and not conversation.is_protected(i)}
+    protected = conversation.protected()
+    wanted = {i for i in indices if 0 <= i < len(messages) and not protected[i]}
     if not wanted:
         return conversation, 0
-    for group in tool_groups(messages):
+    for group in _tool_groups(messages, conversation.roles()):
         if any(i not in wanted for i in group):
             wanted.difference_update(group)
     if not wanted:
@@ -208,15 +255,19 @@ def tool_groups(messages: Sequence[Message]) -> list[list[int]]:
     Tool results follow their assistant message (OpenAI requires them immediately after it). A
     tool result whose call is not found stays in a group of its own.
     """
+    return _tool_groups(messages, [m.role for m in messages])
+
+
+def _tool_groups(messages: Sequence[Message], roles: Sequence[str]) -> list[list[int]]:
     groups: list[list[int]] = []
     owner: dict[str, int] = {}
-    for i, message in enumerate(messages):
-        if message.role == "assistant" and message.tool_call_ids:
+    for i, role in enumerate(roles):
+        if role == "assistant" and (call_ids := messages[i].tool_call_ids):
             groups.append([i])
-            for call_id in message.tool_call_ids:
+            for call_id in call_ids:
                 owner[call_id] = len(groups) - 1
-        elif message.role == "tool":
-            group = owner.get(str(message.data.get("tool_call_id", "")))
+        elif role == "tool":
+            group = owner.get(str(messages[i].data.get("tool_call_id", "")))
             if group is None:
                 groups.append([i])
             else:

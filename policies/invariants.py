@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .conversation import PROTECTED_ROLES, Conversation, content_text
+from .conversation import PROTECTED_ROLES, Conversation, Message, content_text, is_mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +34,9 @@ def check(
     """Every invariant `result` breaks relative to `original`; empty when it is valid."""
     violations = check_tool_pairs(result.data())
     violations += _check_order(result)
-    violations += _check_system(original, result)
-    violations += _check_kept(original, result, allow_truncated)
+    have = {m.origin: m for m in result.messages if m.origin >= 0}
+    violations += _check_system(original, have)
+    violations += _check_kept(original, have, allow_truncated)
     return violations
 
 
@@ -64,7 +65,7 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
             open_ids = set()
         if role == "assistant":
             for call in message.get("tool_calls") or ():
-                call_id = str(call.get("id", "")) if isinstance(call, Mapping) else ""
+                call_id = str(call.get("id", "")) if is_mapping(call) else ""
                 if call_id in answered or call_id in open_ids:
                     violations.append(
                         Violation("R3.3", f"messages[{i}]: duplicate tool call id {call_id!r}")
@@ -84,9 +85,9 @@ def _check_order(result: Conversation) -> list[Violation]:
     return []
 
 
-def _check_system(original: Conversation, result: Conversation) -> list[Violation]:
-    want = [m for m in original.messages if m.role in PROTECTED_ROLES]
-    have = {m.origin: m for m in result.messages if m.origin >= 0}
+def _check_system(original: Conversation, have: Mapping[int, Message]) -> list[Violation]:
+    roles = original.roles()
+    want = [m for m, role in zip(original.messages, roles, strict=True) if role in PROTECTED_ROLES]
     violations = []
     for message in want:
         kept = have.get(message.origin)
@@ -108,9 +109,8 @@ def _check_system(original: Conversation, result: Conversation) -> list[Violatio
 
 
 def _check_kept(
-    original: Conversation, result: Conversation, allow_truncated: bool
+    original: Conversation, have: Mapping[int, Message], allow_truncated: bool
 ) -> list[Violation]:
-    have = {m.origin: m for m in result.messages if m.origin >= 0}
     violations = []
     latest = original.latest_user_index()
     if latest is not None:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from .conversation import Message
+from .conversation import Message, is_mapping
 
 EXTENSION = "compactgate"
 KINDS = ("message", "code", "plan_ref", "log", "other")
@@ -144,6 +144,6 @@ def call_names(messages: Sequence[Message]) -> dict[str, str]:
     names: dict[str, str] = {}
     for message in messages:
         for call in message.data.get("tool_calls") or ():
-            if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
-                names[str(call.get("id", ""))] = str(call["function"].get("name", ""))
+            if is_mapping(call) and is_mapping(function := call.get("function")):
+                names[str(call.get("id", ""))] = str(function.get("name", ""))
     return names

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .budget import Budget
 from .conversation import Conversation
+from .memo import Memo
 from .summaries import NoSummaries, SummaryRequest, SummarySource
 
 
@@ -28,12 +29,24 @@ class StepConfig(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class StoredOutput:
-    """Full text of a tool output the step cut or replaced; the gateway persists it under `ref`."""
+    """Full text of a tool output the step cut or replaced; the gateway persists it under `ref`.
+
+    `byte_size` and `line_count` (001's `ToolOutputRef`) are derived from `text` when asked for:
+    a step may return hundreds of outputs per request and the gateway rarely reads them.
+    """
 
     ref: str
     text: str
-    byte_size: int
-    line_count: int
+
+    @property
+    def byte_size(self) -> int:
+        """UTF-8 bytes of the full text."""
+        text = self.text
+        return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+    @property
+    def line_count(self) -> int:
+        return self.text.count("\n") + 1 if self.text else 0
 
 
 def _no_ref(text: str) -> str:
@@ -51,6 +64,9 @@ class Env:
     # Relevance of each text to a query (e.g. sentence-embedding cosine), for `scorer: embeddings`;
     # None: the relevance steps fall back to BM25.
     relevance: Callable[[Sequence[str], str], Sequence[float]] | None = None
+    # Pure per-text results (content types, compressed forms); the gateway passes one that
+    # lives across requests. Never changes an output, only how long it takes.
+    memo: Memo = field(default_factory=Memo)
 
     def text_tokens(self, text: str) -> int:
         if self.count_text is not None:

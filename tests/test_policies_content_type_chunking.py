@@ -8,9 +8,16 @@ import json
 import textwrap
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from policies import check, run_chain
 from policies.chunking import (
+    CODE_LINE_RE,
+    LOG_LINE_RE,
+    NUMBER_RE,
+    _code_lines,
+    _log_lines,
     collapse_repeats,
     compact_log,
     detect,
@@ -18,6 +25,7 @@ from policies.chunking import (
     minify_code,
     minify_json,
 )
+from policies.memo import Memo
 from policies.registry import build_policy
 from policies.steps.content_type_chunking import ContentTypeChunking, ContentTypeChunkingConfig
 from tests.policy_strategies import assistant_calls, budget, conv, env, msg, tool
@@ -188,3 +196,99 @@ def test_stable_under_appending() -> None:
     grown = [*data, msg("assistant", "fine"), msg("user", "next")]
     second = run_chain(conv(grown), budget(6000), policy, env()).conversation.data()
     assert second[: len(first)] == first
+
+
+# The fast paths in `chunking` answer exactly what the plain regexes and the one-pass key list do.
+
+LINE_PIECES = st.sampled_from(
+    [
+        *"0123456789abcdefxXABCDEF:-T .[](){};#/\t\r\x0b\x1c\u3000٣_éÜ",
+        "INFO",
+        "ERROR",
+        "WARNING",
+        " at ",
+        'File "',
+        '", line ',
+        "2024-01-02 ",
+        "12:34:56",
+        "0xdead",
+        "deadbeef12",
+        "def ",
+        "return",
+        "if x:",
+        "};",
+        "[ 12.5]",
+        "```",
+        "\n",
+    ]
+)
+TEXTS = st.lists(LINE_PIECES, max_size=60).map("".join)
+
+
+def reference_collapse(text: str) -> str:
+    lines = text.split("\n")
+    keys = NUMBER_RE.sub("0", text).split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        j = i + 1
+        while j < len(lines) and keys[j] == keys[i]:
+            j += 1
+        run = lines[i:j]
+        if len(run) >= 2 and all(line == run[0] for line in run):
+            out += [run[0], f"[previous line repeated {len(run) - 1} more times]"]
+        elif len(run) >= 3 and lines[i].strip():
+            out += [run[0], f"[... {len(run) - 2} similar lines ...]", run[-1]]
+        else:
+            out += run
+        i = j
+    return "\n".join(out)
+
+
+LOG_AND_CODE_LINES = [
+    '  File "app.py", line 12, in main',
+    "    at com.example.Main(Main.java:3)",
+    "[  12.345] usb 1-1: new device",
+    "[\t7] x",
+    "2024-01-02T03:04 started",
+    "ts 12:34:56 ok",
+    "a12:34:56 glued to a word",
+    "12:34:567 too long",
+    "level=INFO done",
+    "INFOS is not a level",
+    "the error was mild",
+    "    return x;",
+    "if (x) {",
+    "}",
+    "from os import path",
+    "plain words here",
+    "",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@example("\n".join(LOG_AND_CODE_LINES))
+@given(TEXTS)
+def test_line_tests_match_the_plain_regexes(text: str) -> None:
+    for line in text.split("\n"):
+        assert _log_lines([line], 1) == bool(LOG_LINE_RE.search(line))
+        assert _code_lines([line], 1) == bool(CODE_LINE_RE.search(line))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["", "a", "2024-01-01 00:00:0", "x٣"]), max_size=8), TEXTS)
+def test_collapse_repeats_matches_the_one_pass_keys(heads: list[str], tail: str) -> None:
+    lines = [head + str(i % 3) for i, head in enumerate(heads)] + tail.split("\n")
+    text = "\n".join(lines + lines[:3])
+    assert collapse_repeats(text) == reference_collapse(text)
+
+
+def test_a_shared_memo_changes_no_output() -> None:
+    data = big_history()
+    policy = build_policy("c", [{"type": "content_type_chunking"}])
+    memo = Memo()
+    cold = run_chain(conv(data), budget(6000), policy, env()).conversation.data()
+    first = run_chain(conv(data), budget(6000), policy, env(memo=memo)).conversation.data()
+    again = run_chain(conv(data), budget(6000), policy, env(memo=memo)).conversation.data()
+    assert len(memo) > 0
+    assert cold == first == again

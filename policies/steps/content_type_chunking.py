@@ -29,8 +29,9 @@ from ..budget import Budget
 from ..chunking import Kind, compress, detect
 from ..content import with_text
 from ..conversation import PROTECTED_ROLES, Conversation, Message
+from ..memo import Memo
 from ..step import Env, StepConfig, StepResult
-from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, NOTE_RE, PLACEHOLDER_RE
+from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, find_note, is_placeholder
 
 MARK_KINDS: dict[str, Kind] = {
     "code": "code",
@@ -73,22 +74,26 @@ class ContentTypeChunking:
         latest = conversation.latest_user_index()
         turn_start = [0] * len(messages)
         for turn in conversation.turns():
-            for i in range(turn.start, turn.end):
-                turn_start[i] = turn.start
-        candidates = [i for i, m in enumerate(messages) if i != latest and _eligible(m)]
+            turn_start[turn.start : turn.end] = [turn.start] * (turn.end - turn.start)
+        # candidates oldest first, looked at only when the scan gets to them
+        roles = conversation.roles()
+        pending = (
+            i for i, m in enumerate(conversation.messages) if i != latest and _eligible(m, roles[i])
+        )
+        candidate = next(pending, None)
         changed: dict[int, str] = {}
         running = 0
-        pointer = 0
+        trigger, target = budget.trigger, budget.target
         for i, message in enumerate(messages):
             running += message.tokens
-            if running <= budget.trigger:
+            if running <= trigger:
                 continue
-            while pointer < len(candidates) and candidates[pointer] < turn_start[i]:
-                if running <= budget.target:
+            while candidate is not None and candidate < turn_start[i]:
+                if running <= target:
                     break
-                index = candidates[pointer]
-                pointer += 1
-                new = self._compressed(messages[index])
+                index = candidate
+                candidate = next(pending, None)
+                new = self._compressed(messages[index], env.memo)
                 if new is None:
                     continue
                 data = with_text(messages[index].data, new[0])
@@ -104,36 +109,46 @@ class ContentTypeChunking:
         for kind in changed.values():
             kinds[kind] = kinds.get(kind, 0) + 1
         return StepResult(
-            Conversation(tuple(messages)), replaced=len(changed), detail={"compressed": kinds}
+            conversation.with_contents(messages),
+            replaced=len(changed),
+            detail={"compressed": kinds},
         )
 
-    def _compressed(self, message: Message) -> tuple[str, str] | None:
+    def _compressed(self, message: Message, memo: Memo) -> tuple[str, str] | None:
+        """(compressed text, kind), or None when compressing does not change the text.
+
+        Both the type and the compressed form are functions of the text (and the marks and
+        config), worked out once per text through `memo`: the same history comes back on every
+        request.
+        """
         text = message.text
-        if not text.strip():
+        if not text or text.isspace():
             return None
-        kind = MARK_KINDS.get(message.kind or "") or detect(text)
+        kind = MARK_KINDS.get(message.kind or "") or memo.get(
+            ("detect", text), lambda: detect(text), len(text)
+        )
         ratio = self.config.ratios.of(kind)
-        new = compress(
-            text,
-            kind,
-            ratio,
-            lossy=message.priority != 1,
-            prose=self.config.compress_prose,
-            code_blocks=self.config.ratios.code < 1.0,
+        lossy = message.priority != 1
+        prose = self.config.compress_prose
+        code_blocks = self.config.ratios.code < 1.0
+        new = memo.get(
+            ("compress", text, kind, ratio, lossy, prose, code_blocks),
+            lambda: compress(text, kind, ratio, lossy=lossy, prose=prose, code_blocks=code_blocks),
+            2 * len(text),
         )
         return (new, kind) if new != text else None
 
 
-def _eligible(message: Message) -> bool:
-    if message.role in PROTECTED_ROLES or message.pin:
+def _eligible(message: Message, role: str) -> bool:
+    if role in PROTECTED_ROLES or message.pin:
         return False
     if message.kind is not None and ":" in message.kind:  # summaries, placeholders
         return False
-    if message.role == "tool":
+    if role == "tool":
         call_id = str(message.data.get("tool_call_id", ""))
         if call_id.startswith(EXPANSION_ID_PREFIX) or message.data.get("name") in EXPANSION_TOOLS:
             return False
         text = message.text
-        if NOTE_RE.search(text) or PLACEHOLDER_RE.match(text.strip()):
+        if find_note(text) is not None or is_placeholder(text):
             return False
     return message.data.get("content") is not None

@@ -33,12 +33,10 @@ class Fifo:
         droppable = turns[: max(0, len(turns) - self.config.keep_last_turns)]
         if not droppable:
             return StepResult.unchanged(conversation, reason="no droppable turns")
+        messages = conversation.messages
+        protected = conversation.protected()
         sizes = [
-            sum(
-                conversation.messages[i].tokens
-                for i in range(t.start, t.end)
-                if not conversation.is_protected(i)
-            )
+            sum(messages[i].tokens for i in range(t.start, t.end) if not protected[i])
             for t in turns
         ]
         fixed = conversation.tokens - sum(sizes)

@@ -34,27 +34,29 @@ Content arrays: the text parts are joined and replaced by one text part; other p
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..content import with_text
-from ..conversation import Conversation, Message
-from ..pinning import call_names
+from ..conversation import Conversation, Message, is_mapping
 from ..step import Env, StepConfig, StepResult, StoredOutput
 
 EXPANSION_TOOLS = frozenset({"tool_output_cache", "tool_output_cache_grep"})
 EXPANSION_ID_PREFIX = "cg_"
 PLACEHOLDER = "[tool output trimmed; ref={ref}]"
 PLACEHOLDER_RE = re.compile(r"^\[tool output trimmed; ref=[^\]\s]+\]$")
+_PADDED_PLACEHOLDER_RE = re.compile(r"\s*\[tool output trimmed; ref=[^\]\s]+\]\s*\Z")
 NOTE = (
     "\n[tool output cut; ref={ref}: showing {shown} of {lines} lines{long}. The full output "
     "({size} bytes) can be expanded with the tool tool_output_cache "
     '{{"ref_id": "{ref}", "offset": <line>, "limit": <lines>}}]'
 )
 NOTE_RE = re.compile(r"\n\[tool output cut; ref=([^:\s\]]+):")
+NOTE_START = "\n[tool output cut; ref="  # what every NOTE_RE match starts with
 LONG_LINE_MARK = " [...]"
 MIN_MASK_CHARS = 200  # shorter outputs cost about what their placeholder would: never masked
 
@@ -89,32 +91,43 @@ class ToolOutputCache:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
-        names = call_names(messages)
+        roles = conversation.roles()
+        expansion_ids = _expansion_call_ids(messages)
         refs: dict[int, str] = {}  # maskable output -> its ref, when known
         full: dict[int, str] = {}  # maskable output -> its full text
+        order: list[int] = []  # maskable outputs long enough to mask, in order
         stored: dict[str, StoredOutput] = {}
         viewed: set[int] = set()
         for i, message in enumerate(messages):
-            text = _maskable_text(message, names)
+            if roles[i] != "tool":
+                continue
+            text = _maskable_text(message, expansion_ids)
             if text is None:
                 continue
-            noted = NOTE_RE.search(text)
+            noted = find_note(text)
             if noted is not None:
                 refs[i] = noted.group(1)
+                if len(text) >= MIN_MASK_CHARS:
+                    order.append(i)
                 continue
             full[i] = text
             view = self._view(text, env, refs, i)
             if view is None:
+                if len(text) >= MIN_MASK_CHARS:
+                    order.append(i)
                 continue
             data = with_text(message.data, view)
             messages[i] = message.with_data(data, env.count(data))
-            stored.setdefault(refs[i], _stored(refs[i], text))
+            if refs[i] not in stored:
+                stored[refs[i]] = _stored(refs[i], text)
             viewed.add(i)
-        order = sorted(i for i in set(refs) | set(full) if len(messages[i].text) >= MIN_MASK_CHARS)
+            if len(messages[i].text) >= MIN_MASK_CHARS:
+                order.append(i)
         masks = _Masks(messages, refs, full, stored, env)
         masked = {i for i in self._over_tool_budget(messages, order, budget) if masks.get(i)}
-        if self.config.fit_budget and order:
-            masked |= self._over_trigger(messages, order, masked, budget, masks)
+        # the running total only grows, so it passes the trigger iff the whole does
+        if self.config.fit_budget and order and _total(messages, masked, masks) > budget.trigger:
+            masked |= self._over_trigger(messages, roles, order, masked, budget, masks)
         for i in masked:
             replacement = masks.get(i)
             assert replacement is not None
@@ -122,7 +135,7 @@ class ToolOutputCache:
         if not viewed and not masked:
             return StepResult.unchanged(conversation, reason="within limits")
         return StepResult(
-            Conversation(tuple(messages)),
+            conversation.with_contents(messages),
             replaced=len(viewed | masked),
             stored=tuple(stored.values()),
             detail={"outputs_cut": len(viewed), "outputs_trimmed": len(masked)},
@@ -133,11 +146,11 @@ class ToolOutputCache:
         config = self.config
         if len(text) <= config.max_line_length and len(text) * 4 <= config.max_message_bytes:
             return None  # no line can be too long, and even 4-byte characters would fit
-        lines = text.split("\n")
-        long = max(map(len, lines)) > config.max_line_length
+        long = _has_long_line(text, config.max_line_length)
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         if not long and size <= config.max_message_bytes:
             return None
+        lines = text.split("\n")
         try:
             ref = env.ref_for(text)
         except LookupError:
@@ -180,13 +193,13 @@ class ToolOutputCache:
     def _over_trigger(
         self,
         messages: list[Message],
+        roles: Sequence[str],
         order: list[int],
         masked: set[int],
         budget: Budget,
         masks: _Masks,
     ) -> set[int]:
         """Mask the oldest outputs wherever the history, as it grew, passed the trigger."""
-        group_start = _group_starts(messages)
         candidates = [i for i in order if i not in masked]
         more: set[int] = set()
         running = 0
@@ -199,7 +212,9 @@ class ToolOutputCache:
                 running -= masks.saving(i)
             if running <= trigger:
                 continue
-            bound = group_start.get(i, i)
+            if pointer == len(candidates) or running <= target:
+                continue
+            bound = _group_start(messages, roles, i)
             while pointer < len(candidates) and candidates[pointer] < bound and running > target:
                 index = candidates[pointer]
                 pointer += 1
@@ -229,9 +244,11 @@ class _Masks:
 
     def get(self, index: int) -> Message | None:
         """The placeholder for output `index`; None when no ref can be made for it."""
-        if index not in self.built:
-            self.built[index] = self._build(index)
-        return self.built[index]
+        try:
+            return self.built[index]
+        except KeyError:
+            built = self.built[index] = self._build(index)
+            return built
 
     def saving(self, index: int) -> int:
         replacement = self.get(index)
@@ -247,20 +264,27 @@ class _Masks:
             except LookupError:
                 return None
             self.refs[index] = ref
-            self.stored.setdefault(ref, _stored(ref, self.full[index]))
+            if ref not in self.stored:
+                self.stored[ref] = _stored(ref, self.full[index])
         message = self.messages[index]
         data = with_text(message.data, PLACEHOLDER.format(ref=ref))
         return message.with_data(data, self.env.count(data))
 
 
-def _maskable_text(message: Message, names: Mapping[str, str]) -> str | None:
-    """The text of a tool output this step may cut or mask; None for everything else."""
-    if message.role != "tool" or message.pin:
+def _total(messages: list[Message], masked: AbstractSet[int], masks: _Masks) -> int:
+    """Tokens of `messages` once the `masked` outputs are replaced by their placeholders."""
+    return sum(m.tokens for m in messages) - sum(masks.saving(i) for i in masked)
+
+
+def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | None:
+    """The text of a tool output (the caller checked the role) this step may cut or mask; None
+    for everything else."""
+    if message.pin:
         return None
     call_id = str(message.data.get("tool_call_id", ""))
     if call_id.startswith(EXPANSION_ID_PREFIX):
         return None
-    if message.data.get("name") in EXPANSION_TOOLS or names.get(call_id) in EXPANSION_TOOLS:
+    if message.data.get("name") in EXPANSION_TOOLS or call_id in expansion_ids:
         return None
     text = message.text
     if len(text) < 200 and PLACEHOLDER_RE.match(text.strip()):
@@ -268,30 +292,57 @@ def _maskable_text(message: Message, names: Mapping[str, str]) -> str | None:
     return text
 
 
-def _group_starts(messages: list[Message]) -> dict[int, int]:
-    """Tool result index -> index of the assistant message whose calls it answers.
+def _group_start(messages: list[Message], roles: Sequence[str], index: int) -> int:
+    """For a tool result, the index of the assistant message whose calls it answers; else `index`.
 
     Results directly follow their call (OpenAI's rule, checked by `invariants`), so the opening
-    assistant message is the last one with tool_calls before the run of results.
+    assistant message is the one before the run of results, if it has tool_calls.
     """
-    starts: dict[int, int] = {}
-    opener: int | None = None
-    for i, message in enumerate(messages):
-        role = message.role
-        if role == "tool":
-            if opener is not None:
-                starts[i] = opener
-        elif role == "assistant" and message.data.get("tool_calls"):
-            opener = i
-        else:
-            opener = None
-    return starts
+    if roles[index] != "tool":
+        return index
+    opener = index - 1
+    while opener >= 0 and roles[opener] == "tool":
+        opener -= 1
+    if opener >= 0 and roles[opener] == "assistant" and messages[opener].data.get("tool_calls"):
+        return opener
+    return index
+
+
+def _expansion_call_ids(messages: Sequence[Message]) -> set[str]:
+    """Ids of the tool calls to the gateway's expansion tools (by `pinning.call_names`'s rule:
+    the last call with an id names it)."""
+    ids: set[str] = set()
+    for message in messages:
+        for call in message.data.get("tool_calls") or ():
+            if is_mapping(call) and is_mapping(function := call.get("function")):
+                if str(function.get("name", "")) in EXPANSION_TOOLS:
+                    ids.add(str(call.get("id", "")))
+                elif ids:
+                    ids.discard(str(call.get("id", "")))
+    return ids
+
+
+def _has_long_line(text: str, limit: int) -> bool:
+    """`max(map(len, text.split("\\n"))) > limit`, looking only at the lines through every
+    (limit + 1)th character: any run of limit + 1 characters covers one of them."""
+    step = limit + 1
+    for at in range(limit, len(text), step):
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        if (len(text) if end < 0 else end) - start > limit:
+            return True
+    return False
+
+
+def find_note(text: str) -> re.Match[str] | None:
+    """`NOTE_RE.search(text)`, without running the regex over texts that have no note."""
+    return NOTE_RE.search(text) if NOTE_START in text else None
+
+
+def is_placeholder(text: str) -> bool:
+    """Whether `text`, stripped, is a placeholder (`PLACEHOLDER_RE`), without copying it."""
+    return _PADDED_PLACEHOLDER_RE.match(text) is not None
 
 
 def _stored(ref: str, text: str) -> StoredOutput:
-    return StoredOutput(
-        ref=ref,
-        text=text,
-        byte_size=len(text.encode("utf-8", "surrogatepass")),
-        line_count=text.count("\n") + 1 if text else 0,
-    )
+    return StoredOutput(ref=ref, text=text)
