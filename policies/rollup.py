@@ -6,16 +6,18 @@ as if the proxy had watched it grow (`scan_cuts`, the generalisation of `budget.
 summarised range `[0, cut)` only grows at compaction events, so between events every request
 carries the same summary text and the provider's prompt cache keeps hitting.
 
-Summaries are rolling. The summarised range `[0, cut)` is split greedily from the start into
-links of at most `chunk_tokens` (`links`), and the summary of link `k` is asked for as "these
-messages, extending `previous` = the summary of links `0..k-1`". The previous text is not
-guessed: it is the answer the same `SummarySource` gives for the previous link's request, which
-is itself built the same way, so the whole chain is a deterministic function of the prefix and of
-the source's answers (`rolling_summary`). When an event moves the cut, only the last link changes
-(it grows, or a new one starts): one summariser call per event, over at most `chunk_tokens` plus
-the previous summary, however long the session grows. Until a link's answer is `ready`, the step
-changes nothing and reports that link's request as pending; once the gateway has it, the next
-link can be asked for.
+Summaries are rolling and incremental. The summarised range `[0, cut)` is split into links, one
+per compaction event (the units that event newly covered; chunks of at most `chunk_tokens` when
+an event covers more, `links`), and the summary of link `k` is asked for as "these messages,
+extending `previous` = the summary of links `0..k-1`". The previous text is not guessed: it is
+the answer the same `SummarySource` gives for the previous link's request, which is itself built
+the same way, so the whole chain is a deterministic function of the prefix and of the source's
+answers (`rolling_summary`). When an event moves the cut, the earlier links and their answers
+stay as they are and one link is added: one summariser call per event, over the newly covered
+messages and the previous summary, however long the session grows; no message is sent to the
+summariser twice. Until the first link's answer is `ready` the step changes nothing and reports
+that link's request as pending; while a later one is being made, the summary of the links before
+it is used (the rest stays verbatim) and the missing link is reported as pending.
 
 Anchored messages (system/developer prompts, pinned messages and the tool groups that hold them)
 are never summarised away: they stay in place and are left out of the summariser's input.
@@ -150,23 +152,28 @@ def unit_sizes(
     return sizes, kept
 
 
-def links(cut: int, sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
-    """Unit ranges `[0, cut)` is summarised in, one after the other: greedy chunks from the start.
+def links(cuts: Sequence[int], sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """Unit ranges the summarised range `[0, cuts[-1])` is asked for in, one after the other.
 
-    A function of the sizes before `cut` only. When an event moves the cut, the earlier chunks
-    stay as they were and only the last one grows (or a new one starts), so each event costs one
-    summariser call over at most `chunk_tokens`, and a long history seen for the first time
-    costs about `total / chunk_tokens` calls rather than one per past event.
+    One link per compaction event: the units that event newly covered, `[cuts[i-1], cuts[i])`,
+    split greedily into chunks of at most `chunk_tokens` when one event covers more (a long
+    history seen for the first time). A function of the sizes before the last cut only, and
+    `links(cuts[:k])` is a prefix of `links(cuts)`: when an event moves the cut, the earlier links
+    stay as they were and one link is added, so the summary is extended with the new messages
+    (one summariser call over them and the previous summary), never made again from older ones.
     """
     result: list[tuple[int, int]] = []
-    first, total = 0, 0
-    for unit in range(cut):
-        if unit > first and total + sizes[unit] > chunk_tokens:
-            result.append((first, unit))
-            first, total = unit, 0
-        total += sizes[unit]
-    if first < cut:
-        result.append((first, cut))
+    first = 0
+    for cut in cuts:
+        start, total = first, 0
+        for unit in range(first, cut):
+            if unit > start and total + sizes[unit] > chunk_tokens:
+                result.append((start, unit))
+                start, total = unit, 0
+            total += sizes[unit]
+        if start < cut:
+            result.append((start, cut))
+        first = max(first, cut)
     return result
 
 
@@ -292,7 +299,7 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
     cuts = scan_cuts(sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, allowance)
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")
-    chain = links(cuts[-1], sizes, plan.chunk_tokens)
+    chain = links(cuts, sizes, plan.chunk_tokens)
     rolled = rolling_summary(
         conversation, plan.units, chain, fixed, plan.make_request, env.summaries, plan.previous_of
     )
