@@ -10,16 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies import Budget, Conversation, Message
 from policies.budget import stable_cut
 from policies.invariants import check_tool_pairs
 from policies.registry import STEPS, build_step
 from policies.rollup import links, scan_cuts, summary_input
+from policies.step import Step
+from policies.summaries import SummaryAnswer, SummaryRequest
 from tests.policy_strategies import (
     FakeSummaries,
     assistant_calls,
     budget,
     chat,
     conv,
+    count,
     env,
     msg,
     tool,
@@ -119,3 +123,64 @@ def test_summary_input_drops_dangling_calls_anywhere() -> None:
     assert cleaned[1] == {"role": "assistant", "content": "calling x1"}
     assert [c["id"] for c in cleaned[3]["tool_calls"]] == ["x3"]
     assert len(cleaned) == 5
+
+
+class Cache:
+    """A summary source the way the gateway is one: `missing` until the request was computed."""
+
+    def __init__(self) -> None:
+        self.made = FakeSummaries()
+        self.answers: dict[bytes, SummaryAnswer] = {}
+
+    def get(self, request: SummaryRequest) -> SummaryAnswer:
+        return self.answers.get(request.canonical(), SummaryAnswer("missing"))
+
+    def serve(self, step: Step, conversation: Conversation, window: Budget) -> None:
+        """One client request: compute what the step lacks, run it again, until it lacks nothing."""
+        result = step.apply(conversation, window, env(self))
+        while result.pending:
+            for request in result.pending:
+                self.answers[request.canonical()] = self.made.get(request)
+            result = step.apply(conversation, window, env(self))
+
+    @property
+    def calls(self) -> int:
+        return len(self.made.requests)
+
+
+def counted(datas: list[dict[str, Any]], scale: float) -> Conversation:
+    """`datas` counted by a heuristic whose calibration multiplier is `scale`."""
+    return Conversation(
+        tuple(
+            Message(data=d, tokens=max(1, round(count(d) * scale)), origin=i)
+            for i, d in enumerate(datas)
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config"),
+    [
+        ("compaction", {"summary_tokens": 200}),
+        ("sandwich", {"summary_tokens": 200}),
+        ("summarize_old", {}),
+    ],
+)
+def test_calibration_drift_does_not_make_the_summaries_again(
+    step_type: str, config: dict[str, Any]
+) -> None:
+    """Issue 5: a calibrated heuristic changes every count a little from one request to the
+    next; the summarised ranges stay where the cached summaries are, so the calls stay the same."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    window = budget(4000)
+    history = [chat(turns) for turns in range(2, 120)]
+    steady = Cache()
+    for datas in history:
+        steady.serve(step, counted(datas, 1.0), window)
+    drifting = Cache()
+    for request, datas in enumerate(history):
+        jitter = 0.97 + 0.015 * (request * 7 % 5)  # 0.97 .. 1.03, changing on every request
+        drifting.serve(step, counted(datas, jitter), window)
+    assert steady.calls >= 3
+    assert drifting.calls <= steady.calls + 1, (steady.calls, drifting.calls)
