@@ -356,9 +356,10 @@ class Precompute:
     where the next request adds tool results), and, in a second prediction, starts a new Turn.
     A prediction whose range reaches the request's last message is dropped: the real range
     will also hold the model's answer to it, which is not known yet. When the next Turn needs
-    nothing new, the Turn after it is tried (two empty Turns): a range that moves with the Turn
-    count (`summarize_old`) extends the summary the next Turn uses, so it can only start once
-    that one is made, and a short Turn would end before it is ready.
+    nothing new and the summarising steps leave the request over the trigger, the Turn after it
+    is tried (two empty Turns): a range that moves with the Turn count (`summarize_old`) extends
+    the summary the next Turn uses, so it can only start once that one is made, and a short
+    Turn would end before it is ready.
 
     "Past `precompute_ratio`" is judged on the tokens after the last summarising step, not on
     what was finally sent: a later trimming step (`fifo`) does not stop the range from moving.
@@ -466,13 +467,14 @@ class Precompute:
         computed, moved = await self._predict(
             job, conversation, budget, known, new_turn, reach, base
         )
-        if computed:
+        if computed or sent <= budget.trigger:
             return computed
-        # Nothing to make for the next Turn (stored already, or no move). A range that moves
-        # with the Turn count alone (`summarize_old`) may move on the Turn after, extending the
-        # summary before it: make that one now, or a short Turn ends before it is ready. The
-        # two new Turns are empty, so ranges that move with tokens are not guessed at here, and
-        # ranges that would reach them (or this Turn's coming answer) are left out.
+        # Nothing to make for the next Turn (stored already, or no move), and the summarising
+        # steps leave the request over the trigger: a range that moves with the Turn count
+        # alone (`summarize_old`) may move on the Turn after, extending the summary before it.
+        # Make that one now, or a short Turn ends before it is ready. The two new Turns are
+        # empty, so ranges that move with tokens are not guessed at here, and ranges that would
+        # reach them (or this Turn's coming answer) are left out.
         after = _extended(_extended(conversation, new_turn, 0), new_turn, 0)
         computed = await self._settle_computing(job, after, budget, known)
         return computed
