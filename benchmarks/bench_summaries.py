@@ -28,10 +28,10 @@ Printed, one row per run:
   may be one event old: "partial", the rest of the history verbatim). The others were sent
   whole while their summary was being made (they fit), or waited for a summary (they carried
   one that came back after they were sent);
-* p50 of the gateway's added latency (client latency minus the upstream's delay) on the
-  compacting requests served from a ready summary, next to the gateway's normal overhead: the
-  same measure on the run's requests under the threshold (non-compacting), and on the same
-  requests through the fifo-only policy.
+* p50 of the gateway's added latency (client latency minus the time the upstream spent on the
+  request: reading it, the model's delay, answering) on the compacting requests served from a
+  ready summary, next to the gateway's normal overhead: the same measure on the run's requests
+  under the threshold (non-compacting), and on the same requests through the fifo-only policy.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class Upstream:
     calls: int = 0
     used: set[int] = field(default_factory=set)  # summary numbers seen in the agent's calls
     arrivals: dict[str, float] = field(default_factory=dict)  # x-bench-seq -> perf_counter
+    spent: dict[str, float] = field(default_factory=dict)  # x-bench-seq -> seconds in here
     carried: dict[str, set[int]] = field(default_factory=dict)  # x-bench-seq -> summary numbers
     summary_ends: dict[int, float] = field(default_factory=dict)  # number -> perf_counter
 
@@ -101,6 +102,7 @@ class Upstream:
         return app
 
     async def chat(self, request: web.Request) -> web.Response:
+        entered = time.perf_counter()
         raw = await request.read()
         payload = orjson.loads(raw)
         messages = payload.get("messages") or [{}]
@@ -116,7 +118,7 @@ class Upstream:
         else:
             self.calls += 1
             seq = request.headers.get("x-bench-seq", "")
-            self.arrivals[seq] = time.perf_counter()
+            self.arrivals[seq] = entered
             self.carried[seq] = numbers
             await asyncio.sleep(self.model_delay)
             text = "Working on it."
@@ -137,7 +139,10 @@ class Upstream:
         }
         if not self.usage:
             del body["usage"]
-        return web.json_response(body)
+        response = web.json_response(body)
+        if messages[0].get("content") != SYSTEM_PROMPT:
+            self.spent[request.headers.get("x-bench-seq", "")] = time.perf_counter() - entered
+        return response
 
 
 # -- the agent -----------------------------------------------------------------------------------
@@ -157,6 +162,7 @@ class Sample:
     latency: float  # as the agent saw it
     sent: float  # perf_counter when the agent sent it
     arrived: float  # perf_counter when the upstream received it
+    upstream: float  # seconds the upstream spent on it (reading it, the model's delay, answering)
     carried: frozenset[int] = frozenset()  # summary numbers the forwarded request carried
 
 
@@ -190,6 +196,7 @@ async def run_agent(
                 latency,
                 started,
                 upstream.arrivals.get(seq, started),
+                upstream.spent.get(seq, 0.0),
                 frozenset(upstream.carried.get(seq, ())),
             )
         )
@@ -420,7 +427,7 @@ def summarise_run(report: Report, baseline: Report | None) -> Row:
     ranges = {n for state, n in report.states.values() if n and not state.startswith("partial")}
 
     def added(run: Report, indices: list[int]) -> list[float]:
-        return [(run.samples[i].latency - run.model_delay) * 1000 for i in indices]
+        return [(run.samples[i].latency - run.samples[i].upstream) * 1000 for i in indices]
 
     plain = sorted(set(range(len(samples))) - set(compacting))
     return Row(
@@ -519,7 +526,8 @@ async def main_async(args: argparse.Namespace) -> None:
         "ready: compacted with summaries made before the request arrived (partial: the newest "
         "one event old, the rest verbatim); waited: carried a summary that came back after it "
         "was sent; sent whole: sent uncompacted while its summary was made (it fit). p50 added "
-        "ms: client latency minus the upstream's delay, on the ready requests; under threshold: "
+        "ms: client latency minus the time the upstream spent on the request, on the ready "
+        "requests; under threshold: "
         "the same on this run's non-compacting requests (the gateway's normal overhead); fifo "
         "only: the ready requests through a fifo-only policy."
     )
