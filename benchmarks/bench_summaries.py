@@ -1,28 +1,37 @@
 """Summaries in a simulated 100-turn agent session (issue 5 "Benchmarks").
 
-Run: `python -m benchmarks.bench_summaries [--turns 100] [--step compaction] [--compare]`.
-About a minute (two minutes with `--compare`); loopback only. For each run it starts the gateway
-(one worker, memory store) with a policy `<step>` + `fifo` over a 16 384-token window
-(`tiktoken:o200k_base`: an exact tokenizer, so counts never drift with calibration), and an
+Run: `python -m benchmarks.bench_summaries [--turns 100] [--steps sandwich,compaction,...]
+[--tokenizers tiktoken:o200k_base,chars:3] [--compare]`. About a minute per run (one run per
+step and tokenizer, plus a quick fifo-only baseline); loopback only. Each run starts the gateway
+(one worker, memory store) with a policy `<step>` + `fifo` over a 16 384-token window, and an
 upstream in this process that answers the agent's calls after `--model-delay` seconds and
 summarisation calls (told apart by the summariser's system prompt) after `--summary-delay`
 seconds, about two agent cycles, each summary numbered so that the run can tell which ones the
 agent's later calls carried. One deterministic agent then works through `--turns` Turns: a user
 message, one to four tool rounds (tool outputs of 150 to 1 200 tokens, `--tool-delay` for the
-tool to run), a final answer. The same session also runs with a `fifo`-only policy (no
-summaries) as the baseline for latency; `--compare` adds a run without precompute.
+tool to run), a final answer. The upstream reports `usage.prompt_tokens` as the characters of
+the request's JSON / 4, so with a heuristic tokenizer (`chars:3`) the gateway's calibration
+moves its counts toward that during the run (R2.6), and the summarised ranges must not move
+with them; `tiktoken:o200k_base` is exact and never calibrated. The same session also runs with
+a `fifo`-only policy (no summaries) as a latency reference; `--compare` adds runs without
+precompute.
 
-Printed per summarising run:
+Printed, one row per run:
 
-* summariser calls per 100 Turns, and how many summaries were never used (neither carried by
-  an agent call nor extended by a later summary);
+* summariser calls per 100 Turns, per compaction event (the summarised range grew; the
+  exact and the calibrated tokenizers count tokens differently, so they see different numbers
+  of events: calls per event compares them), and how many summaries were never used (neither
+  carried by an agent call nor extended by a later summary); `--uncalibrated` adds runs where
+  the upstream reports no usage, so the heuristic is never calibrated;
 * compacting requests (over the summarising step's threshold) and the share served from a ready
-  summary: compacted without waiting for a summary call (one that came back while the request
-  was in the gateway, just before the request went on). The others were sent whole while their
-  summary was being made (they fit), or waited for it;
-* the gateway's added latency (client latency minus the upstream's delay) on the compacting
-  requests served from a ready summary, next to the same requests through the fifo-only policy,
-  and on the requests under the threshold.
+  summary: compacted with summaries that were all made before the request arrived (the newest
+  may be one event old: "partial", the rest of the history verbatim). The others were sent
+  whole while their summary was being made (they fit), or waited for a summary (they carried
+  one that came back after they were sent);
+* p50 of the gateway's added latency (client latency minus the time the upstream spent on the
+  request: reading it, the model's delay, answering) on the compacting requests served from a
+  ready summary, next to the gateway's normal overhead: the same measure on the run's requests
+  under the threshold (non-compacting), and on the same requests through the fifo-only policy.
 """
 
 from __future__ import annotations
@@ -67,8 +76,8 @@ _WORDS = (
     "function error retry upstream gateway config model stream chunk header value index test "
     "build deploy cache memory limit offset line search match update delete create return"
 ).split()
-RESUME_S = 0.05  # a request that waited for a summary goes on within this of its arrival
 _USED = re.compile(r"SUMMARY#(\d+):")
+SLOW_S = 0.1  # far over the gateway's own time: a request this slow while a summary ended waited
 
 
 # -- the upstream --------------------------------------------------------------------------------
@@ -78,11 +87,14 @@ _USED = re.compile(r"SUMMARY#(\d+):")
 class Upstream:
     model_delay: float
     summary_delay: float
+    usage: bool = True  # report usage.prompt_tokens (what a heuristic is calibrated from)
     summaries: int = 0
     calls: int = 0
     used: set[int] = field(default_factory=set)  # summary numbers seen in the agent's calls
     arrivals: dict[str, float] = field(default_factory=dict)  # x-bench-seq -> perf_counter
-    summary_ends: list[float] = field(default_factory=list)  # perf_counter of each answer
+    spent: dict[str, float] = field(default_factory=dict)  # x-bench-seq -> seconds in here
+    carried: dict[str, set[int]] = field(default_factory=dict)  # x-bench-seq -> summary numbers
+    summary_ends: dict[int, float] = field(default_factory=dict)  # number -> perf_counter
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -90,20 +102,24 @@ class Upstream:
         return app
 
     async def chat(self, request: web.Request) -> web.Response:
+        entered = time.perf_counter()
         raw = await request.read()
         payload = orjson.loads(raw)
         messages = payload.get("messages") or [{}]
         # A summary is used when an agent call carries it, or a later summary extends it.
-        self.used.update(int(n) for n in _USED.findall(raw.decode()))
+        numbers = {int(n) for n in _USED.findall(raw.decode())}
+        self.used.update(numbers)
         if messages[0].get("content") == SYSTEM_PROMPT:
             self.summaries += 1
             number = self.summaries
             await asyncio.sleep(self.summary_delay)
-            self.summary_ends.append(time.perf_counter())
+            self.summary_ends[number] = time.perf_counter()
             text = f"<summary>SUMMARY#{number}: " + " ".join(_WORDS[:40]) * 10 + "</summary>"
         else:
             self.calls += 1
-            self.arrivals[request.headers.get("x-bench-seq", "")] = time.perf_counter()
+            seq = request.headers.get("x-bench-seq", "")
+            self.arrivals[seq] = entered
+            self.carried[seq] = numbers
             await asyncio.sleep(self.model_delay)
             text = "Working on it."
         prompt = estimate_prompt_tokens(payload)  # what a provider would report, chars/4
@@ -121,7 +137,12 @@ class Upstream:
             ],
             "usage": {"prompt_tokens": prompt, "completion_tokens": 8, "total_tokens": prompt + 8},
         }
-        return web.json_response(body)
+        if not self.usage:
+            del body["usage"]
+        response = web.json_response(body)
+        if messages[0].get("content") != SYSTEM_PROMPT:
+            self.spent[request.headers.get("x-bench-seq", "")] = time.perf_counter() - entered
+        return response
 
 
 # -- the agent -----------------------------------------------------------------------------------
@@ -141,6 +162,8 @@ class Sample:
     latency: float  # as the agent saw it
     sent: float  # perf_counter when the agent sent it
     arrived: float  # perf_counter when the upstream received it
+    upstream: float  # seconds the upstream spent on it (reading it, the model's delay, answering)
+    carried: frozenset[int] = frozenset()  # summary numbers the forwarded request carried
 
 
 @dataclass
@@ -173,6 +196,8 @@ async def run_agent(
                 latency,
                 started,
                 upstream.arrivals.get(seq, started),
+                upstream.spent.get(seq, 0.0),
+                frozenset(upstream.carried.get(seq, ())),
             )
         )
 
@@ -241,7 +266,7 @@ async def start_gateway(
 
 
 def config_for(
-    upstream_port: int, step: str, mode: str, lookahead: float, events: Path
+    upstream_port: int, step: str, mode: str, tokenizer: str, lookahead: float, events: Path
 ) -> dict[str, Any]:
     """`mode`: precompute | no-precompute | fifo (the baseline: no summaries at all)."""
     step_config: dict[str, Any] = {"type": step}
@@ -253,7 +278,7 @@ def config_for(
                 "name": "agent",
                 "upstream": {"base_url": f"http://127.0.0.1:{upstream_port}/v1"},
                 "context_window": WINDOW,
-                "tokenizer": "tiktoken:o200k_base",
+                "tokenizer": tokenizer,
                 "policy": "agent",
             }
         ],
@@ -281,35 +306,42 @@ async def threshold(client: httpx.AsyncClient, step: str) -> int:
 
 @dataclass
 class Report:
+    step: str
+    tokenizer: str  # with " (no usage)" when the upstream reported none: never calibrated
     mode: str
     turns: int
     summary_calls: int
     unused: int
     samples: list[Sample]
     model_delay: float
-    summary_ends: list[float]
+    summary_ends: dict[int, float]
     over: int  # the summarising step's threshold, as x-compactgate-tokens-before counts
-    states: dict[int, str]  # request index -> the summarising step's summary state (event log)
+    states: dict[int, tuple[str, int]]  # request index -> (summary state, messages summarised)
 
 
-async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Report:
+async def one_run(
+    args: argparse.Namespace, step: str, variant: str, mode: str, directory: Path
+) -> Report:
+    """One session; `variant` is a tokenizer, `<tokenizer> (no usage)` for an upstream that
+    reports no usage (the heuristic is then never calibrated)."""
+    tokenizer, _, rest = variant.partition(" ")
     # The fifo baseline only measures the gateway's own time: no need to wait for a model.
     model_delay = 0.0 if mode == "fifo" else args.model_delay
     tool_delay = 0.0 if mode == "fifo" else args.tool_delay
-    upstream = Upstream(model_delay, args.summary_delay)
+    upstream = Upstream(model_delay, args.summary_delay, usage=not rest)
     runner = web.AppRunner(upstream.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     upstream_port = runner.addresses[0][1]
-    events = directory / f"events-{mode}.jsonl"
-    config = config_for(upstream_port, args.step, mode, args.lookahead, events)
+    events = directory / f"events-{step}-{mode}-{time.monotonic_ns()}.jsonl"
+    config = config_for(upstream_port, step, mode, tokenizer, args.lookahead, events)
     process, port, _ = await start_gateway(config, directory)
     try:
         base = f"http://127.0.0.1:{port}/v1"
         auth = {"authorization": "Bearer sk-bench"}
         async with httpx.AsyncClient(base_url=base, timeout=120, headers=auth) as client:
-            over = await threshold(client, args.step)
+            over = await threshold(client, step)
             result = await run_agent(client, upstream, args.turns, tool_delay)
             await asyncio.sleep(args.summary_delay + 0.5)  # let the last precomputation land
     finally:
@@ -318,6 +350,8 @@ async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Repor
         await runner.cleanup()
     unused = upstream.summaries - len(upstream.used)
     return Report(
+        step,
+        variant,
         mode,
         args.turns,
         upstream.summaries,
@@ -326,13 +360,14 @@ async def one_run(args: argparse.Namespace, mode: str, directory: Path) -> Repor
         model_delay,
         upstream.summary_ends,
         over,
-        _summary_states(events, args.step),
+        _summary_states(events, step),
     )
 
 
-def _summary_states(events: Path, step: str) -> dict[int, str]:
-    """From the event log: `ready`, or `partial, ...` (an earlier summary, the rest verbatim)."""
-    states: dict[int, str] = {}
+def _summary_states(events: Path, step: str) -> dict[int, tuple[str, int]]:
+    """From the event log, the summarising step's state (`ready`, or `partial, ...`: an earlier
+    summary, the rest verbatim) and how many messages its summary replaced."""
+    states: dict[int, tuple[str, int]] = {}
     if not events.exists():
         return states
     for line in events.read_bytes().splitlines():
@@ -340,89 +375,194 @@ def _summary_states(events: Path, step: str) -> dict[int, str]:
         request_id = str(event.get("request_id", ""))
         for report in event.get("steps", []):
             if report.get("type") == step and request_id.startswith("bench-"):
-                states[int(request_id[6:])] = str(report.get("summary", ""))
+                summarised = int(report.get("summarised_messages") or 0)
+                states[int(request_id[6:])] = (str(report.get("summary", "")), summarised)
     return states
 
 
-def _ms(values: list[float]) -> str:
-    if not values:
-        return "-"
-    values = sorted(values)
-    p95 = values[min(len(values) - 1, int(len(values) * 0.95))]
-    return f"median {statistics.median(values):.1f} ms, p95 {p95:.1f} ms (n={len(values)})"
+@dataclass
+class Row:
+    """One run's figures, as printed."""
+
+    step: str
+    tokenizer: str
+    mode: str
+    calls: int
+    calls_per_100: float
+    events: int  # compaction events served: the summarised range grew
+    unused: int
+    compacting: int
+    ready: int
+    partial: int  # of `ready`: the newest summary was one event old
+    waited: int
+    deferred: int
+    added_ready: list[float]  # ms, the gateway's added latency on the ready ones
+    added_plain: list[float]  # ms, on the run's requests under the threshold
+    added_fifo: list[float]  # ms, the ready ones through the fifo-only policy
+
+    @property
+    def share(self) -> float:
+        return self.ready / self.compacting * 100 if self.compacting else 0.0
 
 
-def print_report(report: Report, baseline: Report | None, args: argparse.Namespace) -> None:
+def summarise_run(report: Report, baseline: Report | None) -> Row:
     samples = report.samples
     compacting = [
         i for i, s in enumerate(samples) if s.steps != "none" or s.tokens_before > report.over
     ]
 
     def waited_for_summary(sample: Sample) -> bool:
-        # It reached the upstream right after a summary came back that was made while it waited.
-        return any(
-            sample.sent < end <= sample.arrived and sample.arrived - end < RESUME_S
-            for end in report.summary_ends
-        )
+        # It carried a summary that came back after it was sent, or it spent longer than
+        # SLOW_S in the gateway while a summary call ended: it waited for one.
+        ends = report.summary_ends
+        if any(ends.get(number, 0.0) > sample.sent for number in sample.carried):
+            return True
+        slow = sample.arrived - sample.sent > SLOW_S
+        return slow and any(sample.sent < end <= sample.arrived for end in ends.values())
 
     deferred = [i for i in compacting if samples[i].steps == "none"]
     waited = [i for i in compacting if i not in deferred and waited_for_summary(samples[i])]
     ready = [i for i in compacting if i not in deferred and i not in waited]
-    earlier = [i for i in ready if report.states.get(i, "ready").startswith("partial")]
-    share = len(ready) / len(compacting) * 100 if compacting else 0.0
-    per_100 = report.summary_calls * 100 / report.turns
-    print(f"\n== {args.step} + fifo, {report.mode} ==")
-    print(f"turns {report.turns}, requests {len(samples)}")
-    print(
-        f"summariser calls: {report.summary_calls} ({per_100:.1f} per 100 turns), "
-        f"never used: {report.unused}"
-    )
-    print(
-        f"compacting requests: {len(compacting)}; served from a ready summary: {len(ready)} "
-        f"({share:.1f} %); sent whole while the summary was made: {len(deferred)}; "
-        f"waited for it: {len(waited)}"
-    )
-    print(
-        f"  of those served from a ready summary, {len(earlier)} used the summary so far while "
-        "the newest part was being made (the rest of the history verbatim; it fit)"
-    )
+    partial = [i for i in ready if report.states.get(i, ("ready", 0))[0].startswith("partial")]
+    ranges = {n for state, n in report.states.values() if n and not state.startswith("partial")}
 
     def added(run: Report, indices: list[int]) -> list[float]:
-        return [(run.samples[i].latency - run.model_delay) * 1000 for i in indices]
+        return [(run.samples[i].latency - run.samples[i].upstream) * 1000 for i in indices]
 
-    print(f"added latency, compacting from a ready summary: {_ms(added(report, ready))}")
-    if baseline is not None:
-        print(f"  the same requests, fifo only (no summaries): {_ms(added(baseline, ready))}")
-    plain = [i for i in range(len(samples)) if i not in set(compacting)]
-    print(f"added latency, requests under the threshold:    {_ms(added(report, plain))}")
+    plain = sorted(set(range(len(samples))) - set(compacting))
+    return Row(
+        step=report.step,
+        tokenizer=report.tokenizer,
+        mode=report.mode,
+        calls=report.summary_calls,
+        calls_per_100=report.summary_calls * 100 / report.turns,
+        events=len(ranges),
+        unused=report.unused,
+        compacting=len(compacting),
+        ready=len(ready),
+        partial=len(partial),
+        waited=len(waited),
+        deferred=len(deferred),
+        added_ready=added(report, ready),
+        added_plain=added(report, plain),
+        added_fifo=added(baseline, ready) if baseline is not None else [],
+    )
+
+
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+
+COLUMNS = (
+    ("step", 13),
+    ("tokenizer", 29),
+    ("precompute", 10),
+    ("calls/100 turns", 15),
+    ("events", 6),
+    ("calls/event", 11),
+    ("unused", 6),
+    ("compacting", 10),
+    ("ready", 13),
+    ("partial", 7),
+    ("waited", 6),
+    ("sent whole", 10),
+    ("p50 added ms, ready", 19),
+    ("p50 ms, under threshold", 23),
+    ("p50 ms, fifo only", 17),
+)
+
+
+def print_table(rows: list[Row]) -> None:
+    print(" | ".join(name.ljust(width) for name, width in COLUMNS))
+    print("-+-".join("-" * width for _, width in COLUMNS))
+    for row in rows:
+        cells = (
+            row.step,
+            row.tokenizer,
+            "yes" if row.mode == "precompute" else "no",
+            f"{row.calls_per_100:.1f}",
+            str(row.events),
+            f"{row.calls / row.events:.2f}" if row.events else "-",
+            str(row.unused),
+            str(row.compacting),
+            f"{row.ready} ({row.share:.1f} %)",
+            str(row.partial),
+            str(row.waited),
+            str(row.deferred),
+            _p50(row.added_ready),
+            _p50(row.added_plain),
+            _p50(row.added_fifo),
+        )
+        widths = [width for _, width in COLUMNS]
+        print(" | ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)))
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    modes = ["precompute", "fifo"] + (["no-precompute"] if args.compare else [])
+    steps = [s for s in args.steps.split(",") if s]
+    tokenizers = [t for t in args.tokenizers.split(",") if t]
+    if args.uncalibrated:
+        tokenizers += [f"{t} (no usage)" for t in tokenizers if t.startswith("chars:")]
+    modes = ["precompute"] + (["no-precompute"] if args.compare else [])
     started = time.perf_counter()
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-summaries-") as tmp:
-        reports = {mode: await one_run(args, mode, Path(tmp)) for mode in modes}
-    for mode in modes:
-        if mode != "fifo":
-            print_report(reports[mode], reports["fifo"], args)
+        baselines: dict[str, Report] = {}
+        for tokenizer in tokenizers:
+            baselines[tokenizer] = await one_run(args, steps[0], tokenizer, "fifo", Path(tmp))
+            for step in steps:
+                for mode in modes:
+                    report = await one_run(args, step, tokenizer, mode, Path(tmp))
+                    rows.append(summarise_run(report, baselines[tokenizer]))
+                    print(f"  done: {step}, {tokenizer}, {mode}", file=sys.stderr)
     print(
-        f"\n(total {time.perf_counter() - started:.0f} s; model delay {args.model_delay} s, "
-        f"summary delay {args.summary_delay} s, tool delay {args.tool_delay} s)"
+        f"\n{args.turns} turns; each run: <step> + fifo, 16 384-token window; "
+        f"model delay {args.model_delay} s, summary delay {args.summary_delay} s, "
+        f"tool delay {args.tool_delay} s\n"
     )
+    print_table(rows)
+    print(
+        "\nevents: compaction events served (distinct summarised ranges); calls/event: summariser "
+        "calls per event (1.00: every event extended the summary once, nothing made twice). "
+        "ready: compacted with summaries made before the request arrived (partial: the newest "
+        "one event old, the rest verbatim); waited: carried a summary that came back after it "
+        "was sent; sent whole: sent uncompacted while its summary was made (it fit). p50 added "
+        "ms: client latency minus the time the upstream spent on the request, on the ready "
+        "requests; under threshold: "
+        "the same on this run's non-compacting requests (the gateway's normal overhead); fifo "
+        "only: the ready requests through a fifo-only policy."
+    )
+    print(f"(total {time.perf_counter() - started:.0f} s)")
+
+
+STEPS = ("sandwich", "compaction", "summarize_old")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_summaries")
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument(
-        "--step", choices=("compaction", "sandwich", "summarize_old"), default="compaction"
+        "--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}"
+    )
+    parser.add_argument(
+        "--tokenizers",
+        default="tiktoken:o200k_base,chars:3",
+        help="comma-separated; a chars: heuristic is calibrated toward the upstream's usage",
     )
     parser.add_argument("--model-delay", type=float, default=0.1)
     parser.add_argument("--summary-delay", type=float, default=0.3)
     parser.add_argument("--tool-delay", type=float, default=0.02)
     parser.add_argument("--lookahead", type=float, default=2.0, help="summaries.lookahead_requests")
     parser.add_argument("--compare", action="store_true", help="also run without precompute")
-    asyncio.run(main_async(parser.parse_args(argv)))
+    parser.add_argument(
+        "--uncalibrated",
+        action="store_true",
+        help="also run each chars: tokenizer with an upstream that reports no usage",
+    )
+    args = parser.parse_args(argv)
+    unknown = set(args.steps.split(",")) - set(STEPS)
+    if unknown:
+        parser.error(f"unknown steps: {', '.join(sorted(unknown))}")
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

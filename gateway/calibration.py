@@ -2,9 +2,16 @@
 
 Every response's `usage.prompt_tokens` is compared with the gateway's estimate of what it sent.
 The relative error goes to a histogram metric for every model. For heuristic (`chars:`)
-tokenizers the gateway also keeps a running correction per model: each observation moves the
-multiplier a step (`ALPHA`) toward reported/estimated, so after a few dozen responses the
-estimates track the provider's own tokenizer. Exact tokenizers are never corrected.
+tokenizers the gateway also keeps a running estimate of the correction per model: each
+observation moves it a step (`ALPHA`) toward reported/estimated, so after a few dozen responses
+the estimates track the provider's own tokenizer. Exact tokenizers are never corrected.
+
+The correction in use only changes when the running estimate has moved more than `TOLERANCE`
+away from it. Every change changes every count a little, and counts decide where compaction
+cuts (cache-stable cuts, the ranges summaries cover): a correction that followed each response's
+noise would move those a little on every request, and with them the prompt prefix sent upstream
+and the summaries' cache keys. So the correction converges in a few steps and then stays put
+while the upstream's answers agree with it within the tolerance.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ from .tokenizers import CharsTokenizer
 log = logging.getLogger("compactgate.calibration")
 
 ALPHA = 0.3  # step toward the observed ratio per response
+TOLERANCE = 0.02  # the correction in use changes when the estimate moves further away than this
 MAX_STEP = 2.0  # one observation moves the correction by at most this factor
 BOUNDS = (0.2, 5.0)  # the correction stays within these multipliers
 
 
 @dataclass(slots=True)
 class _State:
-    correction: float = 1.0
+    correction: float = 1.0  # in use
+    estimate: float = 1.0  # running estimate
     samples: int = 0
 
 
@@ -44,14 +53,19 @@ class Calibration:
         tokenizer = route.counter.tokenizer
         if not isinstance(tokenizer, CharsTokenizer):
             return
-        state = self._state.setdefault(route.name, _State(tokenizer.correction))
+        state = self._state.setdefault(
+            route.name, _State(tokenizer.correction, tokenizer.correction)
+        )
+        # `estimated` was counted with the correction in use: this response says the right
+        # multiplier is that times the ratio.
         ratio = min(MAX_STEP, max(1 / MAX_STEP, reported / estimated))
-        corrected = state.correction * (1 + ALPHA * (ratio - 1))
-        corrected = min(BOUNDS[1], max(BOUNDS[0], corrected))
+        observed = state.correction * ratio
+        estimate = state.estimate + ALPHA * (observed - state.estimate)
+        state.estimate = min(BOUNDS[1], max(BOUNDS[0], estimate))
         state.samples += 1
-        if abs(corrected / state.correction - 1) > 0.001:
-            state.correction = corrected
-            route.counter.use_tokenizer(tokenizer.with_correction(corrected))
+        if abs(state.estimate / state.correction - 1) > TOLERANCE:
+            state.correction = state.estimate
+            route.counter.use_tokenizer(tokenizer.with_correction(state.estimate))
         if state.samples in (1, 10, 100) or state.samples % 1000 == 0:
             log.info(
                 "model %s: estimate %d vs reported %d prompt tokens; "

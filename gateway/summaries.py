@@ -355,7 +355,14 @@ class Precompute:
     The synthetic message continues the current Turn when the client sends tools (an agent loop,
     where the next request adds tool results), and, in a second prediction, starts a new Turn.
     A prediction whose range reaches the request's last message is dropped: the real range
-    will also hold the model's answer to it, which is not known yet.
+    will also hold the model's answer to it, which is not known yet. When the next Turn needs
+    nothing new and the summarising steps leave the request over the trigger, the Turn after it
+    is tried (two empty Turns): a range that moves with the Turn count (`summarize_old`) extends
+    the summary the next Turn uses, so it can only start once that one is made, and a short
+    Turn would end before it is ready.
+
+    "Past `precompute_ratio`" is judged on the tokens after the last summarising step, not on
+    what was finally sent: a later trimming step (`fifo`) does not stop the range from moving.
     """
 
     def __init__(self, service: SummaryService, pipeline: Pipeline) -> None:
@@ -418,7 +425,7 @@ class Precompute:
         if budget is None or chain is None:
             return False
         ratio = prepared.route.policy_config.precompute_ratio
-        return chain.tokens_after >= ratio * budget.limit
+        return _summarised_tokens(chain, prepared.route) >= ratio * budget.limit
 
     async def _run(self, job: Job) -> None:
         try:
@@ -442,8 +449,11 @@ class Precompute:
         base = job.sent or await self._settle(job, conversation, budget, known)
         if base.pending:
             return []  # the request itself is waiting for or computing these
-        sent = base.tokens_after
-        reach = min(budget.limit - sent, int(job.lookahead * _growth(conversation)))
+        sent = _summarised_tokens(base, route)
+        growth = _growth(conversation)
+        # Tokens the next requests may add before a range moves; at least one request's worth
+        # when the summarising step alone does not fit (a later step trims the rest).
+        reach = min(max(budget.limit - sent, growth), int(job.lookahead * growth))
         if sent < point or reach <= 0:
             return []
         same_turn, new_turn = self._fillers(request)
@@ -454,7 +464,19 @@ class Precompute:
             if moved:
                 return computed
         # This Turn will not move the cut (or no Turn is under way): the next Turn might.
-        computed, _ = await self._predict(job, conversation, budget, known, new_turn, reach, base)
+        computed, moved = await self._predict(
+            job, conversation, budget, known, new_turn, reach, base
+        )
+        if computed or sent <= budget.trigger:
+            return computed
+        # Nothing to make for the next Turn (stored already, or no move), and the summarising
+        # steps leave the request over the trigger: a range that moves with the Turn count
+        # alone (`summarize_old`) may move on the Turn after, extending the summary before it.
+        # Make that one now, or a short Turn ends before it is ready. The two new Turns are
+        # empty, so ranges that move with tokens are not guessed at here, and ranges that would
+        # reach them (or this Turn's coming answer) are left out.
+        after = _extended(_extended(conversation, new_turn, 0), new_turn, 0)
+        computed = await self._settle_computing(job, after, budget, known)
         return computed
 
     async def _predict(
@@ -490,8 +512,8 @@ class Precompute:
         """What may come next: more of this Turn (an agent loop: the client sends tools), or a
         new Turn. A prediction that needs the model's coming answer is dropped later."""
         agent = bool(request.payload.get("tools") or request.payload.get("functions"))
-        same = Message(data={"role": "assistant", "content": ""}, tokens=0) if agent else None
-        return same, Message(data={"role": "user", "content": ""}, tokens=0)
+        same = Message(data=_SAME_TURN, tokens=0) if agent else None
+        return same, Message(data=_NEW_TURN, tokens=0)
 
     async def _settle(
         self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
@@ -519,7 +541,11 @@ class Precompute:
         computed: list[SummaryRequest] = []
         for _ in range(MAX_ROUNDS):
             result = await self._settle(job, conversation, budget, known)
-            wanted = [r for r in result.pending if not (r.messages and r.messages[-1] == last)]
+            wanted = [
+                r
+                for r in result.pending
+                if not (r.messages and r.messages[-1] == last) and not _synthetic(r)
+            ]
             if not wanted:
                 break
             for summary_request in wanted:
@@ -541,6 +567,20 @@ def _summarised(result: ChainResult, route: Route) -> list[tuple[str, int]]:
     return [(r.type, r.messages_removed) for r in result.steps if r.type in summarising]
 
 
+def _summarised_tokens(result: ChainResult, route: Route) -> int:
+    """Tokens after the chain's last summarising step: what its next range move depends on.
+
+    Steps after it (`fifo`, `emergency`) may trim the request further, but a summarising step
+    scans the whole conversation: its range moves as the conversation grows, wherever the later
+    steps left the request (`summarize_old` moves with the Turn count, however far `fifo` cut).
+    """
+    summarising = {step.type for step in route.policy.steps if _summarises(step)}
+    for report in reversed(result.steps):
+        if report.type in summarising:
+            return report.tokens_after
+    return result.tokens_after
+
+
 def _average(current: float | None, value: float) -> float:
     return value if current is None else current + AVERAGE_WEIGHT * (value - current)
 
@@ -557,6 +597,15 @@ def _growth(conversation: Conversation, requests: int = GROWTH_REQUESTS) -> int:
     if not answers:
         return conversation.tokens
     return sum(m.tokens for m in messages[answers[0] :]) // len(answers)
+
+
+_SAME_TURN = {"role": "assistant", "content": ""}  # what a prediction's filler message holds
+_NEW_TURN = {"role": "user", "content": ""}
+
+
+def _synthetic(request: SummaryRequest) -> bool:
+    """Whether a predicted summary request covers a filler (the messages are not known yet)."""
+    return any(m is _SAME_TURN or m is _NEW_TURN for m in request.messages)
 
 
 def _extended(conversation: Conversation, filler: Message, tokens: int) -> Conversation:

@@ -10,8 +10,12 @@
   prefix of the new one, which is what the invariant checker allows (R3.1).
 
 Inserted messages carry `kind="summary:<step>"` so that a step recognises its own summary on the
-chain's next pass and leaves it alone. They are not pinned: a created message (origin -1) is not
-protected, so when even the summary does not fit, `fifo` or `emergency` can still drop it.
+chain's next pass and leaves it alone. Trimming steps that run after a summarising step (`fifo`)
+keep them like the head and drop the oldest Turns after them instead (`summary_indices`): the
+summary stands for everything before it, so dropping it first would lose the most per token. They
+are not pinned, though: a created message (origin -1) is not protected, so when even the summary
+does not fit, `emergency` (and recovery) can still drop it, and the chain fits whenever the
+client's irreducible part does.
 """
 
 from __future__ import annotations
@@ -37,6 +41,15 @@ def has_summary(conversation: Conversation, step_type: str) -> bool:
     """Whether `step_type` already placed a summary in this conversation (an earlier pass)."""
     kind = summary_kind(step_type)
     return any(m.kind == kind for m in conversation.messages)
+
+
+def summary_indices(conversation: Conversation) -> frozenset[int]:
+    """Messages a summarising step inserted (any step's); empty when there are none."""
+    return frozenset(
+        i
+        for i, m in enumerate(conversation.messages)
+        if m.origin < 0 and m.kind is not None and m.kind.startswith("summary:")
+    )
 
 
 def render(template: str, text: str) -> str:

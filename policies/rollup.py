@@ -6,16 +6,24 @@ as if the proxy had watched it grow (`scan_cuts`, the generalisation of `budget.
 summarised range `[0, cut)` only grows at compaction events, so between events every request
 carries the same summary text and the provider's prompt cache keeps hitting.
 
-Summaries are rolling. The summarised range `[0, cut)` is split greedily from the start into
-links of at most `chunk_tokens` (`links`), and the summary of link `k` is asked for as "these
-messages, extending `previous` = the summary of links `0..k-1`". The previous text is not
-guessed: it is the answer the same `SummarySource` gives for the previous link's request, which
-is itself built the same way, so the whole chain is a deterministic function of the prefix and of
-the source's answers (`rolling_summary`). When an event moves the cut, only the last link changes
-(it grows, or a new one starts): one summariser call per event, over at most `chunk_tokens` plus
-the previous summary, however long the session grows. Until a link's answer is `ready`, the step
-changes nothing and reports that link's request as pending; once the gateway has it, the next
-link can be asked for.
+Summaries are rolling and incremental. The summarised range `[0, cut)` is split into links, one
+per compaction event (the units that event newly covered; chunks of at most `chunk_tokens` when
+an event covers more, `links`), and the summary of link `k` is asked for as "these messages,
+extending `previous` = the summary of links `0..k-1`". The previous text is not guessed: it is
+the answer the same `SummarySource` gives for the previous link's request, which is itself built
+the same way, so the whole chain is a deterministic function of the prefix and of the source's
+answers (`Rolling`, which the scan consults at every event). When an event moves the cut, the
+earlier links and their answers stay as they are and one link is added: one summariser call per
+event, over the newly covered messages and the previous summary, however long the session grows;
+no message is sent to the summariser twice. Until the first link's answer is `ready` the step
+changes nothing and reports that link's request as pending; while a later one is being made, the
+summary of the links before it is used (the rest stays verbatim) and the missing link is
+reported as pending.
+
+Token counts are estimates that drift (calibration, R2.6), and the cut a scan proposes moves
+with them. A ready summary whose range ends within `SNAP_UNITS` of the proposed cut is kept
+instead (003's validity rule: its messages are still the conversation's, in place), and the scan
+goes on from where that summary ends, so drift does not make the summaries again.
 
 Anchored messages (system/developer prompts, pinned messages and the tool groups that hold them)
 are never summarised away: they stay in place and are left out of the summariser's input.
@@ -23,6 +31,7 @@ are never summarised away: they stay in place and are left out of the summariser
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +52,7 @@ from .step import Env, StepConfig, StepResult
 from .summaries import SummaryAnswer, SummaryRequest, SummarySource, prepare_for_summary
 
 Cap = Callable[[int], int]  # unit index at a crossing -> the furthest the cut may go
+Settle = Callable[[int, int], int]  # (the cut so far, the cut proposed) -> the cut taken
 
 
 def scan_cuts(
@@ -53,6 +63,7 @@ def scan_cuts(
     target: int,
     cap: Cap,
     allowance: int = 0,
+    settle: Settle | None = None,
 ) -> list[int]:
     """Cut positions after each compaction event, in order; empty when nothing crossed `trigger`.
 
@@ -61,24 +72,31 @@ def scan_cuts(
     passes `trigger`, the cut advances while the total is over `target` and the cut is below
     `cap(u)`; `allowance` (the summary that replaces the cut units) counts from the first cut on.
     With `kept` and `allowance` zero and `cap(u) = u` this is exactly `budget.stable_cut`.
+
+    `settle`, when given, is told of every move and may take another cut than the one proposed
+    (past the cut so far, at most `len(sizes)`); the scan goes on from the cut taken. `Rolling`
+    uses it to keep the ranges that cached summaries already cover.
     """
+    prefix = list(itertools.accumulate(sizes, initial=0))
     cuts: list[int] = []
     cut = 0
-    running = fixed
+    added = fixed
     for unit, size in enumerate(sizes):
-        running += size + kept[unit]
+        added += size + kept[unit]
+        running = added - prefix[cut] + (allowance if cut else 0)
         if running <= trigger:
             continue
         limit = min(cap(unit), unit)  # never past the unit that crossed
-        moved = False
-        while cut < limit and running > target:
-            if cut == 0:
+        proposed = cut
+        while proposed < limit and running > target:
+            if proposed == 0:
                 running += allowance  # from the first cut on, the summary takes room too
-            running -= sizes[cut]
-            cut += 1
-            moved = True
-        if moved:
-            cuts.append(cut)
+            running -= sizes[proposed]
+            proposed += 1
+        if proposed == cut:
+            continue
+        cut = proposed if settle is None else settle(cut, proposed)
+        cuts.append(cut)
     return cuts
 
 
@@ -150,78 +168,136 @@ def unit_sizes(
     return sizes, kept
 
 
-def links(cut: int, sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
-    """Unit ranges `[0, cut)` is summarised in, one after the other: greedy chunks from the start.
+def chunks(first: int, last: int, sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """`[first, last)` split greedily into unit ranges of at most `chunk_tokens` (or one unit)."""
+    result: list[tuple[int, int]] = []
+    start, total = first, 0
+    for unit in range(first, last):
+        if unit > start and total + sizes[unit] > chunk_tokens:
+            result.append((start, unit))
+            start, total = unit, 0
+        total += sizes[unit]
+    if start < last:
+        result.append((start, last))
+    return result
 
-    A function of the sizes before `cut` only. When an event moves the cut, the earlier chunks
-    stay as they were and only the last one grows (or a new one starts), so each event costs one
-    summariser call over at most `chunk_tokens`, and a long history seen for the first time
-    costs about `total / chunk_tokens` calls rather than one per past event.
+
+def links(cuts: Sequence[int], sizes: Sequence[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """Unit ranges the summarised range `[0, cuts[-1])` is asked for in, one after the other.
+
+    One link per compaction event: the units that event newly covered, `[cuts[i-1], cuts[i])`,
+    split greedily into chunks of at most `chunk_tokens` when one event covers more (a long
+    history seen for the first time). A function of the sizes before the last cut only, and
+    `links(cuts[:k])` is a prefix of `links(cuts)`: when an event moves the cut, the earlier links
+    stay as they were and one link is added, so the summary is extended with the new messages
+    (one summariser call over them and the previous summary), never made again from older ones.
     """
     result: list[tuple[int, int]] = []
-    first, total = 0, 0
-    for unit in range(cut):
-        if unit > first and total + sizes[unit] > chunk_tokens:
-            result.append((first, unit))
-            first, total = unit, 0
-        total += sizes[unit]
-    if first < cut:
-        result.append((first, cut))
+    first = 0
+    for cut in cuts:
+        result.extend(chunks(first, cut, sizes, chunk_tokens))
+        first = max(first, cut)
     return result
 
 
 MakeRequest = Callable[[tuple[Any, ...], str | None], SummaryRequest]
+SNAP_UNITS = 2  # how far from a proposed cut a ready summary's range is looked for
 
 
-@dataclass(frozen=True, slots=True)
-class Rolled:
-    """How far the chain of links got: the last ready answer and the units it covers."""
+class Rolling:
+    """The rolling summary, asked for link by link as `scan_cuts` finds the events (its settle).
 
-    answer: SummaryAnswer | None = None  # summary of units [0, covered)
-    covered: int = 0
-    pending: SummaryRequest | None = None  # the first link the source did not have
-    failed: bool = False  # the source failed on the first link it did not have
-    asked: int = 0
+    Each link is asked for as "these messages, extending the answer so far". The walk stops at
+    the first link that is `missing` (reported as `pending`) or `failed`; what was ready before
+    it is kept, so a grown range keeps its older summary until the new link arrives (R4.13: a
+    failure never corrupts what was there), and the scan goes on without asking.
 
-
-def rolling_summary(
-    conversation: Conversation,
-    units: Units,
-    chain: Sequence[tuple[int, int]],
-    fixed: frozenset[int],
-    make_request: MakeRequest,
-    source: SummarySource,
-    previous_of: Callable[[SummaryAnswer], str] | None = None,
-) -> Rolled:
-    """Ask `source` for every link in order, each extending the previous answer.
-
-    Stops at the first link that is `missing` (reported as pending) or `failed`; what was ready
-    before it is still returned, so a grown middle keeps its older summary until the new link
-    arrives (R4.13: a failure never corrupts what was there).
+    Counts drift (a heuristic tokenizer is calibrated from the upstream's usage, R2.6), and a
+    drifted count moves a proposed cut by a unit or so, which would change every link after it
+    and make the whole summary again. So when the link ending at the proposed cut is missing, a
+    ready link from the same start ending up to `SNAP_UNITS` units earlier or later (never past
+    `furthest`, where the step's own limit puts the last cut) is taken instead, and the scan goes
+    on from there. This is 003's validity rule, not an approximation: a cached summary stands
+    for exactly the messages it was made from, and they are still the conversation's, in place.
     """
-    previous: str | None = None
-    answer: SummaryAnswer | None = None
-    covered = 0
-    asked = 0
-    for first, last in chain:
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        units: Units,
+        fixed: frozenset[int],
+        sizes: Sequence[int],
+        plan: Plan,
+        source: SummarySource,
+    ) -> None:
+        self.conversation = conversation
+        self.units = units
+        self.fixed = fixed
+        self.sizes = sizes
+        self.plan = plan
+        self.source = source
+        self.furthest = min(plan.cap(len(sizes) - 1), len(sizes) - 1)
+        self.answer: SummaryAnswer | None = None  # summary of units [0, covered)
+        self.covered = 0
+        self.previous: str | None = None
+        self.pending: SummaryRequest | None = None  # the first link the source did not have
+        self.failed = False  # the source failed on the first link it did not have
+        self.links = 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.pending is not None or self.failed
+
+    def settle(self, cut: int, proposed: int) -> int:
+        spans = chunks(cut, proposed, self.sizes, self.plan.chunk_tokens)
+        self.links += len(spans)
+        for first, last in spans[:-1]:
+            if self.stopped:
+                return proposed
+            self._ask(first, last)
+        first, last = spans[-1]
+        if self.stopped or self._ask(first, last) != "missing":
+            return proposed
+        for end in self._nearby(first, last):
+            request = self._request(first, end)
+            if request is not None and (found := self.source.get(request)).status == "ready":
+                self.pending = None
+                self._take(found, end)
+                return end
+        return proposed
+
+    def _ask(self, first: int, last: int) -> str:
+        request = self._request(first, last)
+        if request is None:  # only anchored messages: nothing to summarise
+            if self.answer is not None:
+                self.covered = last
+            return "ready"
+        got = self.source.get(request)
+        if got.status == "missing":
+            self.pending = request
+        elif got.status == "failed":
+            self.failed = True
+        else:
+            self._take(got, last)
+        return got.status
+
+    def _request(self, first: int, last: int) -> SummaryRequest | None:
+        messages = self.conversation.messages
         data = tuple(
-            conversation.messages[i].data for i in units.indices(first, last) if i not in fixed
+            messages[i].data for i in self.units.indices(first, last) if i not in self.fixed
         )
         data = summary_input(data)
-        if not data:
-            if answer is not None:
-                covered = last
-            continue
-        request = make_request(data, previous)
-        asked += 1
-        got = source.get(request)
-        if got.status == "missing":
-            return Rolled(answer, covered, pending=request, asked=asked)
-        if got.status == "failed":
-            return Rolled(answer, covered, failed=True, asked=asked)
-        answer, covered = got, last
-        previous = previous_of(got) if previous_of is not None else got.text
-    return Rolled(answer, covered, asked=asked)
+        return self.plan.make_request(data, self.previous) if data else None
+
+    def _take(self, answer: SummaryAnswer, last: int) -> None:
+        self.answer, self.covered = answer, last
+        previous_of = self.plan.previous_of
+        self.previous = previous_of(answer) if previous_of is not None else answer.text
+
+    def _nearby(self, first: int, proposed: int) -> list[int]:
+        low, high = max(first + 1, proposed - SNAP_UNITS), min(self.furthest, proposed + SNAP_UNITS)
+        ends = [end for end in range(low, high + 1) if end != proposed]
+        return sorted(ends, key=lambda end: (abs(end - proposed), end))
 
 
 def summary_input(messages: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -289,25 +365,31 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
     # The summary's room is its maximum length, but never more than a quarter of the trigger:
     # a small window with a long `summary_tokens` would otherwise compact on almost every Turn.
     allowance = min(plan.allowance, max(0, plan.trigger // 4))
-    cuts = scan_cuts(sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, allowance)
+    rolling = Rolling(conversation, plan.units, fixed, sizes, plan, env.summaries)
+    cuts = scan_cuts(
+        sizes,
+        kept,
+        plan.fixed_tokens,
+        plan.trigger,
+        plan.target,
+        plan.cap,
+        allowance,
+        rolling.settle,
+    )
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")
-    chain = links(cuts[-1], sizes, plan.chunk_tokens)
-    rolled = rolling_summary(
-        conversation, plan.units, chain, fixed, plan.make_request, env.summaries, plan.previous_of
-    )
-    pending = (rolled.pending,) if rolled.pending is not None else ()
-    state = "failed" if rolled.failed else "pending" if pending else "ready"
-    if rolled.answer is None:
+    pending = (rolling.pending,) if rolling.pending is not None else ()
+    state = "failed" if rolling.failed else "pending" if pending else "ready"
+    if rolling.answer is None:
         return StepResult(conversation, pending=pending, detail={"summary": state})
-    result, removed = drop(conversation, plan.units.indices(0, rolled.covered))
+    result, removed = drop(conversation, plan.units.indices(0, rolling.covered))
     if not removed:
         return StepResult(conversation, pending=pending, detail={"reason": "nothing droppable"})
     placed, added, replaced = place_summary(
         result,
         plan.start,
-        rolled.answer.text,
-        rolled.answer.retain,
+        rolling.answer.text,
+        rolling.answer.retain,
         plan.placement,
         plan.template,
         plan.step_type,
@@ -323,9 +405,9 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
         pending=pending,
         summary_used=True,
         detail={
-            "summary": state if rolled.covered == cuts[-1] else f"partial, {state}",
+            "summary": state if rolling.covered == cuts[-1] else f"partial, {state}",
             "summarised_messages": removed,
-            "summary_links": len(chain),
+            "summary_links": rolling.links,
         },
     )
 

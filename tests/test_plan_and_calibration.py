@@ -17,6 +17,11 @@ import httpx
 import openai
 import orjson
 
+from gateway.calibration import TOLERANCE, Calibration
+from gateway.config import parse_config
+from gateway.metrics import Metrics
+from gateway.routing import Router
+from gateway.tokenizers import CharsTokenizer
 from tests.conftest import REPO_ROOT, GatewayStarter
 from tests.fake_upstream import FakeUpstream
 
@@ -206,6 +211,31 @@ def test_calibration_converges_on_an_upstream_with_a_different_tokenizer(
     assert 'compactgate_estimate_error_ratio_count{model="m"} 40.0' in metrics
 
 
+def test_calibration_settles_and_then_leaves_the_counts_alone() -> None:
+    """The correction converges in a few steps, then stays put while the upstream's reports
+    agree with it within TOLERANCE: counts (and the cuts made from them) stop moving."""
+    config = parse_config(
+        {"models": [{"name": "m", "upstream": {"base_url": "http://x/v1"}, "tokenizer": "chars:3"}]}
+    )
+    route = Router(config).resolve("m")
+    assert route is not None
+    calibration = Calibration(Metrics())
+    truth = 0.75  # the upstream counts 3/4 of what chars:3 says
+    changes = []
+    for i in range(200):
+        tokenizer = route.counter.tokenizer
+        assert isinstance(tokenizer, CharsTokenizer)
+        estimated = 10_000
+        noise = 1 + 0.01 * ((i * 7) % 5 - 2)  # +-2 % from one response to the next
+        reported = round(estimated / tokenizer.correction * truth * noise)
+        calibration.observe(route, estimated, reported)
+        if route.counter.tokenizer is not tokenizer:
+            changes.append(i)
+    correction = calibration.correction("m")
+    assert correction is not None and abs(correction / truth - 1) <= TOLERANCE + 0.01
+    assert len(changes) <= 12 and changes[-1] < 40, changes  # settled early, then left alone
+
+
 def test_injected_stream_usage_is_invisible_to_the_client(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:
@@ -286,14 +316,24 @@ def test_pin_rules_keep_matching_messages(
     assert not any(m.get("tool_call_id") == "c2" for m in sent)
 
 
-def test_max_tokens_that_leave_no_room_are_refused_or_clamped(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> None:
-    model = {"name": "m", "upstream": {"base_url": fake_upstream.base_url}, "context_window": 4000, "tokenizer": "chars:4"}
+def test_max_tokens_that_leave_no_room_are_refused_or_clamped(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    model = {
+        "name": "m",
+        "upstream": {"base_url": fake_upstream.base_url},
+        "context_window": 4000,
+        "tokenizer": "chars:4",
+    }
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5000}
     strict = start_gateway({"models": [model]})
     refused = httpx.post(f"{strict.base_url}/chat/completions", json=body, timeout=20)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
     assert fake_upstream.chat_requests() == []
     clamping = start_gateway({"server": {"clamp_max_tokens": True}, "models": [model]})
-    assert httpx.post(f"{clamping.base_url}/chat/completions", json=body, timeout=20).status_code == 200
+    assert (
+        httpx.post(f"{clamping.base_url}/chat/completions", json=body, timeout=20).status_code
+        == 200
+    )
     [sent] = fake_upstream.chat_requests()
     assert sent["json"]["max_tokens"] == 1000 and sent["json"]["messages"] == body["messages"]

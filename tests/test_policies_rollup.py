@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies import Budget, Conversation, Message
 from policies.budget import stable_cut
 from policies.invariants import check_tool_pairs
+from policies.registry import STEPS, build_step
 from policies.rollup import links, scan_cuts, summary_input
-from tests.policy_strategies import assistant_calls, msg, tool
+from policies.step import Step
+from policies.summaries import SummaryAnswer, SummaryRequest
+from tests.policy_strategies import (
+    FakeSummaries,
+    assistant_calls,
+    budget,
+    chat,
+    conv,
+    count,
+    env,
+    msg,
+    tool,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -34,17 +51,61 @@ def test_scan_cuts_generalises_stable_cut(
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(0, 500), min_size=1, max_size=40), chunk=st.integers(1, 2000))
-def test_links_cover_the_range_and_only_the_last_changes_when_it_grows(
-    sizes: list[int], chunk: int
+@given(
+    sizes=st.lists(st.integers(0, 500), min_size=1, max_size=40),
+    chunk=st.integers(1, 2000),
+    data=st.data(),
+)
+def test_links_cover_the_range_one_event_at_a_time_and_only_grow(
+    sizes: list[int], chunk: int, data: st.DataObject
 ) -> None:
-    cut = len(sizes)
-    chain = links(cut, sizes, chunk)
-    assert chain[0][0] == 0 and chain[-1][1] == cut
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(sizes)), min_size=1)))
+    chain = links(cuts, sizes, chunk)
+    assert chain[0][0] == 0 and chain[-1][1] == cuts[-1]
     assert all(a[1] == b[0] for a, b in itertools.pairwise(chain))
     assert all(b - a == 1 or sum(sizes[a:b]) <= chunk for a, b in chain)
-    shorter = links(cut - 1, sizes, chunk) if cut > 1 else []
-    assert shorter[:-1] == chain[: len(shorter) - 1]
+    ends = {b for _, b in chain}
+    assert set(cuts) <= ends  # no link straddles an event: each event's messages stand alone
+    for k in range(1, len(cuts)):
+        earlier = links(cuts[:k], sizes, chunk)
+        assert chain[: len(earlier)] == earlier  # a new event only adds links
+
+
+def _key(message: Any) -> bytes:
+    return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config"),
+    [
+        ("compaction", {"summary_tokens": 200}),
+        ("sandwich", {"summary_tokens": 200}),
+        ("summarize_old", {}),
+    ],
+)
+def test_a_growing_conversation_sends_each_message_to_the_summariser_once(
+    step_type: str, config: dict[str, Any]
+) -> None:
+    """Issue 5 item 3: when the summarised range grows, the summary is extended with the new
+    messages (one call per event), not made again from the messages it already covered."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    source = FakeSummaries()
+    window = budget(4000)
+    events: list[int] = []
+    for turns in range(2, 120):
+        result = step.apply(conv(chat(turns)), window, env(source))
+        covered = int(result.detail.get("summarised_messages", 0))
+        if covered and (not events or covered != events[-1]):
+            events.append(covered)
+        assert not result.pending
+    calls = {r.canonical(): r for r in source.requests}  # a caching gateway: one call each
+    assert len(events) >= 3
+    assert len(calls) == len(events)
+    sent = [_key(m) for r in calls.values() for m in r.messages]
+    assert len(sent) == len(set(sent))  # no message summarised twice
+    extending = [r for r in calls.values() if r.previous is not None]
+    assert len(extending) == len(calls) - 1
 
 
 def test_summary_input_drops_dangling_calls_anywhere() -> None:
@@ -62,3 +123,64 @@ def test_summary_input_drops_dangling_calls_anywhere() -> None:
     assert cleaned[1] == {"role": "assistant", "content": "calling x1"}
     assert [c["id"] for c in cleaned[3]["tool_calls"]] == ["x3"]
     assert len(cleaned) == 5
+
+
+class Cache:
+    """A summary source the way the gateway is one: `missing` until the request was computed."""
+
+    def __init__(self) -> None:
+        self.made = FakeSummaries()
+        self.answers: dict[bytes, SummaryAnswer] = {}
+
+    def get(self, request: SummaryRequest) -> SummaryAnswer:
+        return self.answers.get(request.canonical(), SummaryAnswer("missing"))
+
+    def serve(self, step: Step, conversation: Conversation, window: Budget) -> None:
+        """One client request: compute what the step lacks, run it again, until it lacks nothing."""
+        result = step.apply(conversation, window, env(self))
+        while result.pending:
+            for request in result.pending:
+                self.answers[request.canonical()] = self.made.get(request)
+            result = step.apply(conversation, window, env(self))
+
+    @property
+    def calls(self) -> int:
+        return len(self.made.requests)
+
+
+def counted(datas: list[dict[str, Any]], scale: float) -> Conversation:
+    """`datas` counted by a heuristic whose calibration multiplier is `scale`."""
+    return Conversation(
+        tuple(
+            Message(data=d, tokens=max(1, round(count(d) * scale)), origin=i)
+            for i, d in enumerate(datas)
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config"),
+    [
+        ("compaction", {"summary_tokens": 200}),
+        ("sandwich", {"summary_tokens": 200}),
+        ("summarize_old", {}),
+    ],
+)
+def test_calibration_drift_does_not_make_the_summaries_again(
+    step_type: str, config: dict[str, Any]
+) -> None:
+    """Issue 5: a calibrated heuristic changes every count a little from one request to the
+    next; the summarised ranges stay where the cached summaries are, so the calls stay the same."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    window = budget(4000)
+    history = [chat(turns) for turns in range(2, 120)]
+    steady = Cache()
+    for datas in history:
+        steady.serve(step, counted(datas, 1.0), window)
+    drifting = Cache()
+    for request, datas in enumerate(history):
+        jitter = 0.97 + 0.015 * (request * 7 % 5)  # 0.97 .. 1.03, changing on every request
+        drifting.serve(step, counted(datas, jitter), window)
+    assert steady.calls >= 3
+    assert drifting.calls <= steady.calls + 1, (steady.calls, drifting.calls)

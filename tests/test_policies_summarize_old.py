@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies import check
+from policies import build_policy, check, run_chain
 from policies.steps.summarize_old import SummarizeOld, SummarizeOldConfig
 from tests.policy_strategies import FakeSummaries, budget, chat, conv, env
 
@@ -36,4 +36,20 @@ def test_pinned_messages_are_not_summarised_away() -> None:
     conversation = conv(chat(10, words=60), pins=[3])
     result = SummarizeOld(SummarizeOldConfig()).apply(conversation, budget(1800), env())
     assert conversation.messages[3] in result.conversation.messages
+    assert check(conversation, result.conversation) == []
+
+
+def test_a_later_fifo_trims_the_turns_after_the_summary_not_the_summary() -> None:
+    # 20 Turns of ~200 tokens: summarising the oldest 60 % leaves ~1600, over the trigger
+    # (1440), so fifo runs next. It drops the oldest Turns *after* the summary.
+    conversation = conv(chat(20, words=60))
+    policy = build_policy("p", [{"type": "summarize_old"}, {"type": "fifo"}])
+    result = run_chain(conversation, budget(1800), policy, env(FakeSummaries()))
+    assert result.changed_steps() == ["summarize_old", "fifo"]
+    out = result.conversation.messages
+    assert out[0] == conversation.messages[0]
+    assert out[1].kind == "summary:summarize_old"
+    assert out[2:] == conversation.messages[-len(out) + 2 :]  # then the newest Turns, whole
+    assert out[2].role == "user"
+    assert result.tokens_after <= budget(1800).trigger
     assert check(conversation, result.conversation) == []

@@ -289,3 +289,41 @@ async def test_shadow_mode_never_precomputes(mode: str) -> None:
     await asyncio.sleep(0.05)
     assert not stub.calls
     await gateway.summaries.close()
+
+
+def chat_messages(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"Question {turn}: " + "q" * 400})
+        messages.append({"role": "assistant", "content": f"Answer {turn}: " + "a" * 400})
+    messages.append({"role": "user", "content": "Go on."})
+    return messages
+
+
+async def test_summarize_old_is_precomputed_while_fifo_trims_after_it() -> None:
+    """`summarize_old`'s range moves with the Turn count even when `fifo` brought the request
+    under the precompute point: the summary each request needs is made after the one before."""
+    steps = [{"type": "summarize_old", "summary_length": 100}, {"type": "fifo"}]
+    # fifo trims to half the limit, under the precompute point (0.6)
+    config = {**AGENT_CONFIG, "policies": {"p": {"steps": steps, "target_ratio": 0.5}}}
+    gateway = Gateway(parse_config(config))
+    stub = Stub()
+    gateway.summaries.summarizer = stub  # type: ignore[assignment]
+    r = gateway.router.resolve("m")
+    assert r is not None
+    made_in_request = 0
+    trimmed = 0
+    for turns in range(14, 60):
+        body = orjson.dumps({"model": "m", "messages": chat_messages(turns), "max_tokens": 256})
+        chat = parse_chat_request(body, 1000)
+        before = len(stub.calls)
+        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        assert prepared.chain is not None
+        if prepared.changed_steps:
+            made_in_request += len(stub.calls) - before
+            trimmed += "fifo" in prepared.changed_steps
+        gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
+        await asyncio.gather(*gateway.summaries._tasks)
+    assert trimmed >= 10  # fifo trimmed after the summary on most requests
+    assert made_in_request <= 1  # only the very first summary, before anything was predicted
+    await gateway.summaries.close()

@@ -1,8 +1,11 @@
 """`fifo` (R4.1, 000): drop the oldest whole Turns until the request is back under target.
 
 Keeps: the head (system/developer), pinned messages with their tool groups, the latest user
-message and the last `keep_last_turns` Turns. The cut goes through `stable_cut`, so across a
-growing conversation it only moves when the kept part crosses the trigger again (cache-stable).
+message, the last `keep_last_turns` Turns, and the summaries an earlier step of the chain put in
+(`placement.summary_indices`): a summary stands for everything before it, so fifo drops the
+oldest Turns *after* it, never the summary itself (only `emergency` may, as a last resort). The
+cut goes through `stable_cut`, so across a growing conversation it only moves when the kept part
+crosses the trigger again (cache-stable).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..conversation import Conversation, drop
+from ..placement import summary_indices
 from ..step import Env, StepConfig, StepResult
 
 
@@ -35,14 +39,21 @@ class Fifo:
             return StepResult.unchanged(conversation, reason="no droppable turns")
         messages = conversation.messages
         protected = conversation.protected()
+        summaries = summary_indices(conversation)
         sizes = [
-            sum(messages[i].tokens for i in range(t.start, t.end) if not protected[i])
+            sum(
+                messages[i].tokens
+                for i in range(t.start, t.end)
+                if not protected[i] and i not in summaries
+            )
             for t in turns
         ]
         fixed = conversation.tokens - sum(sizes)
         cut = min(stable_cut(sizes, fixed, budget.trigger, budget.target), len(droppable))
         if cut == 0:
             return StepResult.unchanged(conversation, reason="cut did not move")
-        indices = [i for t in turns[:cut] for i in range(t.start, t.end)]
+        indices = [i for t in turns[:cut] for i in range(t.start, t.end) if i not in summaries]
         result, removed = drop(conversation, indices)
+        if not removed:
+            return StepResult.unchanged(conversation, reason="only kept messages in range")
         return StepResult(result, removed=removed, detail={"turns_dropped": cut})

@@ -14,9 +14,10 @@ Cache stability instead of 003's per-request range: 003 re-summarises whenever a
 middle's end is a stable cut (`rollup.scan_cuts`) that only moves when the kept part crosses the
 threshold again, then far enough to get back under the threshold scaled by the policy's
 target/trigger share (0.7 x 0.6/0.8 = 0.525 of the limit by default), while leaving at least
-`preserve_bottom` messages after it. When it moves, the newly covered messages are summarised
-with `previous=` the summary of the old range (`rollup.rolling_summary`), so a cached summary is
-reused as long as its range is still the middle (CX-T5) and extended when the middle grows (CX-T6).
+`preserve_bottom` messages after it. When it moves, only the newly covered messages are
+summarised, with `previous=` the summary of the old range (`rollup.Rolling`), so a cached summary
+is reused as long as its range is still the middle (CX-T5) and extended when the middle grows
+(CX-T6).
 """
 
 from __future__ import annotations
