@@ -53,3 +53,17 @@ def test_a_later_fifo_trims_the_turns_after_the_summary_not_the_summary() -> Non
     assert out[2].role == "user"
     assert result.tokens_after <= budget(1800).trigger
     assert check(conversation, result.conversation) == []
+
+
+def test_a_later_sliding_window_also_keeps_the_summary() -> None:
+    # The same history through summarize_old -> sliding_window: the window slides over the
+    # Turns after the summary; the summary (standing for everything before it) stays.
+    conversation = conv(chat(20, words=60))
+    policy = build_policy("p", [{"type": "summarize_old"}, {"type": "sliding_window"}])
+    result = run_chain(conversation, budget(1800), policy, env(FakeSummaries()))
+    assert result.changed_steps() == ["summarize_old", "sliding_window"]
+    out = result.conversation.messages
+    assert out[1].kind == "summary:summarize_old"
+    assert out[2:] == conversation.messages[-len(out) + 2 :]
+    assert result.tokens_after <= budget(1800).trigger
+    assert check(conversation, result.conversation) == []

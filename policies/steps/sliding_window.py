@@ -8,7 +8,8 @@ target/trigger share of `max_turns` (15 of 20 by default) rather than sliding on
 request, which would change the prefix on every call.
 
 Never drops: the head (system/developer), the last `keep_last_turns` Turns, pinned messages with
-their tool groups, the latest user message.
+their tool groups, the latest user message, and a summary an earlier step put in (it stands for
+the Turns before it; as in `fifo`, only `emergency` may drop one).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..conversation import Conversation, drop
+from ..placement import summary_indices
 from ..rollup import Units, anchored, scan_cuts, unit_sizes
 from ..step import Env, StepConfig, StepResult
 
@@ -45,7 +47,8 @@ class SlidingWindow:
         if droppable <= 0:
             return StepResult.unchanged(conversation, reason="no droppable turns")
         units = Units.of_turns(turns)
-        sizes, kept = unit_sizes(conversation, units, anchored(conversation))
+        summaries = summary_indices(conversation)  # they stand for what came before: kept
+        sizes, kept = unit_sizes(conversation, units, anchored(conversation) | summaries)
         head = sum(m.tokens for m in conversation.messages[: conversation.head_end()])
         cuts = scan_cuts(sizes, kept, head, budget.trigger, budget.target, lambda unit: unit)
         cut = cuts[-1] if cuts else 0
@@ -56,7 +59,8 @@ class SlidingWindow:
         cut = min(cut, droppable)
         if cut <= 0:
             return StepResult.unchanged(conversation, reason="window did not move")
-        result, removed = drop(conversation, units.indices(0, cut))
+        indices = [i for i in units.indices(0, cut) if i not in summaries]
+        result, removed = drop(conversation, indices)
         if not removed:
             return StepResult.unchanged(conversation, reason="only protected messages in range")
         return StepResult(result, removed=removed, detail={"turns_dropped": cut})
