@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from .config import Config, ConfigError, default_config, load_config
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
+HTTP = "httptools"  # uvicorn's HTTP/1.1 implementation (uvicorn[standard])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +81,8 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     import uvicorn
 
+    from . import connections
+
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
     logging.basicConfig(
@@ -91,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         loop="uvloop",
-        http="httptools",
+        http=connections.protocol(HTTP, config.server.header_read_timeout_s),
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,

@@ -53,6 +53,9 @@ class ServerConfig(_Strict):
     body_read_timeout_s: float = Field(
         30.0, gt=0, description="A client trickling its body is cut off"
     )
+    header_read_timeout_s: float = Field(
+        10.0, gt=0, description="A client trickling its request line and headers is cut off"
+    )
     max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
     safety_margin_tokens: int = Field(
         32, ge=0, description="Kept free on top of the output reserve"
