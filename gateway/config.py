@@ -57,6 +57,9 @@ class ServerConfig(_Strict):
         10.0, gt=0, description="A client trickling its request line and headers is cut off"
     )
     max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
+    max_open_files: int | None = Field(
+        None, gt=0, description="Soft RLIMIT_NOFILE set by serve; default: the hard limit"
+    )
     safety_margin_tokens: int = Field(
         32, ge=0, description="Kept free on top of the output reserve"
     )
