@@ -181,8 +181,7 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
         uv_config = uvicorn.Config(
             "gateway.app:create_app", factory=True, workers=args.workers, **options
         )
-        server = uvicorn.Server(uv_config)
-        Multiprocess(uv_config, target=server.run, sockets=sockets).run()
+        Multiprocess(uv_config, sockets=sockets).run()  # each worker runs its own Server
     else:
         from .app import build_app
 

@@ -13,6 +13,7 @@ import resource
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gateway.cli import raise_open_files_limit
@@ -90,3 +91,22 @@ def test_a_refused_limit_is_logged_and_start_up_goes_on(
     with caplog.at_level(logging.WARNING, logger="compactgate.serve"):
         assert raise_open_files_limit(100_000) == (1024, 4096)
     assert "could not set the soft limit from 1024 to 100000" in caplog.text
+
+
+def test_serve_with_an_admin_port_and_several_workers(
+    start_process: Starter, tmp_path: Path
+) -> None:
+    """Both sockets are shared by the workers (this combination used to fail at start-up)."""
+    port, admin_port = free_port(), free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"server: {{admin_port: {admin_port}}}\n"
+        "models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1'}}]\n"
+    )
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
+    start_process(
+        [*argv, "--port", str(port), "--workers", "2"], r"Application startup complete", 90
+    )
+    assert httpx.get(f"http://127.0.0.1:{admin_port}/metrics", timeout=10).status_code == 200
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
