@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -84,15 +85,21 @@ def timeout_response(seconds: float) -> bytes:
 
 
 class _Expiry:
-    """What both protocols do when the deadline passes (they share no base class of their own)."""
+    """What both protocols do when the deadline passes (they share no base class of their own).
+
+    It holds its protocol weakly: the protocol holds it, and a reference cycle would keep every
+    closed connection's objects alive until the cyclic garbage collector ran.
+    """
 
     def __init__(self, protocol: HttpToolsProtocol | H11Protocol, seconds: float) -> None:
-        self._protocol = protocol
+        self._protocol = weakref.ref(protocol)
         self._seconds = seconds
         self.head_started = False  # a byte of the current request head has arrived
 
     def __call__(self) -> None:
-        protocol = self._protocol
+        protocol = self._protocol()
+        if protocol is None:
+            return
         transport = protocol.transport
         if transport is None or transport.is_closing():
             return

@@ -216,8 +216,40 @@ def test_a_response_in_progress_is_finished_before_a_slow_pipelined_head_closes_
 def test_the_protocol_factory_pickles_for_worker_processes() -> None:
     factory = connections.protocol("httptools", 7.5)
     copy = pickle.loads(pickle.dumps(factory))
-    assert copy.func is connections.HttpToolsHeadDeadline and copy.keywords == {"head_timeout": 7.5}
+    assert copy.func is connections.HttpToolsHeadDeadline
+    assert copy.keywords == {"head_timeout": 7.5}
     assert connections.protocol("auto", 1).func is connections.HttpToolsHeadDeadline
     assert connections.protocol("h11", 1).func is connections.H11HeadDeadline
     with pytest.raises(ValueError, match="httptools or h11"):
         connections.protocol("zttp", 1)
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_closed_connection_is_freed_without_the_cycle_collector(http: str) -> None:
+    """The deadline's callback must not hold its protocol: a reference cycle per connection kept
+    every closed connection's objects alive until a full collection (a 500-stream burst left
+    ~40,000 extra live blocks)."""
+    import gc
+    import weakref
+    from unittest import mock
+
+    from uvicorn.server import ServerState
+
+    async def scenario() -> weakref.ref[asyncio.Protocol]:
+        config = uvicorn.Config(app, lifespan="off")
+        config.load()
+        proto = connections.protocol(http, 5.0)(
+            config=config, server_state=ServerState(), app_state={}
+        )
+        transport = mock.Mock()
+        transport.get_extra_info.return_value = None
+        transport.is_closing.return_value = False
+        proto.connection_made(transport)
+        proto.connection_lost(None)
+        return weakref.ref(proto)
+
+    gc.disable()
+    try:
+        assert asyncio.run(scenario())() is None
+    finally:
+        gc.enable()
