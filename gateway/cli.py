@@ -82,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from . import connections
+    from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
@@ -95,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         loop="uvloop",
-        http=connections.protocol(HTTP, config.server.header_read_timeout_s),
+        http=connections.protocol(HTTP, config.server.header_read_timeout_s, IdleTrim()),
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,

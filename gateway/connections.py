@@ -19,6 +19,9 @@ callbacks: no task waits on a slow client, so a crowd of them costs timers, not 
 timers are subclasses of uvicorn's two HTTP/1.1 protocols (httptools, which `serve` uses, and
 h11), hooking only the callbacks that say where a request head starts and ends; `protocol()`
 returns the one uvicorn's `http=` setting names, as a picklable factory (several workers).
+
+The first connection a worker accepts also starts that worker's `memory.IdleTrim` (when given):
+the protocol is where uvicorn shows the set of requests in flight, which says when it is idle.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from .errors import RequestTimeoutError
+from .memory import IdleTrim
 
 log = logging.getLogger("compactgate.connections")
 
@@ -120,14 +124,19 @@ class _Expiry:
 class HttpToolsHeadDeadline(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline on each request head."""
 
-    def __init__(self, *args: Any, head_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, head_timeout: float, idle_trim: IdleTrim | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._expiry = _Expiry(self, head_timeout)
         self.head_deadline = HeadDeadline(self.loop, head_timeout, self._expiry)
+        self._idle_trim = idle_trim
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.head_deadline.start()
+        if self._idle_trim is not None:
+            self._idle_trim.start(self.loop, self.tasks)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.head_deadline.stop()
@@ -151,14 +160,19 @@ class H11HeadDeadline(H11Protocol):
     progress while the client's side is IDLE with bytes buffered, and complete once it is not.
     """
 
-    def __init__(self, *args: Any, head_timeout: float, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, head_timeout: float, idle_trim: IdleTrim | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._expiry = _Expiry(self, head_timeout)
         self.head_deadline = HeadDeadline(self.loop, head_timeout, self._expiry)
+        self._idle_trim = idle_trim
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.head_deadline.start()
+        if self._idle_trim is not None:
+            self._idle_trim.start(self.loop, self.tasks)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.head_deadline.stop()
@@ -188,10 +202,12 @@ _PROTOCOLS: dict[str, type[asyncio.Protocol]] = {
 }
 
 
-def protocol(http: str, head_timeout: float) -> Callable[..., asyncio.Protocol]:
+def protocol(
+    http: str, head_timeout: float, idle_trim: IdleTrim | None = None
+) -> Callable[..., asyncio.Protocol]:
     """What to pass as uvicorn's `http=`: the protocol `http` names ("httptools", "h11" or
-    "auto", which is httptools when installed, as in uvicorn), with the head deadline. A partial
-    of a module-level class, so it pickles into worker processes."""
+    "auto", which is httptools when installed, as in uvicorn), with the head deadline (and the
+    worker's idle trim). A partial of a module-level class, so it pickles into worker processes."""
     if http == "auto":
         try:
             import httptools  # noqa: F401
@@ -201,4 +217,4 @@ def protocol(http: str, head_timeout: float) -> Callable[..., asyncio.Protocol]:
             http = "httptools"
     if http not in _PROTOCOLS:
         raise ValueError(f"no head deadline for uvicorn's http={http!r}; use httptools or h11")
-    return functools.partial(_PROTOCOLS[http], head_timeout=head_timeout)
+    return functools.partial(_PROTOCOLS[http], head_timeout=head_timeout, idle_trim=idle_trim)

@@ -217,7 +217,7 @@ def test_the_protocol_factory_pickles_for_worker_processes() -> None:
     factory = connections.protocol("httptools", 7.5)
     copy = pickle.loads(pickle.dumps(factory))
     assert copy.func is connections.HttpToolsHeadDeadline
-    assert copy.keywords == {"head_timeout": 7.5}
+    assert copy.keywords == {"head_timeout": 7.5, "idle_trim": None}
     assert connections.protocol("auto", 1).func is connections.HttpToolsHeadDeadline
     assert connections.protocol("h11", 1).func is connections.H11HeadDeadline
     with pytest.raises(ValueError, match="httptools or h11"):
