@@ -44,10 +44,17 @@ log = logging.getLogger("compactgate.connections")
 
 
 class HeadDeadline:
-    """The timer of one connection: started when a request head begins (or the connection
-    opens), stopped when the head is complete; `expire` runs if it was not stopped in time."""
+    """The deadline of one connection: started when a request head begins (or the connection
+    opens), stopped when the head is complete; `expire` runs if it was not stopped in time.
 
-    __slots__ = ("_expire", "_loop", "_seconds", "_timer")
+    Starting and stopping only note the time: the loop timer is created at most once per
+    `seconds` on a busy keep-alive connection, not once per request (creating and cancelling a
+    uvloop timer costs ~3 us, noting the time ~0.1 us). When the timer fires with no head in
+    progress it lapses; with one in progress that started later, it is set again for that
+    head's own deadline.
+    """
+
+    __slots__ = ("_close", "_expire", "_loop", "_seconds", "_since", "_timer")
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, seconds: float, expire: Callable[[], None]
@@ -55,24 +62,42 @@ class HeadDeadline:
         self._loop = loop
         self._seconds = seconds
         self._expire = expire
+        self._since: float | None = None  # when the head in progress began
         self._timer: asyncio.TimerHandle | None = None
+        self._close = False
 
     @property
     def running(self) -> bool:
-        return self._timer is not None
+        """A head is in progress (its deadline counts)."""
+        return self._since is not None
 
     def start(self) -> None:
         """Start the deadline unless it is already running (a later byte never extends it)."""
-        if self._timer is None:
-            self._timer = self._loop.call_later(self._seconds, self._fire)
+        if self._since is None and not self._close:
+            self._since = self._loop.time()
+            if self._timer is None:
+                self._timer = self._loop.call_at(self._since + self._seconds, self._fire)
 
     def stop(self) -> None:
+        self._since = None
+
+    def close(self) -> None:
+        """The connection is gone: no more timers."""
+        self._since = None
+        self._close = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _fire(self) -> None:
         self._timer = None
+        if self._since is None:
+            return
+        deadline = self._since + self._seconds
+        if self._loop.time() < deadline:
+            self._timer = self._loop.call_at(deadline, self._fire)
+            return
+        self._since = None
         self._expire()
 
 
@@ -139,7 +164,7 @@ class HttpToolsHeadDeadline(HttpToolsProtocol):
             self._idle_trim.start(self.loop, self.tasks)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.head_deadline.stop()
+        self.head_deadline.close()
         super().connection_lost(exc)
 
     def on_message_begin(self) -> None:
@@ -175,7 +200,7 @@ class H11HeadDeadline(H11Protocol):
             self._idle_trim.start(self.loop, self.tasks)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.head_deadline.stop()
+        self.head_deadline.close()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -213,6 +213,36 @@ def test_a_response_in_progress_is_finished_before_a_slow_pipelined_head_closes_
     assert [status for status, _ in after] in ([], [408])
 
 
+def test_the_deadline_counts_from_the_start_of_the_head_in_progress() -> None:
+    """Heads that complete in time cost no timer each; a later head gets its own full time."""
+    expired: list[float] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        begin = loop.time()
+        deadline = connections.HeadDeadline(loop, 0.4, lambda: expired.append(loop.time() - begin))
+        deadline.start()
+        timer = deadline._timer
+        for _ in range(100):  # a busy keep-alive connection: head, served, head, ...
+            deadline.stop()
+            deadline.start()
+        assert deadline._timer is timer  # no new timer per request
+        deadline.stop()
+        await asyncio.sleep(0.3)
+        deadline.start()  # a head that began at 0.3 s has until 0.7 s
+        deadline.start()  # a later byte of it does not extend that
+        await asyncio.sleep(0.2)
+        assert expired == []
+        await asyncio.sleep(0.4)
+        deadline.start()
+        deadline.close()  # the connection is gone: nothing fires any more
+        await asyncio.sleep(0.5)
+
+    asyncio.run(scenario())
+    [when] = expired
+    assert 0.65 <= when < 0.9
+
+
 def test_the_protocol_factory_pickles_for_worker_processes() -> None:
     factory = connections.protocol("httptools", 7.5)
     copy = pickle.loads(pickle.dumps(factory))
