@@ -51,6 +51,7 @@ import orjson
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
+IDLE_TRIM_INTERVAL_S = 5.0  # gateway.memory.INTERVAL_S: how often an idle worker may trim
 PACE_HEADER = "x-soak-pace"  # "<chunks>,<interval seconds>": how the upstream streams this request
 
 
@@ -225,13 +226,15 @@ async def settled(session: aiohttp.ClientSession, target: Target, timeout: float
 
 
 async def drained(session: aiohttp.ClientSession, target: Target, timeout: float = 60) -> Snapshot:
-    """A snapshot once the gateway's idle upstream connections have expired (keep-alive)."""
+    """A snapshot once the gateway's idle upstream connections have expired (keep-alive) and its
+    idle trim has had a turn since (gateway/memory.py: freed heap goes back to the system)."""
     deadline = time.monotonic() + timeout
     now = await settled(session, target)
     while now.upstreams and time.monotonic() < deadline:
         await asyncio.sleep(1)
         now = await snapshot(session, target)
-    return now
+    await asyncio.sleep(IDLE_TRIM_INTERVAL_S + 1)
+    return await snapshot(session, target)
 
 
 # -- the clients ---------------------------------------------------------------------------------
@@ -314,9 +317,18 @@ class Round:
 @dataclass
 class BurstResult:
     streams: int
-    baseline: Snapshot  # warmed up, before the first round
+    baseline: Snapshot  # warmed up with the rounds' conversations, upstream pool expired
     rounds: list[Round]
     drained: Snapshot  # after the last round, once the upstream keep-alive pool has expired
+
+    @property
+    def retained(self) -> int:
+        """RSS bytes still held once it is all over, over the baseline."""
+        return self.drained.rss - self.baseline.rss
+
+    @property
+    def peak_growth(self) -> int:
+        return max(r.peak_rss for r in self.rounds) - self.baseline.rss
 
     def failures(self) -> list[str]:
         out = []
@@ -331,8 +343,9 @@ class BurstResult:
                 or r.after.tasks > r.before.tasks
             ):
                 out.append(f"round {number} left work behind: {r.after.describe()}")
-        # Live objects come back (a leak would keep them); RSS keeps the allocator's high-water
-        # mark, so it is held to not growing from one round to the next.
+        # Live objects come back (a leak would keep them); RSS keeps part of the allocator's
+        # high-water mark (CPython's arenas, see gateway/memory.py), so it is held to not growing
+        # from one round to the next.
         if self.drained.blocks > self.baseline.blocks * 1.03:
             blocks = f"{self.drained.blocks} blocks, baseline {self.baseline.blocks}"
             out.append(f"Python heap not back to baseline: {blocks}")
@@ -353,9 +366,12 @@ class BurstResult:
             )
             lines.append(f"    after: {r.after.describe()}")
         lines.append(f"  pool expired: {self.drained.describe()}")
-        retained = (self.drained.rss - self.baseline.rss) / 2**20
-        blocks = (self.drained.blocks - self.baseline.blocks) / self.baseline.blocks
-        lines.append(f"  vs baseline: rss {retained:+.1f} MiB, heap blocks {blocks:+.1%}")
+        retained, peak = self.retained / 2**20, self.peak_growth / 2**20
+        blocks = (self.drained.blocks - self.baseline.blocks) / max(1, self.baseline.blocks)
+        lines.append(
+            f"  vs baseline: rss {retained:+.1f} MiB (peak {peak:+.1f} MiB), "
+            f"heap blocks {blocks:+.1%}"
+        )
         return "\n".join(lines)
 
 
@@ -369,9 +385,14 @@ async def burst(
     model: str = "soak",
 ) -> BurstResult:
     """`rounds` times, `streams` slow streaming requests at once; every one must finish, and the
-    gateway must let go of them."""
+    gateway must let go of them.
+
+    The warm-up sends the rounds' own conversations, 50 at a time: the tokenizer is loaded and
+    the per-conversation caches (token counts of each conversation's prefix) already hold what
+    the rounds leave in them, without a peak, so the baseline differs from the end only by what
+    the burst itself left behind."""
     url = f"{target.origin}/v1/chat/completions"
-    async with new_session(limit=0) as session:  # warm: tokenizer loaded, pools made
+    async with new_session(limit=50) as session:
         warm = Outcome()
         await asyncio.gather(
             *(
@@ -382,15 +403,15 @@ async def burst(
                     stream=True,
                     chunks=2,
                     interval=0.01,
-                    tenant="warm",
+                    tenant=f"t{i % 10}",
                     outcome=warm,
                 )
-                for i in range(min(streams, 50))
+                for i in range(streams)
             )
         )
     results: list[Round] = []
     async with new_session(limit=4) as probe:
-        baseline = await settled(probe, target)
+        baseline = await drained(probe, target)
         for _ in range(rounds):
             before = await settled(probe, target)
             outcome = Outcome()

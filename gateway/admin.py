@@ -2,8 +2,12 @@
 
 `/metrics`, `/ui`, `/v1/compactgate/events` and `/v1/compactgate/plan` are admin surfaces. With
 `server.admin_port` they are served only on that port (and the proxy only on the main one);
-with `server.admin_token` they require `Authorization: Bearer <token>` (or `?token=` so a
-browser can open `/ui`). Health checks stay open on both ports for probes.
+with `server.admin_token` they require the token, presented as `x-compactgate-admin-token:
+<token>`, or `Authorization: Bearer <token>`, or `?token=<token>` (so a browser can open `/ui`),
+looked for in that order: the first one present is the one compared. The plan endpoint also
+runs `auth` (it acts for a tenant), so with gateway keys configured its `Authorization` carries
+the caller's key and the admin token travels in `x-compactgate-admin-token`, a header the
+gateway never forwards upstream. Health checks stay open on both ports for probes.
 """
 
 from __future__ import annotations
@@ -18,13 +22,17 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from .asgi import Scope, header
 from .config import ServerConfig
+from .errors import AuthenticationError, GatewayError, NotFoundError
 
 ADMIN_PATHS = frozenset({"/metrics", "/ui", "/v1/compactgate/events", "/v1/compactgate/plan"})
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
-def refusal(scope: Scope, server: ServerConfig) -> tuple[int, str] | None:
-    """(status, message) when this request may not reach its path here; None when it may."""
+ADMIN_TOKEN_HEADER = b"x-compactgate-admin-token"
+
+
+def refusal(scope: Scope, server: ServerConfig) -> GatewayError | None:
+    """Why this request may not reach its path here (404 or 401); None when it may."""
     path = scope["path"]
     if path in OPEN_PATHS:
         return None
@@ -32,21 +40,33 @@ def refusal(scope: Scope, server: ServerConfig) -> tuple[int, str] | None:
     if server.admin_port is not None:
         port = (scope.get("server") or (None, None))[1]
         if admin != (port == server.admin_port):
-            return 404, "Not found."
+            return NotFoundError("Not found.")
     if admin and server.admin_token is not None and not _token_ok(scope, server.admin_token):
-        return 401, "This admin surface needs the admin token (Authorization: Bearer <token>)."
+        return AuthenticationError(
+            "This admin surface needs the admin token: send it as "
+            "`x-compactgate-admin-token: <token>` (or `Authorization: Bearer <token>`).",
+            code="invalid_admin_token",
+        )
     return None
 
 
 def _token_ok(scope: Scope, expected: str) -> bool:
-    presented = b""
+    return hmac.compare_digest(presented_token(scope) or b"", expected.encode())
+
+
+def presented_token(scope: Scope) -> bytes | None:
+    """The admin token the request presents: its own header, else a bearer token, else ?token=."""
+    value = header(scope, ADMIN_TOKEN_HEADER)
+    if value is not None:
+        return value.strip()
     value = header(scope, b"authorization")
     if value and value[:7].lower() == b"bearer ":
-        presented = value[7:].strip()
-    elif scope.get("query_string"):
+        return value[7:].strip()
+    if scope.get("query_string"):
         tokens = parse_qs(scope["query_string"].decode("latin-1")).get("token")
-        presented = tokens[0].encode() if tokens else b""
-    return hmac.compare_digest(presented, expected.encode())
+        if tokens:
+            return tokens[0].encode()
+    return None
 
 
 async def events(request: Request) -> Response:

@@ -43,7 +43,6 @@ from .asgi import (
     read_body,
     send_bytes,
     send_error,
-    send_json,
 )
 from .auth import Authenticator, Identity
 from .calibration import Calibration, prompt_tokens_from_json, prompt_tokens_from_sse
@@ -854,16 +853,7 @@ class _Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
-                status, message = refused
-                body = {
-                    "error": {
-                        "message": message,
-                        "type": "invalid_request_error",
-                        "param": None,
-                        "code": None,
-                    }
-                }
-                await send_json(send, status, body)
+                await send_error(send, refused)
                 return
             if scope["path"] == CHAT_PATH and scope["method"] == "POST":
                 await self.chat(scope, receive, send)

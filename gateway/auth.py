@@ -7,7 +7,8 @@ tenant is never chosen by something another tenant could forge. Two modes, fixed
   client presents its key as `Authorization: Bearer <key>` (or Azure's `api-key: <key>`). The
   sha256 of what it presented is compared with `hmac.compare_digest` against *every* configured
   hash, with no early exit, so the time taken does not say which entry (if any) matched. The
-  matching entry names the tenant and the model globs it may use. No key, or an unknown one, is
+  matching entry names the tenant and the model globs it may use (the config refuses two entries
+  with one key, so at most one matches). No key, or an unknown one, is
   401; a model outside the entry's globs is 403. The key belongs to the gateway, so it is never
   forwarded: the upstream gets the route's `api_key`, or no credential at all. `tenant_header`
   is ignored in this mode (a client could otherwise claim another tenant's summaries).
@@ -25,14 +26,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
-import logging
 from dataclasses import dataclass
 
 from .asgi import Scope, header
 from .config import Config
 from .errors import AuthenticationError, PermissionDeniedError
-
-log = logging.getLogger("compactgate.auth")
 
 CREDENTIAL_HEADERS = (b"authorization", b"api-key")
 _ANY_MODEL = ("*",)
@@ -64,9 +62,6 @@ class Authenticator:
             _Key(bytes.fromhex(k.key_sha256), Identity(f"t:{k.tenant}", tuple(k.models)))
             for k in keys
         )
-        digests = [k.digest for k in self._keys]
-        if len(set(digests)) != len(digests):
-            log.warning("auth.keys: a key_sha256 appears more than once; the first entry wins")
         header_name = config.tenant_header if not self._keys else None
         self._tenant_header = header_name.lower().encode() if header_name else None
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from .config import Config, ConfigError, default_config, load_config
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
+HTTP = "httptools"  # uvicorn's HTTP/1.1 implementation (uvicorn[standard])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,18 +81,22 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     import uvicorn
 
+    from . import connections
+    from .memory import IdleTrim
+
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    raise_open_files_limit(config.server.max_open_files)
     if path:
         os.environ[CONFIG_ENV] = os.path.abspath(path)
     options = dict(
         host=args.host,
         port=args.port,
         loop="uvloop",
-        http="httptools",
+        http=connections.protocol(HTTP, config.server.header_read_timeout_s, IdleTrim()),
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
@@ -107,6 +112,45 @@ def _serve(args: argparse.Namespace) -> int:
             uvicorn.run(build_app(config), **options)
         return 0
     return _serve_two_ports(args, config, options)
+
+
+def raise_open_files_limit(wanted: int | None) -> tuple[int, int]:
+    """Set this process's soft RLIMIT_NOFILE to `wanted`, else to the hard limit; returns the
+    (soft, hard) limits in force afterwards. Each proxied stream holds two descriptors (client and
+    upstream), so the usual 1,024 caps a worker near 500 streams. Workers inherit the limit. Never
+    fails: a limit the system refuses is logged and the current one kept."""
+    import resource
+
+    log = logging.getLogger("compactgate.serve")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if wanted is not None else hard
+    if target == resource.RLIM_INFINITY:
+        target = _system_max_open_files()
+    if target == soft:
+        return soft, hard
+    new_hard = hard if hard == resource.RLIM_INFINITY else max(hard, target)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, new_hard))
+    except (ValueError, OSError) as error:
+        log.warning(
+            "open files: could not set the soft limit from %d to %d (hard limit %d): %s",
+            soft,
+            target,
+            hard,
+            error,
+        )
+        return soft, hard
+    log.info("open files: soft limit set from %d to %d (hard limit %d)", soft, target, new_hard)
+    return target, new_hard
+
+
+def _system_max_open_files() -> int:
+    """The kernel's ceiling for RLIMIT_NOFILE when the hard limit is unlimited (Linux)."""
+    try:
+        with open("/proc/sys/fs/nr_open") as ceiling:
+            return int(ceiling.read())
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -138,8 +182,7 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
         uv_config = uvicorn.Config(
             "gateway.app:create_app", factory=True, workers=args.workers, **options
         )
-        server = uvicorn.Server(uv_config)
-        Multiprocess(uv_config, target=server.run, sockets=sockets).run()
+        Multiprocess(uv_config, sockets=sockets).run()  # each worker runs its own Server
     else:
         from .app import build_app
 

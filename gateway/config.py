@@ -25,6 +25,16 @@ from policies.registry import STEPS
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+
+
+class PathProblems(ValueError):
+    """Raised by a validator that checks several entries: each problem already names its full
+    YAML path (`auth.keys[2].key_sha256: ...`), so it is reported as it is."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 class _Strict(BaseModel):
@@ -43,7 +53,13 @@ class ServerConfig(_Strict):
     body_read_timeout_s: float = Field(
         30.0, gt=0, description="A client trickling its body is cut off"
     )
+    header_read_timeout_s: float = Field(
+        10.0, gt=0, description="A client trickling its request line and headers is cut off"
+    )
     max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
+    max_open_files: int | None = Field(
+        None, gt=0, description="Soft RLIMIT_NOFILE set by serve; default: the hard limit"
+    )
     safety_margin_tokens: int = Field(
         32, ge=0, description="Kept free on top of the output reserve"
     )
@@ -161,13 +177,37 @@ class PolicyConfig(_Strict):
 
 
 class AuthKey(_Strict):
-    key_sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$")
+    key_sha256: str = Field(description="sha256 of the key, 64 hex characters")
     tenant: str = Field(min_length=1)
     models: list[str] = Field(default_factory=lambda: ["*"])
+
+    @field_validator("key_sha256")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if not _SHA256_HEX.fullmatch(value):
+            raise ValueError("must be 64 hex characters: the sha256 of the key, not the key")
+        return value.lower()
 
 
 class AuthConfig(_Strict):
     keys: list[AuthKey] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_entry_per_key(self) -> AuthConfig:
+        # Two entries with one key would give one caller two tenants (or let a key read another
+        # tenant's summaries): refused, naming both entries.
+        first: dict[str, int] = {}
+        problems = []
+        for index, key in enumerate(self.keys):
+            seen = first.setdefault(key.key_sha256, index)
+            if seen != index:
+                problems.append(
+                    f"auth.keys[{index}].key_sha256: the same key as auth.keys[{seen}].key_sha256; "
+                    "each key must name exactly one tenant"
+                )
+        if problems:
+            raise PathProblems(problems)
+        return self
 
 
 class EventLogConfig(_Strict):
@@ -250,7 +290,7 @@ class Config(_Strict):
             if m.policy != "default" and m.policy not in self.policies
         ]
         if missing:
-            raise ValueError("; ".join(missing))
+            raise PathProblems(missing)
         return self
 
     def policy(self, name: str) -> PolicyConfig:
@@ -327,7 +367,11 @@ def format_validation_error(exc: ValidationError) -> list[str]:
     """pydantic errors as `yaml.path: message` lines."""
     lines = []
     for error in exc.errors():
-        lines.append(f"{_format_loc(error['loc'])}: {_format_msg(error)}")
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, PathProblems):
+            lines.extend(cause.problems)
+        else:
+            lines.append(f"{_format_loc(error['loc'])}: {_format_msg(error)}")
     return lines
 
 

@@ -22,7 +22,7 @@ import pytest
 from gateway import auth as auth_module
 from gateway.auth import Authenticator, Identity, presented_key
 from gateway.config import parse_config
-from tests.conftest import GatewayProcess
+from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
 
@@ -189,6 +189,46 @@ def test_plan_needs_a_key(gateway: GatewayProcess, fake_upstream: FakeUpstream) 
         timeout=20,
     )
     assert_openai_error(denied, 403, "model_not_allowed")
+
+
+def test_plan_with_an_admin_token_and_keys_takes_each_in_its_own_header(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    """The plan endpoint is an admin surface that acts for a tenant: the caller's key goes in
+    `Authorization`, the admin token in `x-compactgate-admin-token`; neither stands in for the
+    other, and the admin token never reaches the upstream or the log."""
+    admin = "admin-s3cret-token"
+    config = auth_config(fake_upstream)
+    gw = start_gateway(
+        {**config, "server": {"admin_token": admin}}, env={"UPSTREAM_KEY": UPSTREAM_KEY}
+    )
+    plan_url = f"{gw.base_url}/compactgate/plan"
+    body = {"model": "m", "messages": SMALL}
+
+    def plan(**headers: str) -> httpx.Response:
+        return httpx.post(plan_url, json=body, headers=headers, timeout=20)
+
+    key = {"authorization": f"Bearer {ALPHA}"}
+    token = {"x-compactgate-admin-token": admin}
+    assert_openai_error(plan(**key), 401, "invalid_admin_token")
+    assert_openai_error(plan(**token), 401, "invalid_api_key")
+    assert_openai_error(
+        plan(**key, **{"x-compactgate-admin-token": "wrong"}), 401, "invalid_admin_token"
+    )
+    both = plan(**key, **token)
+    assert both.status_code == 200, both.text
+    assert both.json()["model"] == "m"
+    # the other admin surfaces take either header, as before
+    for headers in (token, {"authorization": f"Bearer {admin}"}):
+        assert httpx.get(f"{gw.url}/metrics", headers=headers, timeout=20).status_code == 200
+    assert_openai_error(httpx.get(f"{gw.url}/metrics", timeout=20), 401, "invalid_admin_token")
+    # a client that sends the admin header on the proxy path does not leak it upstream
+    chat = httpx.post(
+        f"{gw.base_url}/chat/completions", json=body, headers={**key, **token}, timeout=20
+    )
+    assert chat.status_code == 200, chat.text
+    assert "x-compactgate-admin-token" not in upstream_headers(fake_upstream)
+    assert admin not in gw.output()
 
 
 def test_401_comes_before_the_body_is_read(

@@ -123,7 +123,39 @@ def test_model_naming_an_unknown_policy_is_rejected() -> None:
     raw = {"models": [{"name": "m", "upstream": {"base_url": "http://h/v1"}, "policy": "ghost"}]}
     with pytest.raises(ConfigError) as info:
         parse_config(raw, environ={})
-    assert "unknown policy 'ghost'" in info.value.problems[0]
+    assert info.value.problems == ["models[0].policy: unknown policy 'ghost'"]
+
+
+def test_one_key_for_two_entries_is_refused_naming_both() -> None:
+    """Two entries sharing a key would give one caller two tenants: a start-up error (issue 10)."""
+    digest = "ab" * 32
+    keys = [
+        {"key_sha256": digest, "tenant": "alpha"},
+        {"key_sha256": "cd" * 32, "tenant": "beta"},
+        {"key_sha256": digest.upper(), "tenant": "gamma"},  # the same key, spelt in capitals
+    ]
+    with pytest.raises(ConfigError) as info:
+        parse_config({"auth": {"keys": keys}}, environ={})
+    assert info.value.problems == [
+        "auth.keys[2].key_sha256: the same key as auth.keys[0].key_sha256; "
+        "each key must name exactly one tenant"
+    ]
+
+
+@pytest.mark.parametrize(
+    "value", ["sk-the-key-itself", "ab" * 31, "ab" * 33, "zz" * 32, "ab" * 31 + "a ", ""]
+)
+def test_key_sha256_must_be_a_hex_digest(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"auth": {"keys": [{"key_sha256": value, "tenant": "t"}]}}, environ={})
+    assert info.value.problems == [
+        "auth.keys[0].key_sha256: must be 64 hex characters: the sha256 of the key, not the key"
+    ]
+
+
+def test_key_sha256_is_kept_in_lower_case() -> None:
+    config = parse_config({"auth": {"keys": [{"key_sha256": "AB" * 32, "tenant": "t"}]}})
+    assert config.auth is not None and config.auth.keys[0].key_sha256 == "ab" * 32
 
 
 def test_tokenizer_spec_is_checked() -> None:

@@ -1,0 +1,145 @@
+"""Giving freed heap memory back to the system once a worker is idle again (issue 10).
+
+After a burst of concurrent streams every request's buffers are freed, but glibc's malloc keeps
+the pages: it returns memory only from the top of its heap, so one live chunk above the freed
+ones keeps them all resident. `malloc_trim(0)` hands every whole free page of every arena back
+(madvise). The rule this module owns: a worker trims only while no request is in flight, and
+only once the free bytes malloc holds have risen by `threshold` above their lowest point since
+the last trim (memory was used and given back since then); checked every `interval` seconds, it
+costs a fraction of a millisecond when there is nothing to do. Where the C library is not glibc
+(musl, macOS) it does nothing.
+
+What it cannot return, measured after 500 concurrent slow streams (about 18 MiB above the
+baseline before; this returns about 5 of them): CPython keeps small objects in 1 MiB arenas and
+frees an arena only when every object in it is gone. A peak creates new arenas, and the few
+objects that outlive it (interpreter and uvloop/aiohttp free lists, cache entries, dict and set
+tables that grew) are spread over them, so most of those arenas stay, reused by the next peak:
+RSS does not grow from one burst to the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import platform
+from collections.abc import Sized
+from typing import Protocol
+
+log = logging.getLogger("compactgate.memory")
+
+INTERVAL_S = 5.0
+THRESHOLD_BYTES = 1024 * 1024
+
+
+class Malloc(Protocol):
+    """The C allocator, as far as trimming needs it."""
+
+    def free_bytes(self) -> int: ...
+
+    def trim(self) -> None: ...
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+class GlibcMalloc:
+    """glibc's malloc through ctypes: `mallinfo2` (glibc 2.33+) and `malloc_trim`."""
+
+    def __init__(self, libc: ctypes.CDLL) -> None:
+        self._mallinfo2 = libc.mallinfo2
+        self._mallinfo2.restype = _MallInfo2
+        self._mallinfo2.argtypes = []
+        self._malloc_trim = libc.malloc_trim
+        self._malloc_trim.restype = ctypes.c_int
+        self._malloc_trim.argtypes = [ctypes.c_size_t]
+
+    @classmethod
+    def load(cls) -> GlibcMalloc | None:
+        """This process's glibc malloc, or None (another C library, or a glibc before 2.33)."""
+        if platform.libc_ver()[0] != "glibc":
+            return None
+        try:
+            return cls(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"))
+        except (OSError, AttributeError):
+            return None
+
+    def free_bytes(self) -> int:
+        """Free bytes held in malloc's arenas (returned to the system or not)."""
+        return int(self._mallinfo2().fordblks)
+
+    def trim(self) -> None:
+        self._malloc_trim(0)
+
+
+class IdleTrim:
+    """One worker's trimmer; `start` it from the event loop with the set of requests in flight.
+
+    Created before the worker starts (it is pickled into each worker process) and bound to a
+    loop only by `start`, which later calls ignore.
+    """
+
+    def __init__(
+        self,
+        interval: float = INTERVAL_S,
+        threshold: int = THRESHOLD_BYTES,
+        malloc: Malloc | None = None,
+    ) -> None:
+        self.interval = interval
+        self.threshold = threshold
+        self._malloc = malloc
+        self._started = False
+        self._low = 0
+        self.trims = 0
+
+    def __getstate__(self) -> dict[str, object]:
+        if self._started:
+            raise TypeError("an IdleTrim that has started belongs to its worker")
+        return {**self.__dict__, "_malloc": None}  # each worker loads its own C library
+
+    def start(self, loop: asyncio.AbstractEventLoop, in_flight: Sized) -> None:
+        """Check every `interval` seconds from now on; `in_flight` is empty when idle."""
+        if self._started:
+            return
+        self._started = True
+        self._malloc = self._malloc or GlibcMalloc.load()
+        if self._malloc is None:
+            log.debug("not glibc: freed memory is left to the C library")
+            return
+        self._low = self._malloc.free_bytes()
+        loop.call_later(self.interval, self._tick, loop, in_flight)
+
+    def check(self, idle: bool) -> bool:
+        """One check: trims, and returns True, when idle and enough memory has been freed."""
+        assert self._malloc is not None
+        free = self._malloc.free_bytes()
+        self._low = min(self._low, free)
+        if not idle or free - self._low < self.threshold:
+            return False
+        self._malloc.trim()
+        self.trims += 1
+        log.debug("returned free heap memory to the system (%d MiB free in malloc)", free >> 20)
+        self._low = self._malloc.free_bytes()  # trimming the top of the heap lowers it
+        return True
+
+    def _tick(self, loop: asyncio.AbstractEventLoop, in_flight: Sized) -> None:
+        if loop.is_closed():
+            return
+        self.check(idle=len(in_flight) == 0)
+        loop.call_later(self.interval, self._tick, loop, in_flight)

@@ -1,0 +1,112 @@
+"""`compactgate serve` start-up (gateway/cli.py): the open-files limit (issue 10).
+
+What an operator would notice: a gateway started under the usual soft limit of a few hundred or
+1,024 descriptors (about 500 streams, two descriptors each) raises it to the hard limit, or to
+`server.max_open_files`, and says so in its log; where the system refuses, it logs that and
+serves anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.cli import raise_open_files_limit
+from tests.conftest import Starter, free_port
+
+
+def open_files_limits(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no open-files line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="reads /proc/<pid>/limits")
+def test_serve_raises_its_soft_limit_to_the_hard_limit(
+    start_process: Starter, tmp_path: Path
+) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1'}}]\n")
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard = min(hard, 4096)
+    # started as a service manager would, with a low soft limit
+    launch = (
+        "import resource, sys;"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, (256, {hard}));"
+        "from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    port = free_port()
+    process = start_process(
+        [sys.executable, "-c", launch, "serve", "--config", str(config), "--port", str(port)],
+        r"Uvicorn running on",
+        60,
+    )
+    assert open_files_limits(process.pid) == (hard, hard)
+    assert f"open files: soft limit set from 256 to {hard}" in process.output()
+
+
+class FakeLimits:
+    def __init__(self, soft: int, hard: int, refuse: bool = False) -> None:
+        self.limits = (soft, hard)
+        self.refuse = refuse
+
+    def get(self, which: int) -> tuple[int, int]:
+        assert which == resource.RLIMIT_NOFILE
+        return self.limits
+
+    def set(self, which: int, limits: tuple[int, int]) -> None:
+        if self.refuse:
+            raise ValueError("not allowed to raise maximum limit")
+        self.limits = limits
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeLimits:
+    limits = FakeLimits(1024, 4096)
+    monkeypatch.setattr(resource, "getrlimit", limits.get)
+    monkeypatch.setattr(resource, "setrlimit", limits.set)
+    return limits
+
+
+def test_the_hard_limit_by_default_and_a_configured_value_otherwise(fake: FakeLimits) -> None:
+    assert raise_open_files_limit(None) == (4096, 4096)
+    fake.limits = (1024, 4096)
+    assert raise_open_files_limit(2000) == (2000, 4096)
+    fake.limits = (1024, resource.RLIM_INFINITY)
+    soft, hard = raise_open_files_limit(None)  # unlimited hard limit: the kernel's ceiling
+    assert soft > 1024 and soft != resource.RLIM_INFINITY and hard == resource.RLIM_INFINITY
+
+
+def test_a_refused_limit_is_logged_and_start_up_goes_on(
+    fake: FakeLimits, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.refuse = True
+    with caplog.at_level(logging.WARNING, logger="compactgate.serve"):
+        assert raise_open_files_limit(100_000) == (1024, 4096)
+    assert "could not set the soft limit from 1024 to 100000" in caplog.text
+
+
+def test_serve_with_an_admin_port_and_several_workers(
+    start_process: Starter, tmp_path: Path
+) -> None:
+    """Both sockets are shared by the workers (this combination used to fail at start-up)."""
+    port, admin_port = free_port(), free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"server: {{admin_port: {admin_port}}}\n"
+        "models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1'}}]\n"
+    )
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
+    start_process(
+        [*argv, "--port", str(port), "--workers", "2"], r"Application startup complete", 90
+    )
+    assert httpx.get(f"http://127.0.0.1:{admin_port}/metrics", timeout=10).status_code == 200
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
