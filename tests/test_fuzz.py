@@ -338,10 +338,12 @@ def check(
 
 
 def assert_still_serving(gateway: GatewayProcess) -> None:
-    api = openai.OpenAI(base_url=gateway.base_url, api_key="sk-after", max_retries=0, timeout=30)
-    reply = api.chat.completions.create(
-        model="big", messages=[{"role": "user", "content": "still there?"}]
-    )
+    with openai.OpenAI(
+        base_url=gateway.base_url, api_key="sk-after", max_retries=0, timeout=30
+    ) as api:
+        reply = api.chat.completions.create(
+            model="big", messages=[{"role": "user", "content": "still there?"}]
+        )
     assert reply.choices[0].message.content
     assert gateway.process.popen.poll() is None
 
