@@ -31,6 +31,7 @@ import itertools
 import json
 import operator
 import re
+import threading
 import tokenize
 import warnings
 from collections.abc import Iterator
@@ -191,12 +192,17 @@ def _minify_block(code: str, language: str) -> str:
     return _minify_generic(code)
 
 
+_WARNINGS_LOCK = threading.Lock()
+
+
 def _python_module(code: str) -> ast.Module | None:
     """The module `code` parses to, or None. The compiler's warnings about the text (prose such
     as "2nd" reads as an invalid decimal literal) are silenced: they would reach the gateway's
-    stderr, and where warnings are errors (the tests) they would change the answer."""
+    stderr, and where warnings are errors (the tests) they would change the answer. The warning
+    filters are process-wide, so two threads (the gateway runs some chains in a worker thread)
+    must not interleave their save and restore: that could leave "ignore" installed for good."""
     try:
-        with warnings.catch_warnings(action="ignore"):
+        with _WARNINGS_LOCK, warnings.catch_warnings(action="ignore"):
             return ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
