@@ -292,3 +292,25 @@ def test_a_shared_memo_changes_no_output() -> None:
     again = run_chain(conv(data), budget(6000), policy, env(memo=memo)).conversation.data()
     assert len(memo) > 0
     assert cold == first == again
+
+
+
+
+def test_python_that_makes_the_parser_warn_is_still_minified_and_prints_nothing() -> None:
+    # A string with an invalid escape (\d) makes CPython's parser warn. That warning reached the
+    # gateway's stderr for every such message, and where warnings are errors the block read as
+    # "does not parse" and was sent unminified. Now: minified like any Python, no warning, and
+    # the process's warning filters untouched.
+    import warnings
+
+    from policies.chunking import minify_code
+
+    line = '    return re.findall("\\d+", s)'
+    text = f"```python\n# a comment-only line\ndef digits(s):\n{line}\n```"
+    filters = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        small = minify_code(text)
+    assert "# a comment-only line" not in small and line in small
+    assert [str(w.message) for w in seen] == []
+    assert warnings.filters == filters
