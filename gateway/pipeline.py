@@ -40,7 +40,7 @@ from .chat_request import ChatRequest
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .expansion import applicable, with_tools
 from .metrics import Metrics
-from .prefix import PrefixCounts
+from .prefix import Counted, PrefixCounts
 from .routing import Route
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
@@ -176,12 +176,13 @@ class Pipeline:
             return 0
         return cost
 
-    def counts(self, request: ChatRequest, route: Route, tenant: str) -> list[int]:
-        """Per-message counts; the unchanged prefix of a conversation is not counted again.
+    def counts(self, request: ChatRequest, route: Route, tenant: str) -> Counted:
+        """Per-message counts and uids; the unchanged prefix of a conversation is not counted
+        again.
 
         Event-loop only (the prefix memo is not thread-safe).
         """
-        return self._prefix.counts(
+        return self._prefix.measure(
             f"{tenant}|{route.name}",
             route.counter.tokenizer.name,
             request.messages,
@@ -190,19 +191,16 @@ class Pipeline:
         )
 
     def conversation(
-        self, request: ChatRequest, route: Route, counts: Sequence[int] | None = None
+        self, request: ChatRequest, route: Route, counted: Counted | None = None
     ) -> Conversation:
-        if counts is None:
-            counts = [route.counter.message(m) for m in request.messages]
+        if counted is None:
+            counts: Sequence[int] = [route.counter.message(m) for m in request.messages]
+            uids: Sequence[int | None] = [None] * len(counts)
+        else:
+            counts, uids = counted.counts, counted.uids
+        # Positional: this builds every message of every request that needs a policy.
         messages = tuple(
-            Message(
-                data=data,
-                tokens=counts[i],
-                pin=marks.pin,
-                priority=marks.priority,
-                kind=marks.kind,
-                origin=i,
-            )
+            Message(data, counts[i], marks.pin, marks.priority, marks.kind, i, uids[i])
             for i, (data, marks) in enumerate(zip(request.messages, request.marks, strict=True))
         )
         return Conversation(apply_pin_rules(messages, route.policy_config.pin_rules))
@@ -247,12 +245,13 @@ class Pipeline:
         `headers` are the client's request headers; summaries missing from the store are
         computed with its credential. Without them only stored summaries are used (plan).
         """
-        counts = self.counts(request, route, tenant)
+        counted = self.counts(request, route, tenant)
+        counts = counted.counts
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         if not force and self._plainly_fits(sum(counts), budget, route):
             return self._unchanged(request, route, counts, tools_tokens, budget, observe)
-        conversation = self.conversation(request, route, counts)
+        conversation = self.conversation(request, route, counted)
         tokens_before = conversation.tokens
         chain: ChainResult | None = None
         if budget is not None:

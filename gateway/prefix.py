@@ -7,6 +7,13 @@ string compares), so only the messages after the first difference are counted at
 dicts give equal counts, so a wrong match is impossible: two conversations that share a key
 only cost each other a recount.
 
+It also gives every message a uid (`Message.uid`): a message equal to the previous request's
+message at the same place keeps that message's uid, any other gets a new one. Equal uids
+therefore mean equal data (equality is transitive), which lets the policies memoise work on a
+run of messages (a rolling summary's link) by their uids instead of serialising them again.
+uids come from one counter per `PrefixCounts` and are never reused, so they are never shared
+between conversations, tenants or routes.
+
 Bounded by conversations and by the bytes of the requests they hold; keyed by tenant, route and
 the opening messages, never by Python's `hash()` of content across processes (this is a
 per-process memo; the count cache below it is what workers could share).
@@ -15,6 +22,7 @@ per-process memo; the count cache below it is what workers could share).
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +39,16 @@ class _Entry:
     tokenizer: str
     messages: Sequence[Mapping[str, Any]]
     counts: list[int]
+    uids: list[int]
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """Per-message token counts and uids of one request."""
+
+    counts: list[int]
+    uids: list[int]
 
 
 class PrefixCounts:
@@ -42,6 +59,7 @@ class PrefixCounts:
         self._max = max_conversations
         self._max_bytes = max_bytes
         self._bytes = 0
+        self._uids = itertools.count(1)
         self.reused = 0  # messages whose count came from the previous request
 
     def counts(
@@ -53,21 +71,37 @@ class PrefixCounts:
         size: int,
     ) -> list[int]:
         """Per-message counts of `messages`; `size` is the request's byte size (for the bound)."""
+        return self.measure(scope, tokenizer, messages, count, size).counts
+
+    def measure(
+        self,
+        scope: str,
+        tokenizer: str,
+        messages: Sequence[Mapping[str, Any]],
+        count: Callable[[Mapping[str, Any]], int],
+        size: int,
+    ) -> Counted:
+        """Per-message counts and uids of `messages`; `size` is the request's byte size."""
         key = _key(scope, messages)
         entry = self._entries.get(key)
         same = 0
-        if entry is not None and entry.tokenizer == tokenizer:
+        if entry is not None:
             old = entry.messages
             limit = min(len(old), len(messages))
             while same < limit and messages[same] == old[same]:
                 same += 1
+            uids = entry.uids[:same]
+        else:
+            uids = []
+        if entry is not None and entry.tokenizer == tokenizer:
             counts = entry.counts[:same]
+            self.reused += same
         else:
             counts = []
-        self.reused += same
-        counts.extend(count(m) for m in messages[same:])
-        self._store(key, _Entry(tokenizer, messages, counts, size))
-        return counts
+        counts.extend(count(m) for m in messages[len(counts) :])
+        uids.extend(itertools.islice(self._uids, len(messages) - same))
+        self._store(key, _Entry(tokenizer, messages, counts, uids, size))
+        return Counted(counts, uids)
 
     def _store(self, key: bytes, entry: _Entry) -> None:
         old = self._entries.pop(key, None)

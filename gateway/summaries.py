@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import orjson
 
 from policies import Budget, ChainResult, Conversation, Message, run_chain
+from policies.memo import Memo
 from policies.rollup import SummarisingConfig
 from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
 
@@ -69,6 +70,16 @@ MAX_PACES_KEPT = 10_000
 MAX_LOOKAHEAD_FACTOR = 4.0
 AVERAGE_WEIGHT = 0.3
 ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
+KEYS_KEPT = 4096
+KEYS_BYTES = 32 * 1024 * 1024
+
+
+def _store_key(parts: tuple[str, str, str], canonical: bytes) -> str:
+    digest = hashlib.blake2b(digest_size=24)
+    for part in (*(p.encode() for p in parts), canonical):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return "summary:" + digest.hexdigest()
 
 
 def encode(answer: SummaryAnswer) -> bytes:
@@ -160,6 +171,7 @@ class SummaryService:
         self._tasks: set[asyncio.Task[object]] = set()
         self._failed: dict[str, float] = {}
         self.local = LocalAnswers(config.local_cache_bytes)
+        self._keys = Memo(KEYS_KEPT, KEYS_BYTES)  # cache keys of recent requests, by their bytes
         self.closed = False
         self.summary_seconds: float | None = None  # running average of one summary's duration
 
@@ -173,17 +185,15 @@ class SummaryService:
         return self.key_of(request, request.canonical(), route, tenant)
 
     def key_of(self, request: SummaryRequest, canonical: bytes, route: Route, tenant: str) -> str:
-        """Hash of tenant, summary model, summariser fingerprint and the request's bytes."""
-        digest = hashlib.blake2b(digest_size=24)
-        for part in (
-            tenant.encode(),
-            self.summarizer.model_of(request, route).encode(),
-            self.summarizer.fingerprint().encode(),
-            canonical,
-        ):
-            digest.update(len(part).to_bytes(8, "big"))
-            digest.update(part)
-        return "summary:" + digest.hexdigest()
+        """Hash of tenant, summary model, summariser fingerprint and the request's bytes.
+
+        Memoised: a rolling summary's links are looked up on every request of a conversation,
+        and a memoised link brings the same `canonical` object, whose `hash()` Python keeps.
+        """
+        parts = (tenant, self.summarizer.model_of(request, route), self.summarizer.fingerprint())
+        return self._keys.get(
+            (*parts, canonical), lambda: _store_key(parts, canonical), len(canonical)
+        )
 
     async def cached(self, key: str) -> SummaryAnswer | None:
         """The answer from this process's tier, else from the store (then kept locally)."""

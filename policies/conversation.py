@@ -19,7 +19,7 @@ from typing import Any
 PROTECTED_ROLES = frozenset({"system", "developer"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Message:
     """One chat message as it will be forwarded, with its count and the client's marks."""
 
@@ -29,6 +29,31 @@ class Message:
     priority: int | None = None
     kind: str | None = None
     origin: int = -1  # index in the client's request; -1 for messages a step created
+    # Set by the gateway for a message it has seen before in this conversation: two messages
+    # with the same uid have equal `data`. Lets work that depends only on the data be memoised
+    # across requests without serialising it. None: unknown (new content, or a step made it).
+    uid: int | None = None
+
+    def __init__(
+        self,
+        data: Mapping[str, Any],
+        tokens: int,
+        pin: bool = False,
+        priority: int | None = None,
+        kind: str | None = None,
+        origin: int = -1,
+        uid: int | None = None,
+    ) -> None:
+        # The generated __init__ of a frozen dataclass sets each field through a looked-up
+        # `object.__setattr__`, twice as slow as the slots' own setters; the gateway builds a
+        # Message for every message of every request that needs a policy.
+        _set_data(self, data)
+        _set_tokens(self, tokens)
+        _set_pin(self, pin)
+        _set_priority(self, priority)
+        _set_kind(self, kind)
+        _set_origin(self, origin)
+        _set_uid(self, uid)
 
     @property
     def role(self) -> str:
@@ -47,8 +72,17 @@ class Message:
         return tuple([str(c.get("id", "")) for c in calls if is_mapping(c)])
 
     def with_data(self, data: Mapping[str, Any], tokens: int) -> Message:
-        """The same message (same marks and origin) with new content."""
+        """The same message (same marks and origin) with new content (so no uid)."""
         return Message(data, tokens, self.pin, self.priority, self.kind, self.origin)
+
+
+_set_data = Message.data.__set__  # type: ignore[attr-defined]
+_set_tokens = Message.tokens.__set__  # type: ignore[attr-defined]
+_set_pin = Message.pin.__set__  # type: ignore[attr-defined]
+_set_priority = Message.priority.__set__  # type: ignore[attr-defined]
+_set_kind = Message.kind.__set__  # type: ignore[attr-defined]
+_set_origin = Message.origin.__set__  # type: ignore[attr-defined]
+_set_uid = Message.uid.__set__  # type: ignore[attr-defined]
 
 
 def is_mapping(value: Any) -> bool:
@@ -89,6 +123,7 @@ class Conversation:
     _tokens: int = field(default=-1, compare=False, repr=False)  # -1: not computed
     _roles: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
     _protected: tuple[bool, ...] | None = field(default=None, compare=False, repr=False)
+    _groups: tuple[tuple[int, ...], ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, messages: Iterable[Message]) -> Conversation:
@@ -169,6 +204,16 @@ class Conversation:
         assert self._turns is not None
         return self._turns
 
+    def tool_groups(self) -> tuple[tuple[int, ...], ...]:
+        """`tool_groups` of the messages, worked out once (several steps and `drop` need them).
+
+        Not carried over by `with_contents`: a step may rewrite the tool calls themselves."""
+        if self._groups is None:
+            groups = tuple(tuple(g) for g in _tool_groups(self.messages, self.roles()))
+            object.__setattr__(self, "_groups", groups)
+        assert self._groups is not None
+        return self._groups
+
 
 def _client_prompt(message: Message) -> bool:
     return message.role in PROTECTED_ROLES and message.origin >= 0
@@ -240,7 +285,7 @@ def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversati
     wanted = {i for i in indices if 0 <= i < len(messages) and not protected[i]}
     if not wanted:
         return conversation, 0
-    for group in _tool_groups(messages, conversation.roles()):
+    for group in conversation.tool_groups():
         if any(i not in wanted for i in group):
             wanted.difference_update(group)
     if not wanted:

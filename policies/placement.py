@@ -81,7 +81,7 @@ def place_summary(
             return Conversation(tuple(messages)), 1, 0
         old = messages[first]
         data = append_text(old.data, "\n\n" + "\n\n".join(texts))
-        messages[first] = replace(old, data=data, tokens=env.count(data), kind=kind)
+        messages[first] = replace(old, data=data, tokens=env.count(data), kind=kind, uid=None)
         return Conversation(tuple(messages)), 0, 1
     role = "system" if placement == "system" else "user"
     new = []

@@ -42,11 +42,12 @@ from .budget import Budget
 from .conversation import (
     PROTECTED_ROLES,
     Conversation,
+    Message,
     Turn,
     drop,
     tool_group_ends,
-    tool_groups,
 )
+from .memo import Memo
 from .placement import SUMMARY_TEMPLATE, Placement, has_summary, place_summary
 from .step import Env, StepConfig, StepResult
 from .summaries import SummaryAnswer, SummaryRequest, SummarySource, prepare_for_summary
@@ -112,7 +113,7 @@ def anchored(conversation: Conversation) -> frozenset[int]:
         i for i, m in enumerate(messages) if (m.role in PROTECTED_ROLES and m.origin >= 0) or m.pin
     }
     if fixed:
-        for group in tool_groups(messages):
+        for group in conversation.tool_groups():
             if fixed.intersection(group):
                 fixed.update(group)
     return frozenset(fixed)
@@ -200,6 +201,8 @@ def links(cuts: Sequence[int], sizes: Sequence[int], chunk_tokens: int) -> list[
     return result
 
 
+# (messages, previous summary) -> the request; every field but `messages` must not depend on
+# the messages (a link is memoised by its messages' uids and the request with no messages).
 MakeRequest = Callable[[tuple[Any, ...], str | None], SummaryRequest]
 SNAP_UNITS = 2  # how far from a proposed cut a ready summary's range is looked for
 
@@ -229,6 +232,7 @@ class Rolling:
         sizes: Sequence[int],
         plan: Plan,
         source: SummarySource,
+        memo: Memo | None = None,
     ) -> None:
         self.conversation = conversation
         self.units = units
@@ -236,6 +240,7 @@ class Rolling:
         self.sizes = sizes
         self.plan = plan
         self.source = source
+        self.memo = memo if memo is not None else Memo()
         self.furthest = min(plan.cap(len(sizes) - 1), len(sizes) - 1)
         self.answer: SummaryAnswer | None = None  # summary of units [0, covered)
         self.covered = 0
@@ -283,10 +288,20 @@ class Rolling:
 
     def _request(self, first: int, last: int) -> SummaryRequest | None:
         messages = self.conversation.messages
-        data = tuple(
-            messages[i].data for i in self.units.indices(first, last) if i not in self.fixed
-        )
-        data = summary_input(data)
+        fixed = self.fixed
+        included = [messages[i] for i in self.units.indices(first, last) if i not in fixed]
+        uids = tuple([m.uid for m in included])
+        if not included or None in uids:
+            return self._build(included)
+        # Every later request asks for the same links again: the same messages (equal uids
+        # mean equal data) under the same instructions and previous summary give the same
+        # request, so the one built before is reused with its canonical bytes already made.
+        template = self.plan.make_request((), self.previous)
+        chars = 4 * sum([m.tokens for m in included]) + len(self.previous or "")
+        return self.memo.get(("summary link", template, uids), lambda: self._build(included), chars)
+
+    def _build(self, included: Sequence[Message]) -> SummaryRequest | None:
+        data = summary_input(tuple([m.data for m in included]))
         return self.plan.make_request(data, self.previous) if data else None
 
     def _take(self, answer: SummaryAnswer, last: int) -> None:
@@ -365,7 +380,7 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
     # The summary's room is its maximum length, but never more than a quarter of the trigger:
     # a small window with a long `summary_tokens` would otherwise compact on almost every Turn.
     allowance = min(plan.allowance, max(0, plan.trigger // 4))
-    rolling = Rolling(conversation, plan.units, fixed, sizes, plan, env.summaries)
+    rolling = Rolling(conversation, plan.units, fixed, sizes, plan, env.summaries, env.memo)
     cuts = scan_cuts(
         sizes,
         kept,

@@ -31,11 +31,17 @@ class SummaryRequest:
     previous: str | None = None  # an earlier summary being extended with `messages`
     retain_instructions: str | None = None  # 001's <retain> section, when asked for
     model: str | None = None  # the model to summarise with (001 2.6.2); None: the request's model
-    _key: bytes | None = field(default=None, compare=False, repr=False)
+    _canonical: bytes | None = field(default=None, compare=False, repr=False)
 
     def canonical(self) -> bytes:
-        """Deterministic bytes describing the request (the gateway hashes it into a cache key)."""
-        return orjson.dumps(
+        """Deterministic bytes describing the request (the gateway hashes it into a cache key).
+
+        Computed once per request object: a memoised request (a rolling summary's link, asked
+        for again on every later turn) is serialised only the first time.
+        """
+        if self._canonical is not None:
+            return self._canonical
+        canonical = orjson.dumps(
             {
                 "purpose": self.purpose,
                 "messages": list(self.messages),
@@ -47,6 +53,8 @@ class SummaryRequest:
             },
             option=orjson.OPT_SORT_KEYS,
         )
+        object.__setattr__(self, "_canonical", canonical)  # a cache of a pure function
+        return canonical
 
 
 @dataclass(frozen=True, slots=True)

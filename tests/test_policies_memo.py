@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import orjson
 from hypothesis import HealthCheck, given, settings
 
 from policies import Budget, Conversation, Memo, build_policy, run_chain
@@ -39,13 +42,27 @@ def test_a_shared_memo_never_changes_an_output(
     that already served other conversations (and this one)."""
     shared = Memo()
     policy = build_policy("default")
+    uids: dict[bytes, int] = {}
     for conversation in (first, second, first):
         alone = run_chain(conversation, budget, policy, env())
-        warm = run_chain(conversation, budget, policy, env(memo=shared))
+        # The gateway's uids (equal uid: equal data), which memoise the summary links.
+        seen = with_uids(conversation, uids)
+        warm = run_chain(seen, budget, policy, env(memo=shared))
         assert warm.conversation.data() == alone.conversation.data()
         assert [r.as_dict() for r in warm.steps] == [r.as_dict() for r in alone.steps]
         for name in sorted(STEPS):
             step = build_step(STEPS[name][0]())
             a = step.apply(conversation, budget, env())
-            b = step.apply(conversation, budget, env(memo=shared))
+            b = step.apply(seen, budget, env(memo=shared))
             assert b.conversation.data() == a.conversation.data()
+            assert b.pending == a.pending
+
+
+def with_uids(conversation: Conversation, uids: dict[bytes, int]) -> Conversation:
+    """Fresh copies of the messages, each with a uid shared by every message of equal data."""
+    def uid(data: object) -> int:
+        return uids.setdefault(orjson.dumps(data, option=orjson.OPT_SORT_KEYS), len(uids) + 1)
+
+    return Conversation(
+        tuple(replace(m, data=dict(m.data), uid=uid(m.data)) for m in conversation.messages)
+    )

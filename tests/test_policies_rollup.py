@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import Budget, Conversation, Message
+from policies import Budget, Conversation, Memo, Message
 from policies.budget import stable_cut
 from policies.invariants import check_tool_pairs
 from policies.registry import STEPS, build_step
@@ -184,3 +184,57 @@ def test_calibration_drift_does_not_make_the_summaries_again(
         drifting.serve(step, counted(datas, jitter), window)
     assert steady.calls >= 3
     assert drifting.calls <= steady.calls + 1, (steady.calls, drifting.calls)
+
+
+def with_uids(datas: list[dict[str, Any]], changed: frozenset[int] = frozenset()) -> Conversation:
+    """`datas` as the gateway hands them over: fresh dicts every request, each with the uid of
+    its place in the conversation (a message the client changed gets a new one)."""
+    return Conversation(
+        tuple(
+            Message(
+                data=dict(d),
+                tokens=count(d),
+                origin=i,
+                uid=i + 1 + (100_000 if i in changed else 0),
+            )
+            for i, d in enumerate(datas)
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config"),
+    [
+        ("compaction", {"summary_tokens": 200}),
+        ("sandwich", {"summary_tokens": 200}),
+        ("summarize_old", {}),
+    ],
+)
+def test_links_seen_before_are_not_built_again_and_change_nothing(
+    step_type: str, config: dict[str, Any]
+) -> None:
+    """Issue 5 (added latency): a request that repeats the conversation's earlier messages gets
+    the same link requests as the one before it (same objects, serialised once) and exactly the
+    output it would get without uids or a memo."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    window = budget(4000)
+    shared = Memo()
+    for turns in (40, 41, 41, 60):
+        datas = chat(turns)
+        plain_source, memo_source = FakeSummaries(), FakeSummaries()
+        plain = step.apply(conv(datas), window, env(plain_source))
+        first = step.apply(with_uids(datas), window, env(memo_source, memo=shared))
+        again = step.apply(with_uids(datas), window, env(memo_source, memo=shared))
+        assert plain.summary_used
+        assert first.conversation.data() == plain.conversation.data() == again.conversation.data()
+        half = len(memo_source.requests) // 2
+        assert memo_source.requests[:half] == plain_source.requests
+        assert all(a is b for a, b in zip(memo_source.requests[:half], memo_source.requests[half:], strict=True))
+    # A message the client edited is summarised as it is now, not as it was.
+    datas = chat(60)
+    edited = [dict(d) for d in datas]
+    edited[15]["content"] = "an edited message"
+    source = FakeSummaries()
+    step.apply(with_uids(edited, frozenset({15})), window, env(source, memo=shared))
+    assert any(m.get("content") == "an edited message" for r in source.requests for m in r.messages)

@@ -49,3 +49,19 @@ def test_memory_is_bounded() -> None:
     for i in range(10):
         memo.counts(f"t{i}|m", "chars:4", history(2), lambda m: 1, 300)
     assert len(memo._entries) <= 3 and memo._bytes <= 1000
+
+
+def test_uids_are_equal_only_for_equal_messages_of_the_same_conversation() -> None:
+    """`Message.uid`: what the summary links are memoised by (issue 5). A message keeps its uid
+    while it is resent unchanged; an edited message and everything after it get new ones; the
+    same messages in another scope (tenant or route) never share a uid."""
+    memo = PrefixCounts()
+    first = memo.measure("a|m", "chars:4", history(5), lambda m: 1, 100).uids
+    second = memo.measure("a|m", "chars:4", [*history(5), {"role": "user", "content": "x"}], lambda m: 1, 100).uids
+    assert second[:6] == first and len(set(second)) == 7
+    edited = history(5)
+    edited[3] = {"role": "user", "content": "changed"}
+    third = memo.measure("a|m", "chars:2", edited, lambda m: 1, 100).uids  # a tokenizer change keeps uids
+    assert third[:3] == first[:3] and not set(third[3:]) & set(second)
+    other = memo.measure("b|m", "chars:4", history(5), lambda m: 1, 100).uids
+    assert not set(other) & (set(first) | set(second) | set(third))
