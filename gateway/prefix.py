@@ -88,8 +88,11 @@ class PrefixCounts:
         if entry is not None:
             old = entry.messages
             limit = min(len(old), len(messages))
-            while same < limit and messages[same] == old[same]:
-                same += 1
+            if messages[:limit] == old[:limit]:  # the usual case, compared in one C loop
+                same = limit
+            else:
+                while same < limit and messages[same] == old[same]:
+                    same += 1
             uids = entry.uids[:same]
         else:
             uids = []

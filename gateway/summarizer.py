@@ -198,11 +198,14 @@ class Summarizer:
         self._metrics = metrics
         self._config = config
         self._window_of = window_of or (lambda route: route.context_window)
+        # Made once: it is part of every summary's cache key, looked up on every request.
+        self._fingerprint = (
+            f"v1|{config.max_input_tokens}|{config.token_limit_param}|{SYSTEM_PROMPT}"
+        )
 
     def fingerprint(self) -> str:
         """What, besides the request, changes the text a summary comes out with."""
-        config = self._config
-        return f"v1|{config.max_input_tokens}|{config.token_limit_param}|{SYSTEM_PROMPT}"
+        return self._fingerprint
 
     def model_of(self, request: SummaryRequest, route: Route) -> str:
         """The name of the route that will make this summary (part of the cache key)."""

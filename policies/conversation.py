@@ -307,9 +307,11 @@ def _tool_groups(messages: Sequence[Message], roles: Sequence[str]) -> list[list
     groups: list[list[int]] = []
     owner: dict[str, int] = {}
     for i, role in enumerate(roles):
-        if role == "assistant" and (call_ids := messages[i].tool_call_ids):
+        if role == "assistant":
+            if not messages[i].data.get("tool_calls"):  # most messages: skip building the ids
+                continue
             groups.append([i])
-            for call_id in call_ids:
+            for call_id in messages[i].tool_call_ids:
                 owner[call_id] = len(groups) - 1
         elif role == "tool":
             group = owner.get(str(messages[i].data.get("tool_call_id", "")))
