@@ -264,9 +264,11 @@ def tool_group_ends(messages: Sequence[Message], start: int, end: int) -> list[i
     open_ids: set[str] = set()
     for i in range(start, end):
         message = messages[i]
-        if message.role == "assistant":
-            open_ids |= set(message.tool_call_ids)
-        elif message.role == "tool":
+        role = message.role
+        if role == "assistant":
+            if message.data.get("tool_calls"):
+                open_ids.update(message.tool_call_ids)
+        elif role == "tool" and open_ids:
             open_ids.discard(str(message.data.get("tool_call_id", "")))
         if not open_ids:
             safe.append(i + 1)
