@@ -85,6 +85,8 @@ class Prepared:
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
     priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
     expandable: bool = False  # masked tool outputs: the expansion tools were added
+    # The client's messages as the chain saw them (with counts and uids); None when no chain ran.
+    conversation: Conversation | None = None
 
     @property
     def stored(self) -> tuple[StoredOutput, ...]:
@@ -316,6 +318,7 @@ class Pipeline:
             observe=observe,
             injected_usage=inject,
             expandable=expandable,
+            conversation=conversation,
             priority_preserved=len(important & kept) / len(important) if important else 1.0,
         )
 

@@ -350,6 +350,9 @@ class Job:
     window: int | None
     sent: ChainResult | None = None  # what the request path decided (saves running it again)
     lookahead: float = 2.0  # requests ahead of the crossing to start at
+    # The request's conversation as the request path built it: counted already, and with the
+    # uids that let the chain reuse its summary links instead of serialising them again.
+    conversation: Conversation | None = None
 
 
 class Precompute:
@@ -407,7 +410,8 @@ class Precompute:
             return
         self._queued += 1
         lookahead = self._lookahead(tenant, route)
-        job = Job(request, route, tenant, tuple(headers), window, sent, lookahead)
+        seen = prepared.conversation if prepared is not None else None
+        job = Job(request, route, tenant, tuple(headers), window, sent, lookahead, seen)
         self.service.spawn(self._run(job), name="precompute")
 
     def _lookahead(self, tenant: str, route: Route) -> float:
@@ -447,7 +451,9 @@ class Precompute:
     async def precompute(self, job: Job) -> list[SummaryRequest]:
         """Predict and compute; returns the requests it computed (for tests and the benchmark)."""
         route, request = job.route, job.request
-        conversation = await asyncio.to_thread(self.pipeline.conversation, request, route)
+        conversation = job.conversation or await asyncio.to_thread(
+            self.pipeline.conversation, request, route
+        )
         tools = self.pipeline.tools_tokens(request, route)
         budget = self.pipeline.budget(request, route, tools, job.window)
         if budget is None or budget.limit <= 0 or not conversation.messages:
