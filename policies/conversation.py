@@ -32,7 +32,7 @@ class Message:
     # Set by the gateway for a message it has seen before in this conversation: two messages
     # with the same uid have equal `data`. Lets work that depends only on the data be memoised
     # across requests without serialising it. None: unknown (new content, or a step made it).
-    uid: int | None = None
+    uid: int | None = field(default=None, compare=False)  # never part of a message's equality
 
     def __init__(
         self,
