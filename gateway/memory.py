@@ -9,12 +9,20 @@ the last trim (memory was used and given back since then); checked every `interv
 costs a fraction of a millisecond when there is nothing to do. Where the C library is not glibc
 (musl, macOS) it does nothing.
 
-What it cannot return, measured after 500 concurrent slow streams (about 18 MiB above the
-baseline before; this returns about 5 of them): CPython keeps small objects in 1 MiB arenas and
-frees an arena only when every object in it is gone. A peak creates new arenas, and the few
-objects that outlive it (interpreter and uvloop/aiohttp free lists, cache entries, dict and set
-tables that grew) are spread over them, so most of those arenas stay, reused by the next peak:
-RSS does not grow from one burst to the next.
+What it cannot return, measured after 500 concurrent slow streams (benchmarks/soak.py burst:
+about +18 MiB at the peak, +12 MiB once the upstream pool has expired): all of the rest is
+CPython's small-object arenas (1 MiB each; the glibc heap is back to its baseline once trimmed,
+thread stacks and other mappings do not move). The peak adds about 12 arenas, and an arena is
+unmapped only once every block in it is free. Blocks allocated during the peak outlive it: the
+entries long-lived caches replaced (the per-conversation prefix memo holds the burst's message
+dicts), and, with those kept out of the way, still a few hundred blocks that no tracked Python
+object accounts for (+800 over a baseline of 480,000 after a full `gc.collect()`; 62 visible
+objects were left in 13 new arenas), most likely the free lists of C extensions, which nothing
+in Python can empty (uvloop keeps up to 250 dead Handle and TimerHandle objects, aiohttp's parser
+250 RawResponseMessage). Spread over the new arenas, they keep all of them, mostly as free pools
+that the next peak reuses: RSS does not grow from one burst to the next. Neither a full
+collection before the trim nor `gc.freeze()` changes this (no cyclic garbage is left after a
+burst).
 """
 
 from __future__ import annotations
