@@ -238,3 +238,31 @@ def test_links_seen_before_are_not_built_again_and_change_nothing(
     source = FakeSummaries()
     step.apply(with_uids(edited, frozenset({15})), window, env(source, memo=shared))
     assert any(m.get("content") == "an edited message" for r in source.requests for m in r.messages)
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config"),
+    [
+        ("compaction", {"summary_tokens": 200}),
+        ("sandwich", {"summary_tokens": 200}),
+        ("summarize_old", {}),
+    ],
+)
+def test_a_remade_earlier_summary_reaches_the_later_links(
+    step_type: str, config: dict[str, Any]
+) -> None:
+    """A summary can be made again with other text (its cache entry expired, another replica
+    made it). The later links extend what the cache holds now, not what was memoised with the
+    same messages before: the memo is keyed by the previous summary too."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    window = budget(4000)
+    datas = chat(60)
+    shared = Memo()
+    step.apply(with_uids(datas), window, env(FakeSummaries(words=8), memo=shared))
+    remade, plain = FakeSummaries(words=3), FakeSummaries(words=3)
+    result = step.apply(with_uids(datas), window, env(remade, memo=shared))
+    expected = step.apply(conv(datas), window, env(plain))
+    assert any(r.previous is not None for r in plain.requests)  # a later link extends one
+    assert remade.requests == plain.requests
+    assert result.conversation.data() == expected.conversation.data()
