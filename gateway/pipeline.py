@@ -407,7 +407,7 @@ class Pipeline:
                 # Being made in the background (R4.6). If the steps up to the summarising ones
                 # already fit the request without them, send that now (no fallback step loses
                 # messages); else wait for them, at most `summaries.wait_s`.
-                early = self._without_fallbacks(conversation, budget, route, env, force)
+                early = self._without_fallbacks(conversation, budget, route, env, force, result)
                 if early is not None:
                     return early
                 waited = await self._fetch(missing, route, tenant, SummaryAsk(ask.headers, True))
@@ -420,15 +420,34 @@ class Pipeline:
         return result
 
     def _without_fallbacks(
-        self, conversation: Conversation, budget: Budget, route: Route, env: Env, force: bool
+        self,
+        conversation: Conversation,
+        budget: Budget,
+        route: Route,
+        env: Env,
+        force: bool,
+        result: ChainResult,
     ) -> ChainResult | None:
-        """The chain cut after its last summarising step, if that alone fits the request."""
+        """The chain cut after its last summarising step, if that alone fits the request.
+
+        `result` is the whole chain's run on the same input: when no step after the summarising
+        ones changed anything, the cut chain gives the same conversation, so it is not run again.
+        """
         steps = route.policy.steps
         last = [
             i for i, s in enumerate(steps) if isinstance(getattr(s, "config", None), Summarising)
         ]
         if not last:
             return None
+        allowed = {step.type for step in steps[: last[-1] + 1]}
+        later = {step.type for step in steps[last[-1] + 1 :]}
+        if (
+            allowed.isdisjoint(later)
+            and result.tokens_after <= budget.limit
+            and result.recovery is None
+            and all(r.type in allowed or not r.changed for r in result.steps)
+        ):
+            return result
         policy = replace(route.policy, steps=steps[: last[-1] + 1])
         early = run_chain(conversation, budget, policy, env, force=force)
         allowed = {step.type for step in policy.steps}

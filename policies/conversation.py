@@ -254,22 +254,27 @@ def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int =
     return min(starts, key=lambda s: (abs(s - target), s))
 
 
-def tool_group_ends(messages: Sequence[Message], start: int, end: int) -> list[int]:
+def tool_group_ends(
+    messages: Sequence[Message], start: int, end: int, roles: Sequence[str] | None = None
+) -> list[int]:
     """Indices inside [start, end) after which a cut keeps every tool call with its results.
 
     Used where a Turn must be split (emergency on a single huge Turn): a cut after index i is
-    safe when no tool call opened before i is answered after it.
+    safe when no tool call opened before i is answered after it. `roles`: the messages' roles,
+    when the caller has them already (`Conversation.roles`).
     """
+    if roles is None:
+        roles = [m.role for m in messages]
     safe: list[int] = []
     open_ids: set[str] = set()
     for i in range(start, end):
-        message = messages[i]
-        role = message.role
+        role = roles[i]
         if role == "assistant":
-            if message.data.get("tool_calls"):
-                open_ids.update(message.tool_call_ids)
+            data = messages[i].data
+            if data.get("tool_calls"):
+                open_ids.update(messages[i].tool_call_ids)
         elif role == "tool" and open_ids:
-            open_ids.discard(str(message.data.get("tool_call_id", "")))
+            open_ids.discard(str(messages[i].data.get("tool_call_id", "")))
         if not open_ids:
             safe.append(i + 1)
     return safe

@@ -110,9 +110,13 @@ def anchored(conversation: Conversation) -> frozenset[int]:
     """
     messages = conversation.messages
     fixed = {
-        i for i, m in enumerate(messages) if (m.role in PROTECTED_ROLES and m.origin >= 0) or m.pin
+        i
+        for i, (m, role) in enumerate(zip(messages, conversation.roles(), strict=True))
+        if (role in PROTECTED_ROLES and m.origin >= 0) or m.pin
     }
-    if fixed:
+    # Prompts are never part of a tool group (only assistant and tool messages are); pinned
+    # messages can be.
+    if any(m.pin for m in messages):
         for group in conversation.tool_groups():
             if fixed.intersection(group):
                 fixed.update(group)
@@ -144,10 +148,15 @@ class Units:
         end = len(conversation)
         if start >= end:
             return cls(())
-        points = [start, *tool_group_ends(conversation.messages, start, end)]
+        points = [start, *tool_group_ends(conversation.messages, start, end, conversation.roles())]
         if points[-1] != end:
             points.append(end)
         return cls(tuple(dict.fromkeys(points)))
+
+    def after(self, bound: int) -> Units:
+        """The units from `bound` (one of `bounds`) on."""
+        at = self.bounds.index(bound)
+        return Units(self.bounds[at:]) if at < len(self.bounds) - 1 else Units(())
 
 
 def unit_sizes(

@@ -352,6 +352,41 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     assert len(summary_upstream.chat_requests()) == 1
 
 
+def test_an_outgrown_summary_is_used_at_once_while_its_next_link_is_made(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+) -> None:
+    """R4.6: when the conversation outgrows its summary and the next link is still being made,
+    requests go out at once with the summary there is and the newer messages verbatim: not
+    held back for the new link, and not trimmed by the fallback step."""
+    steps = [{"type": "sandwich", "summary_tokens": 200, "model": "summarizer"}, {"type": "fifo"}]
+    models = [model(fake_upstream), model(summary_upstream, name="summarizer", policy="default")]
+    gateway = start_gateway(config_for(fake_upstream, steps, models=models, precompute=True))
+    summary_upstream.script(
+        [summary_script("FIRST"), summary_script("SECOND", kind="hang_before_headers", seconds=5)]
+    )
+    messages = agent_session()
+    for index in range(40):
+        tool_round(messages, index)
+        response, elapsed = post(gateway, messages, tools=True)
+        assert response.status_code == 200 and elapsed < 1.0
+        request_id = response.headers["x-compactgate-request-id"]
+        feed = httpx.get(f"{gateway.base_url}/compactgate/events", timeout=10).json()["events"]
+        event = next((e for e in feed if e["request_id"] == request_id), {"steps": []})
+        report = next((s for s in event["steps"] if s["type"] == "sandwich"), {})
+        if str(report.get("summary", "")).startswith("partial"):
+            break
+        if len(summary_upstream.chat_requests()) == 1:  # the first one: let it land
+            wait_until(lambda: summary_upstream.inflight()["completed"] == 1)
+    else:
+        raise AssertionError("the conversation never outgrew its first summary")
+    assert summary_upstream.inflight()["inflight"] == 1  # the second link is still being made
+    sent = client_calls(fake_upstream)[-1]
+    forwarded = forwarded_text(sent)
+    assert "FIRST" in forwarded and "SECOND" not in forwarded
+    assert response.headers["x-compactgate-steps"] == "sandwich"  # fifo dropped nothing
+    assert body_of(sent)["messages"][-6:] == messages[-6:]  # the newest messages verbatim
+
+
 def test_shutdown_cancels_a_precomputation_in_flight(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:

@@ -68,10 +68,11 @@ class Sandwich:
         if len(conversation) - head_end <= config.preserve_top + config.preserve_bottom:
             return StepResult.unchanged(conversation, reason="not enough messages")
         whole = Units.of_segments(conversation, head_end)
-        # The top ends at the first safe point at or after head + preserve_top.
+        # The top ends at the first safe point at or after head + preserve_top; no tool call is
+        # open there, so the segments after it are the whole history's.
         wanted = head_end + config.preserve_top
         top_end = next(b for b in whole.bounds if b >= wanted)
-        units = Units.of_segments(conversation, top_end)
+        units = whole.after(top_end)
         bounds = units.bounds
         trigger = int(budget.limit * config.compression_threshold)
 
