@@ -141,8 +141,9 @@ Starter = Callable[..., RunningProcess]
 
 
 def _starter(started: list[RunningProcess]) -> Starter:
-    def start(argv: Sequence[str], ready_pattern: str, timeout: float = 30.0,
-              **kwargs: object) -> RunningProcess:
+    def start(
+        argv: Sequence[str], ready_pattern: str, timeout: float = 30.0, **kwargs: object
+    ) -> RunningProcess:
         process = start_process(argv, ready_pattern, timeout, **kwargs)  # type: ignore[arg-type]
         started.append(process)
         return process
@@ -222,13 +223,25 @@ def start_gateway(start_process: Starter, tmp_path: Path) -> GatewayStarter:
 
     counter = iter(range(1000))
 
-    def start(config: dict[str, object], env: dict[str, str] | None = None, args: Sequence[str] = ()) -> GatewayProcess:
+    def start(
+        config: dict[str, object], env: dict[str, str] | None = None, args: Sequence[str] = ()
+    ) -> GatewayProcess:
         path = tmp_path / f"gateway-{next(counter)}.yaml"
         path.write_text(json.dumps(config))
         port = free_port()
         full_env = {**os.environ, **(env or {})}
         process = start_process(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port), *args],
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--config",
+                str(path),
+                "--port",
+                str(port),
+                *args,
+            ],
             r"Uvicorn running on|CompactGate listening on",
             60,  # generous: CI machines are busy
             env=full_env,

@@ -74,46 +74,77 @@ def _dumps(value: object) -> bytes:
     return orjson.dumps(value)
 
 
-def render_context_error(style: str, limit: int, prompt: int, max_tokens: int = 0) -> tuple[
-    int, dict[str, str], bytes
-]:
+def render_context_error(
+    style: str, limit: int, prompt: int, max_tokens: int = 0
+) -> tuple[int, dict[str, str], bytes]:
     """That provider's context-window error, shaped like its fixture in fixtures/context_errors."""
-    anthropic = {"type": "error", "error": {"type": "invalid_request_error",
-                 "message": f"prompt is too long: {prompt} tokens > {limit} maximum"},
-                 "request_id": "req_fake0000000000000000"}
-    llamacpp = {"error": {"code": 400, "message": f"request ({prompt} tokens) exceeds the "
-                f"available context size ({limit} tokens), try increasing it",
-                "type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": limit}}
+    anthropic = {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"prompt is too long: {prompt} tokens > {limit} maximum",
+        },
+        "request_id": "req_fake0000000000000000",
+    }
+    llamacpp = {
+        "error": {
+            "code": 400,
+            "message": f"request ({prompt} tokens) exceeds the "
+            f"available context size ({limit} tokens), try increasing it",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": prompt,
+            "n_ctx": limit,
+        }
+    }
     json_type = {"Content-Type": "application/json"}
     if style in ("openai", "azure"):
         return 400, json_type, _dumps(context_error_body(limit, prompt, max_tokens))
     if style == "anthropic":
         return 400, json_type, _dumps(anthropic)
     if style == "vllm":
-        message = (f"This model's maximum context length is {limit} tokens. However, your request"
-                   f" has {prompt} input tokens. Please reduce the length of the input messages.")
-        body: object = {"error": {"message": message, "type": "BadRequestError", "param": None,
-                                  "code": 400}}
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, your request"
+            f" has {prompt} input tokens. Please reduce the length of the input messages."
+        )
+        body: object = {
+            "error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+        }
         return 400, json_type, _dumps(body)
     if style == "llamacpp":
         return 400, json_type, _dumps(llamacpp)
     if style in ("llama-cpp-python", "openai_compatible"):
         completion = max_tokens or None
-        message = (f"This model's maximum context length is {limit} tokens. However, you requested"
-                   f" {prompt + max_tokens} tokens ({prompt} in the messages, {completion} in the "
-                   "completion). Please reduce the length of the messages or completion.")
+        message = (
+            f"This model's maximum context length is {limit} tokens. However, you requested"
+            f" {prompt + max_tokens} tokens ({prompt} in the messages, {completion} in the "
+            "completion). Please reduce the length of the messages or completion."
+        )
         code = "context_length_exceeded" if style == "llama-cpp-python" else "invalid_request_error"
         param = "messages" if style == "llama-cpp-python" else None
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                          "code": code}}
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": code,
+            }
+        }
         return 400, json_type, _dumps(body)
     if style == "ollama":
-        body = {"error": {"message": _dumps(llamacpp).decode(), "type": "invalid_request_error",
-                          "param": None, "code": None}}
+        body = {
+            "error": {
+                "message": _dumps(llamacpp).decode(),
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
         return 400, json_type, _dumps(body) + b"\n"
     if style == "gemini":
-        message = (f"The input token count ({prompt}) exceeds the maximum number of tokens "
-                   f"allowed ({limit}).")
+        message = (
+            f"The input token count ({prompt}) exceeds the maximum number of tokens "
+            f"allowed ({limit})."
+        )
         body = [{"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}]
         return 400, json_type, _dumps(body)
     if style == "bedrock":
@@ -121,16 +152,20 @@ def render_context_error(style: str, limit: int, prompt: int, max_tokens: int = 
         return 400, headers, _dumps({"message": "Input is too long for requested model."})
     if style == "openrouter":
         parts = f"{prompt} of text input" + (f", {max_tokens} in the output" if max_tokens else "")
-        message = (f"This endpoint's maximum context length is {limit} tokens. However, you "
-                   f"requested about {prompt + max_tokens} tokens ({parts}). Please reduce the "
-                   'length of either one, or use the "middle-out" transform to compress your '
-                   "prompt automatically.")
+        message = (
+            f"This endpoint's maximum context length is {limit} tokens. However, you "
+            f"requested about {prompt + max_tokens} tokens ({parts}). Please reduce the "
+            'length of either one, or use the "middle-out" transform to compress your '
+            "prompt automatically."
+        )
         body = {"error": {"message": message, "code": 400, "metadata": {"provider_name": None}}}
         return 400, json_type, _dumps(body)
     if style == "litellm":
         inner = _dumps(anthropic).decode()
-        message = (f"litellm.BadRequestError: litellm.ContextWindowExceededError: AnthropicError - "
-                   f"{inner}\nReceived Model Group=fake\nAvailable Model Group Fallbacks=None")
+        message = (
+            f"litellm.BadRequestError: litellm.ContextWindowExceededError: AnthropicError - "
+            f"{inner}\nReceived Model Group=fake\nAvailable Model Group Fallbacks=None"
+        )
         body = {"error": {"message": message, "type": None, "param": None, "code": "400"}}
         return 400, json_type, _dumps(body)
     raise ValueError(f"unknown context error style {style!r}; known: {', '.join(STYLES)}")
@@ -222,8 +257,15 @@ class Exchange:
         await response.prepare(self.request)
         return response
 
-    async def send(self, parts: list[bytes], *, pause_after: int = -1, pause: float = 0,
-                   drop_after: int = -1, interval: float = 0) -> web.StreamResponse:
+    async def send(
+        self,
+        parts: list[bytes],
+        *,
+        pause_after: int = -1,
+        pause: float = 0,
+        drop_after: int = -1,
+        interval: float = 0,
+    ) -> web.StreamResponse:
         response = await self.start(length=None if self.stream else sum(map(len, parts)))
         for index, part in enumerate(parts):
             if index == drop_after:
@@ -251,8 +293,11 @@ def _tool_call(index: int, call: object) -> JSON:
     arguments = function.get("arguments", "{}")
     if not isinstance(arguments, str):
         arguments = _dumps(arguments).decode()
-    return {"id": call.get("id") or f"call_fake_{index}", "type": "function",
-            "function": {"name": function.get("name", "tool"), "arguments": arguments}}
+    return {
+        "id": call.get("id") or f"call_fake_{index}",
+        "type": "function",
+        "function": {"name": function.get("name", "tool"), "arguments": arguments},
+    }
 
 
 async def _answer(x: Exchange, behaviour: JSON) -> web.StreamResponse:
@@ -300,8 +345,9 @@ async def _answer(x: Exchange, behaviour: JSON) -> web.StreamResponse:
         if x.prompt > limit:
             return _context_error(x, behaviour.get("style", "openai"), limit)
         return await x.send(x.pieces(x.body(behaviour)))
-    return web.json_response({"error": {"message": f"fake upstream: unknown kind {kind!r}"}},
-                             status=500)
+    return web.json_response(
+        {"error": {"message": f"fake upstream: unknown kind {kind!r}"}}, status=500
+    )
 
 
 def _context_error(x: Exchange, style: str, limit: int) -> web.Response:
@@ -316,9 +362,15 @@ def _record(request: web.Request, raw: bytes) -> JSON:
         parsed = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
         parsed = None
-    return {"method": request.method, "path": request.path, "query": request.query_string,
-            "headers": [[k, v] for k, v in request.headers.items()],
-            "body_b64": base64.b64encode(raw).decode(), "json": parsed, "time": time.time()}
+    return {
+        "method": request.method,
+        "path": request.path,
+        "query": request.query_string,
+        "headers": [[k, v] for k, v in request.headers.items()],
+        "body_b64": base64.b64encode(raw).decode(),
+        "json": parsed,
+        "time": time.time(),
+    }
 
 
 def make_app(state: State) -> web.Application:
@@ -336,8 +388,15 @@ def make_app(state: State) -> web.Application:
         except orjson.JSONDecodeError:
             payload = None
         if not isinstance(payload, dict):
-            return web.json_response({"error": {"message": "fake upstream: body is not a JSON "
-                                      "object", "type": "invalid_request_error"}}, status=400)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "fake upstream: body is not a JSON object",
+                        "type": "invalid_request_error",
+                    }
+                },
+                status=400,
+            )
         task = asyncio.current_task()
         assert task is not None
         state.tasks.add(task)
@@ -367,11 +426,23 @@ def make_app(state: State) -> web.Application:
         raw = await request.read()
         if request.method == "POST" and request.path == "/v1/embeddings":
             data = [{"object": "embedding", "index": 0, "embedding": [0.0, 0.1, 0.2]}]
-            return web.json_response({"object": "list", "data": data, "model": "fake-embedding",
-                                      "usage": {"prompt_tokens": 1, "total_tokens": 1}})
-        return web.json_response({"object": "fake.passthrough", "method": request.method,
-                                  "path": request.path, "query": request.query_string,
-                                  "body_b64": base64.b64encode(raw).decode()})
+            return web.json_response(
+                {
+                    "object": "list",
+                    "data": data,
+                    "model": "fake-embedding",
+                    "usage": {"prompt_tokens": 1, "total_tokens": 1},
+                }
+            )
+        return web.json_response(
+            {
+                "object": "fake.passthrough",
+                "method": request.method,
+                "path": request.path,
+                "query": request.query_string,
+                "body_b64": base64.b64encode(raw).decode(),
+            }
+        )
 
     async def control_requests(_: web.Request) -> web.Response:
         return web.Response(body=_dumps(state.records), content_type="application/json")
@@ -395,8 +466,14 @@ def make_app(state: State) -> web.Application:
         return web.json_response({"ok": True})
 
     async def control_inflight(_: web.Request) -> web.Response:
-        return web.json_response({"inflight": len(state.tasks), "started": state.started,
-                                  "completed": state.completed, "cancelled": state.cancelled})
+        return web.json_response(
+            {
+                "inflight": len(state.tasks),
+                "started": state.started,
+                "completed": state.completed,
+                "cancelled": state.cancelled,
+            }
+        )
 
     app = web.Application(middlewares=[recorder], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
@@ -442,8 +519,9 @@ class FakeUpstream:
         self._http = httpx.Client(base_url=self.root, timeout=10)
 
     def _call(self, method: str, path: str, payload: object = None) -> Any:
-        response = self._http.request(method, path, content=None if payload is None
-                                      else _dumps(payload))
+        response = self._http.request(
+            method, path, content=None if payload is None else _dumps(payload)
+        )
         response.raise_for_status()
         return response.json()
 

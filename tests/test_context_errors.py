@@ -63,65 +63,144 @@ OPENAI_CONTEXT = (FIXTURES / "openai.json").read_bytes()
 
 NEAR_MISSES = {
     # 400s about something else
-    "tool message without a preceding tool call": (400, _openai(
-        "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
-        "message with 'tool_calls'.", None, "messages.[2].role")),
-    "unknown tool_call_id": (400, _openai(
-        "Invalid parameter: 'tool_call_id' of 'call_abc' not found in 'tool_calls' of previous "
-        "message.", None, "messages.[3].tool_call_id")),
-    "openai output cap (prompt fits)": (400, _openai(
-        "max_tokens is too large: 100000. This model supports at most 16384 completion tokens, "
-        "whereas you provided 100000.", "invalid_value", "max_tokens")),
-    "openai per-message size cap": (400, _openai(
-        "Invalid 'messages[1].content': string too long. Expected a string with maximum length "
-        "10485760, but got a string with length 10485761 instead.", "string_above_max_length")),
+    "tool message without a preceding tool call": (
+        400,
+        _openai(
+            "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+            "message with 'tool_calls'.",
+            None,
+            "messages.[2].role",
+        ),
+    ),
+    "unknown tool_call_id": (
+        400,
+        _openai(
+            "Invalid parameter: 'tool_call_id' of 'call_abc' not found in 'tool_calls' of previous "
+            "message.",
+            None,
+            "messages.[3].tool_call_id",
+        ),
+    ),
+    "openai output cap (prompt fits)": (
+        400,
+        _openai(
+            "max_tokens is too large: 100000. This model supports at most 16384 completion tokens, "
+            "whereas you provided 100000.",
+            "invalid_value",
+            "max_tokens",
+        ),
+    ),
+    "openai per-message size cap": (
+        400,
+        _openai(
+            "Invalid 'messages[1].content': string too long. Expected a string with maximum length "
+            "10485760, but got a string with length 10485761 instead.",
+            "string_above_max_length",
+        ),
+    ),
     # continuedev/continue issue 4225, verbatim
-    "anthropic output cap": (400, b'{"type":"error","error":{"type":"invalid_request_error",'
+    "anthropic output cap": (
+        400,
+        b'{"type":"error","error":{"type":"invalid_request_error",'
         b'"message":"max_tokens: 8192 > 4096, which is the maximum allowed number of output '
-        b'tokens for claude-3-haiku-20240307"}}'),
-    "anthropic request_too_large (bytes, not tokens)": (413, b'{"type":"error","error":{"type":'
-        b'"request_too_large","message":"Request exceeds the maximum allowed number of bytes."}}'),
+        b'tokens for claude-3-haiku-20240307"}}',
+    ),
+    "anthropic request_too_large (bytes, not tokens)": (
+        413,
+        b'{"type":"error","error":{"type":'
+        b'"request_too_large","message":"Request exceeds the maximum allowed number of bytes."}}',
+    ),
     # charmbracelet/crush issue 946, verbatim
-    "bedrock output cap": (400, b'{"message":"The maximum tokens you requested exceeds the model'
-        b' limit of 32768"}'),
+    "bedrock output cap": (
+        400,
+        b'{"message":"The maximum tokens you requested exceeds the model limit of 32768"}',
+    ),
     # vllm-project/vllm issue 1351, verbatim
-    "vllm negative max_tokens": (400, b'{"object":"error","message":"max_tokens must be at least '
-        b'1, got -53.","type":"invalid_request_error","param":null,"code":null}'),
-    "gemini invalid argument": (400, b'{"error":{"code":400,"message":"Request contains an invalid'
-        b' argument.","status":"INVALID_ARGUMENT"}}'),
-    "litellm bad request that is not about context": (400, orjson.dumps({"error": {
-        "message": "litellm.BadRequestError: OpenAIException - Invalid parameter: messages with "
-        "role 'tool' must be a response to a preceeding message with 'tool_calls'.",
-        "type": None, "param": None, "code": "400"}})),
+    "vllm negative max_tokens": (
+        400,
+        b'{"object":"error","message":"max_tokens must be at least '
+        b'1, got -53.","type":"invalid_request_error","param":null,"code":null}',
+    ),
+    "gemini invalid argument": (
+        400,
+        b'{"error":{"code":400,"message":"Request contains an invalid'
+        b' argument.","status":"INVALID_ARGUMENT"}}',
+    ),
+    "litellm bad request that is not about context": (
+        400,
+        orjson.dumps(
+            {
+                "error": {
+                    "message": "litellm.BadRequestError: OpenAIException - Invalid parameter: messages with "
+                    "role 'tool' must be a response to a preceeding message with 'tool_calls'.",
+                    "type": None,
+                    "param": None,
+                    "code": "400",
+                }
+            }
+        ),
+    ),
     # rate limits and server errors, even when they mention context
-    "openai rate limit": (429, _openai(
-        "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit "
-        "30000, Used 29000, Requested 5000. Please try again in 8s.", "rate_limit_exceeded")),
+    "openai rate limit": (
+        429,
+        _openai(
+            "Rate limit reached for gpt-4o in organization org-x on tokens per min (TPM): Limit "
+            "30000, Used 29000, Requested 5000. Please try again in 8s.",
+            "rate_limit_exceeded",
+        ),
+    ),
     "429 carrying a context body": (429, OPENAI_CONTEXT),
     "500 carrying a context body": (500, OPENAI_CONTEXT),
     "502 carrying a context body": (502, OPENAI_CONTEXT),
-    "503 overloaded": (503, b'{"error":{"message":"The engine is currently overloaded","type":'
-        b'"server_error","param":null,"code":null}}'),
-    "anthropic 529": (529, b'{"type":"error","error":{"type":"overloaded_error","message":'
-        b'"Overloaded"}}'),
+    "503 overloaded": (
+        503,
+        b'{"error":{"message":"The engine is currently overloaded","type":'
+        b'"server_error","param":null,"code":null}}',
+    ),
+    "anthropic 529": (
+        529,
+        b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}',
+    ),
     "404 carrying a context body": (404, OPENAI_CONTEXT),
     # 200 completions: llama.cpp's finish_reason "length" when prompt + max_tokens overflows
-    "llama.cpp 200 with finish_reason length": (200, b'{"choices":[{"finish_reason":"length",'
+    "llama.cpp 200 with finish_reason length": (
+        200,
+        b'{"choices":[{"finish_reason":"length",'
         b'"index":0,"message":{"role":"assistant","content":"The capital of France is"}}],'
         b'"created":1761000000,"model":"smollm2","object":"chat.completion","usage":'
-        b'{"completion_tokens":16,"prompt_tokens":2030,"total_tokens":2046},"id":"chatcmpl-x"}'),
-    "completion that talks about the error": (200, orjson.dumps({"choices": [{"index": 0,
-        "finish_reason": "stop", "message": {"role": "assistant", "content":
-        "context_length_exceeded means: This model's maximum context length is 10 tokens"}}]})),
-    "stream chunk with finish_reason length": (200, b'data: {"id":"x","object":'
-        b'"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}'),
+        b'{"completion_tokens":16,"prompt_tokens":2030,"total_tokens":2046},"id":"chatcmpl-x"}',
+    ),
+    "completion that talks about the error": (
+        200,
+        orjson.dumps(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {
+                            "role": "assistant",
+                            "content": "context_length_exceeded means: This model's maximum context length is 10 tokens",
+                        },
+                    }
+                ]
+            }
+        ),
+    ),
+    "stream chunk with finish_reason length": (
+        200,
+        b'data: {"id":"x","object":'
+        b'"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}',
+    ),
     # bodies that are not error JSON
     "html error page": (400, b"<html><body>400: maximum context length exceeded</body></html>"),
     "plain text": (400, b"prompt is too long: 5 tokens > 3 maximum"),
     "empty": (400, b""),
     "json string": (400, b'"context_length_exceeded"'),
-    "error with a null message": (400, b'{"error":{"message":null,"type":"context_length",'
-        b'"code":"maximum context length"}}'),
+    "error with a null message": (
+        400,
+        b'{"error":{"message":null,"type":"context_length","code":"maximum context length"}}',
+    ),
 }
 
 
@@ -137,8 +216,17 @@ def test_oversized_body_is_not_examined() -> None:
 
 
 def test_numbers_that_are_not_plain_integers_are_dropped() -> None:
-    body = orjson.dumps({"error": {"code": 400, "message": "", "type": "exceed_context_size_error",
-                                   "n_prompt_tokens": True, "n_ctx": 1e99}})
+    body = orjson.dumps(
+        {
+            "error": {
+                "code": 400,
+                "message": "",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": True,
+                "n_ctx": 1e99,
+            }
+        }
+    )
     assert classify(400, body) == ContextError("llamacpp", None, None)
     huge = b"9" * 5000  # longer than Python's int() digit limit
     message = b"This model's maximum context length is " + huge + b" tokens."
@@ -167,12 +255,32 @@ KEYWORDS = [
     "completion", "you requested about 12 tokens (3 of text input, 9 in the output)",
 ]  # fmt: skip
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
-    | st.text() | st.sampled_from(KEYWORDS),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from(["error", "message", "type", "code", "n_ctx",
-                                       "n_prompt_tokens", "status", "Message"]) | st.text(),
-                      children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text()
+    | st.sampled_from(KEYWORDS),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "error",
+                    "message",
+                    "type",
+                    "code",
+                    "n_ctx",
+                    "n_prompt_tokens",
+                    "status",
+                    "Message",
+                ]
+            )
+            | st.text(),
+            children,
+            max_size=4,
+        )
+    ),
     max_leaves=20,
 )
 statuses = st.sampled_from([200, 400, 413, 422, 429, 500, 503]) | st.integers(-1000, 1000)

@@ -28,8 +28,9 @@ def _prompt_tokens(messages: list[dict[str, object]], ratio: float = 4.0) -> int
 
 @pytest.fixture
 def client(fake_upstream: FakeUpstream) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=fake_upstream.base_url, api_key="sk-test", max_retries=0,
-                       timeout=10) as client:
+    with openai.OpenAI(
+        base_url=fake_upstream.base_url, api_key="sk-test", max_retries=0, timeout=10
+    ) as client:
         yield client
 
 
@@ -54,7 +55,9 @@ def test_non_streaming_completion(client: openai.OpenAI) -> None:
 
 def test_streaming_completion_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="m", messages=USER, stream=True,  # type: ignore[arg-type]
+        model="m",
+        messages=USER,
+        stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
     )
     with stream:
@@ -77,8 +80,11 @@ def test_streaming_without_usage_has_no_usage_chunk(http: httpx.Client) -> None:
 
 def test_recordings_are_byte_faithful(fake_upstream: FakeUpstream, http: httpx.Client) -> None:
     body = b'{ "model":"m",  "messages":[{"role":"user","content":"h\\u00e9 \xc3\xa9"}],"x":1}'
-    http.post("/chat/completions?trace=1", content=body,
-              headers={"X-Custom": "v1", "Authorization": "Bearer sk-abc"})
+    http.post(
+        "/chat/completions?trace=1",
+        content=body,
+        headers={"X-Custom": "v1", "Authorization": "Bearer sk-abc"},
+    )
     (record,) = fake_upstream.requests()
     assert base64.b64decode(record["body_b64"]) == body
     assert record["json"]["x"] == 1 and record["method"] == "POST"
@@ -110,10 +116,12 @@ def test_tool_calls_script_streaming_and_not(
 def test_error_script_keeps_status_headers_and_body(
     fake_upstream: FakeUpstream, http: httpx.Client, client: openai.OpenAI
 ) -> None:
-    fake_upstream.script([
-        {"kind": "error", "status": 429, "raw": "slow down\n", "headers": {"Retry-After": "2"}},
-        {"kind": "error", "status": 500, "body": {"error": {"message": "boom"}}},
-    ])
+    fake_upstream.script(
+        [
+            {"kind": "error", "status": 429, "raw": "slow down\n", "headers": {"Retry-After": "2"}},
+            {"kind": "error", "status": 500, "body": {"error": {"message": "boom"}}},
+        ]
+    )
     first = http.post("/chat/completions", json={"model": "m", "messages": USER})
     assert (first.status_code, first.content) == (429, b"slow down\n")
     assert first.headers["retry-after"] == "2"
@@ -185,19 +193,27 @@ def test_global_config_limit_and_usage_tokenizer(
 
 def test_client_disconnect_cancels_a_hung_request(fake_upstream: FakeUpstream) -> None:
     fake_upstream.script([{"kind": "hang_before_headers", "seconds": 30}])
-    with openai.OpenAI(base_url=fake_upstream.base_url, api_key="k", max_retries=0,
-                       timeout=0.5) as impatient, pytest.raises(openai.APITimeoutError):
+    with (
+        openai.OpenAI(
+            base_url=fake_upstream.base_url, api_key="k", max_retries=0, timeout=0.5
+        ) as impatient,
+        pytest.raises(openai.APITimeoutError),
+    ):
         impatient.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
     deadline = time.monotonic() + 5
     while fake_upstream.inflight()["cancelled"] == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert fake_upstream.inflight() == {"inflight": 0, "started": 1, "completed": 0,
-                                        "cancelled": 1}
+    assert fake_upstream.inflight() == {"inflight": 0, "started": 1, "completed": 0, "cancelled": 1}
 
 
 def test_drops_and_mid_stream_failures(fake_upstream: FakeUpstream, client: openai.OpenAI) -> None:
-    fake_upstream.script([{"kind": "drop"}, {"kind": "drop_mid_stream", "after_chunks": 2},
-                          {"kind": "hang_mid_stream", "after_chunks": 2, "seconds": 0.3}])
+    fake_upstream.script(
+        [
+            {"kind": "drop"},
+            {"kind": "drop_mid_stream", "after_chunks": 2},
+            {"kind": "hang_mid_stream", "after_chunks": 2, "seconds": 0.3},
+        ]
+    )
     with pytest.raises(openai.APIConnectionError):
         client.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
     with client.chat.completions.create(model="m", messages=USER, stream=True) as stream:  # type: ignore[arg-type]
@@ -218,8 +234,13 @@ def test_stream_error_event_empty_200_and_slow_stream(
     fake_upstream: FakeUpstream, http: httpx.Client
 ) -> None:
     error = {"error": {"message": "boom", "type": "server_error"}}
-    fake_upstream.script([{"kind": "stream_error_event", "body": error}, {"kind": "empty_200"},
-                          {"kind": "slow_stream", "chunks": 3, "interval": 0.05}])
+    fake_upstream.script(
+        [
+            {"kind": "stream_error_event", "body": error},
+            {"kind": "empty_200"},
+            {"kind": "slow_stream", "chunks": 3, "interval": 0.05},
+        ]
+    )
     request = {"model": "m", "messages": USER, "stream": True}
     event = http.post("/chat/completions", json=request)
     assert (event.status_code, event.content) == (200, b"data: " + orjson.dumps(error) + b"\n\n")
@@ -227,9 +248,11 @@ def test_stream_error_event_empty_200_and_slow_stream(
     assert (empty.status_code, empty.content) == (200, b"")
     assert empty.headers["content-type"].startswith("text/event-stream")
     slow = http.post("/chat/completions", json=request)
-    contents = [orjson.loads(e[6:])["choices"][0]["delta"].get("content")
-                for e in slow.content.split(b"\n\n") if e.startswith(b"data: {")
-                and orjson.loads(e[6:])["choices"]]
+    contents = [
+        orjson.loads(e[6:])["choices"][0]["delta"].get("content")
+        for e in slow.content.split(b"\n\n")
+        if e.startswith(b"data: {") and orjson.loads(e[6:])["choices"]
+    ]
     assert len([c for c in contents if c]) == 3
 
 

@@ -408,7 +408,9 @@ EDGE_CASES: list[tuple[str, bytes, set[int]]] = [
     ("nested-300-forwarded-unchanged", body_with(nested(300)), {200}),
     (
         "nested-300-cannot-be-forwarded-changed",
-        body_with(nested(300)).replace(b'"content":"hi"', b'"content":"hi","compactgate":{"pin":true}'),
+        body_with(nested(300)).replace(
+            b'"content":"hi"', b'"content":"hi","compactgate":{"pin":true}'
+        ),
         {400},
     ),
     ("nested-10k", nested(10_000), {400}),

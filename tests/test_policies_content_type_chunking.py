@@ -294,8 +294,6 @@ def test_a_shared_memo_changes_no_output() -> None:
     assert cold == first == again
 
 
-
-
 def test_python_that_makes_the_parser_warn_is_still_minified_and_prints_nothing() -> None:
     # A string with an invalid escape (\d) makes CPython's parser warn. That warning reached the
     # gateway's stderr for every such message, and where warnings are errors the block read as

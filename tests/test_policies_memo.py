@@ -60,6 +60,7 @@ def test_a_shared_memo_never_changes_an_output(
 
 def with_uids(conversation: Conversation, uids: dict[bytes, int]) -> Conversation:
     """Fresh copies of the messages, each with a uid shared by every message of equal data."""
+
     def uid(data: object) -> int:
         return uids.setdefault(orjson.dumps(data, option=orjson.OPT_SORT_KEYS), len(uids) + 1)
 

@@ -230,7 +230,10 @@ def test_links_seen_before_are_not_built_again_and_change_nothing(
         assert first.conversation.data() == plain.conversation.data() == again.conversation.data()
         half = len(memo_source.requests) // 2
         assert memo_source.requests[:half] == plain_source.requests
-        assert all(a is b for a, b in zip(memo_source.requests[:half], memo_source.requests[half:], strict=True))
+        assert all(
+            a is b
+            for a, b in zip(memo_source.requests[:half], memo_source.requests[half:], strict=True)
+        )
     # A message the client edited is summarised as it is now, not as it was.
     datas = chat(60)
     edited = [dict(d) for d in datas]

@@ -9,7 +9,8 @@ from gateway.tokens import CountCache, MessageCounter
 
 def history(n: int) -> list[dict[str, object]]:
     return [{"role": "system", "content": "sys"}] + [
-        {"role": "user" if i % 2 else "assistant", "content": f"message {i} " * 20} for i in range(n)
+        {"role": "user" if i % 2 else "assistant", "content": f"message {i} " * 20}
+        for i in range(n)
     ]
 
 
@@ -23,16 +24,22 @@ def test_counts_equal_a_fresh_count_and_only_new_messages_are_counted() -> None:
 
     memo = PrefixCounts()
     first = history(50)
-    assert memo.counts("t|m", counter.tokenizer.name, first, count, 10_000) == [counter.message(m) for m in first]
+    assert memo.counts("t|m", counter.tokenizer.name, first, count, 10_000) == [
+        counter.message(m) for m in first
+    ]
     calls.clear()
     second = [*history(50), {"role": "user", "content": "one more"}]
-    assert memo.counts("t|m", counter.tokenizer.name, second, count, 10_000) == [counter.message(m) for m in second]
+    assert memo.counts("t|m", counter.tokenizer.name, second, count, 10_000) == [
+        counter.message(m) for m in second
+    ]
     assert calls == [{"role": "user", "content": "one more"}]
     # an edited earlier message is recounted from there on
     third = [dict(m) for m in second]
     third[10]["content"] = "changed"
     calls.clear()
-    assert memo.counts("t|m", counter.tokenizer.name, third, count, 10_000) == [counter.message(m) for m in third]
+    assert memo.counts("t|m", counter.tokenizer.name, third, count, 10_000) == [
+        counter.message(m) for m in third
+    ]
     assert len(calls) == len(third) - 10
 
 
@@ -57,11 +64,15 @@ def test_uids_are_equal_only_for_equal_messages_of_the_same_conversation() -> No
     same messages in another scope (tenant or route) never share a uid."""
     memo = PrefixCounts()
     first = memo.measure("a|m", "chars:4", history(5), lambda m: 1, 100).uids
-    second = memo.measure("a|m", "chars:4", [*history(5), {"role": "user", "content": "x"}], lambda m: 1, 100).uids
+    second = memo.measure(
+        "a|m", "chars:4", [*history(5), {"role": "user", "content": "x"}], lambda m: 1, 100
+    ).uids
     assert second[:6] == first and len(set(second)) == 7
     edited = history(5)
     edited[3] = {"role": "user", "content": "changed"}
-    third = memo.measure("a|m", "chars:2", edited, lambda m: 1, 100).uids  # a tokenizer change keeps uids
+    third = memo.measure(
+        "a|m", "chars:2", edited, lambda m: 1, 100
+    ).uids  # a tokenizer change keeps uids
     assert third[:3] == first[:3] and not set(third[3:]) & set(second)
     other = memo.measure("b|m", "chars:4", history(5), lambda m: 1, 100).uids
     assert not set(other) & (set(first) | set(second) | set(third))

@@ -586,7 +586,9 @@ def test_keys_are_canonical_personalised_sha256_digests(o200k: Tokenizer) -> Non
     message = _long_message(1)
     reordered = dict(reversed(list(message.items())))
     person = hashlib.blake2b(b"tiktoken:o200k_base", digest_size=16).digest()
-    expected = hashlib.sha256(person + orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).digest()[:16]
+    expected = hashlib.sha256(person + orjson.dumps(message, option=orjson.OPT_SORT_KEYS)).digest()[
+        :16
+    ]
     assert counter._key(message) == counter._key(reordered) == expected
     counter.message(message)
     counter.message(reordered)
