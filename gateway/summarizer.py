@@ -19,7 +19,11 @@ If the upstream still answers with a context-window error, the window it states 
 guess) is used and the work is chunked once more.
 
 `SummaryRequest.previous` makes the call incremental: the earlier summary goes first, and the
-model is asked to return it extended with the new messages.
+model is asked to return it extended with the new messages. With `SummaryRequest.append` (the
+step's `append_summaries`) the earlier summary is context only: the model summarises just the new
+messages and the policy appends the answer to the earlier text, which then stays unchanged (and
+cached by the provider). When the input has to be chunked, the partial summaries are then combined
+without the earlier summary, which must not be restated.
 
 Every failure (upstream error, timeout, empty answer, unknown model) is a `SummarizerError`; the
 caller turns it into a `failed` answer that is never cached (R4.13).
@@ -61,6 +65,15 @@ EXTEND_NOTE = (
     "A summary of the conversation before these messages is given above. Return that summary "
     "extended with the new messages: keep what it says unless the new messages change it, and "
     "return the complete updated summary, not only the additions."
+)
+APPEND_NOTE = (
+    "A summary of the conversation before these messages is given above, as context only. "
+    "Summarise only the new messages: do not restate or repeat what the summary above says. "
+    "Your summary will be appended to it, so it may refer to what the summary above says."
+)
+APPEND_RETAIN_NOTE = (
+    "The <retain> section replaces the earlier one: list everything still needed word for word "
+    "from the whole conversation, including what the summary above mentions."
 )
 PART_NOTE = "This is part {part} of {parts} of a longer conversation; summarise this part only."
 COMBINE_NOTE = (
@@ -298,7 +311,7 @@ class Summarizer:
     async def _combine(
         self, request: SummaryRequest, target: Target, window: int, parts: list[str]
     ) -> SummaryAnswer:
-        if request.previous:
+        if request.previous and not request.append:  # appended: the previous text is kept as is
             parts = [request.previous, *parts]
         out = self._out_tokens(request)
         for _ in range(MAX_DEPTH):
@@ -347,6 +360,10 @@ class Summarizer:
             sections.append(request.retain_instructions.strip())
         if combine:
             sections.append(COMBINE_NOTE)
+        elif previous and request.append:
+            sections.append(APPEND_NOTE)
+            if request.retain_instructions:
+                sections.append(APPEND_RETAIN_NOTE)
         elif previous:
             sections.append(EXTEND_NOTE)
         if note:

@@ -20,6 +20,15 @@ changes nothing and reports that link's request as pending; while a later one is
 summary of the links before it is used (the rest stays verbatim) and the missing link is
 reported as pending.
 
+With `append_summaries` on, the earlier text is frozen instead of rewritten: a link is asked for
+as "only these messages, given `previous` as context" (`SummaryRequest.append`) and its answer
+is appended to the text so far (`APPEND_SEPARATOR`), which stays byte-identical, so a provider's
+cached prefix reaches to the end of the old summary. Once the joined text reaches the step's
+length key (`Plan.append_until`, measured as characters / 4, which calibration never moves) the
+next link is asked for in rewrite mode, its answer replaces the whole text, and appending starts
+again after it. The mode follows from the text so far and is part of every request, so the chain
+is still a deterministic function of the prefix and the answers, and the link memo stays exact.
+
 Token counts are estimates that drift (calibration, R2.6), and the cut a scan proposes moves
 with them. A ready summary whose range ends within `SNAP_UNITS` of the proposed cut is kept
 instead (003's validity rule: its messages are still the conversation's, in place), and the scan
@@ -210,16 +219,28 @@ def links(cuts: Sequence[int], sizes: Sequence[int], chunk_tokens: int) -> list[
     return result
 
 
-# (messages, previous summary) -> the request; every field but `messages` must not depend on
-# the messages (a link is memoised by its messages' uids and the request with no messages).
-MakeRequest = Callable[[tuple[Any, ...], str | None], SummaryRequest]
+# (messages, previous summary, append mode) -> the request; every field but `messages` must not
+# depend on the messages (a link is memoised by its messages' uids and the request with no
+# messages).
+MakeRequest = Callable[[tuple[Any, ...], str | None, bool], SummaryRequest]
 SNAP_UNITS = 2  # how far from a proposed cut a ready summary's range is looked for
+APPEND_SEPARATOR = "\n\n"  # between appended summary parts
+
+
+def text_size(text: str) -> int:
+    """Tokens of a summary text for the consolidation rule: characters / 4.
+
+    Not the calibrated counter: its counts change between requests, and so would the event at
+    which appended parts are rewritten into one.
+    """
+    return (len(text) + 3) // 4
 
 
 class Rolling:
     """The rolling summary, asked for link by link as `scan_cuts` finds the events (its settle).
 
-    Each link is asked for as "these messages, extending the answer so far". The walk stops at
+    Each link is asked for as "these messages, extending the answer so far" (or, in append mode,
+    "only these messages", appended to it). The walk stops at
     the first link that is `missing` (reported as `pending`) or `failed`; what was ready before
     it is kept, so a grown range keeps its older summary until the new link arrives (R4.13: a
     failure never corrupts what was there), and the scan goes on without asking.
@@ -251,7 +272,7 @@ class Rolling:
         self.source = source
         self.memo = memo if memo is not None else Memo()
         self.furthest = min(plan.cap(len(sizes) - 1), len(sizes) - 1)
-        self.answer: SummaryAnswer | None = None  # summary of units [0, covered)
+        self.answer: SummaryAnswer | None = None  # summary of units [0, covered), parts joined
         self.covered = 0
         self.previous: str | None = None
         self.pending: SummaryRequest | None = None  # the first link the source did not have
@@ -276,7 +297,7 @@ class Rolling:
             request = self._request(first, end)
             if request is not None and (found := self.source.get(request)).status == "ready":
                 self.pending = None
-                self._take(found, end)
+                self._take(request, found, end)
                 return end
         return proposed
 
@@ -292,7 +313,7 @@ class Rolling:
         elif got.status == "failed":
             self.failed = True
         else:
-            self._take(got, last)
+            self._take(request, got, last)
         return got.status
 
     def _request(self, first: int, last: int) -> SummaryRequest | None:
@@ -305,15 +326,26 @@ class Rolling:
         # Every later request asks for the same links again: the same messages (equal uids
         # mean equal data) under the same instructions and previous summary give the same
         # request, so the one built before is reused with its canonical bytes already made.
-        template = self.plan.make_request((), self.previous)
+        template = self.plan.make_request((), self.previous, self._appending())
         chars = 4 * sum([m.tokens for m in included]) + len(self.previous or "")
         return self.memo.get(("summary link", template, uids), lambda: self._build(included), chars)
 
     def _build(self, included: Sequence[Message]) -> SummaryRequest | None:
         data = summary_input(tuple([m.data for m in included]))
-        return self.plan.make_request(data, self.previous) if data else None
+        return self.plan.make_request(data, self.previous, self._appending()) if data else None
 
-    def _take(self, answer: SummaryAnswer, last: int) -> None:
+    def _appending(self) -> bool:
+        """Whether the next link's answer is appended: there is a text to append to and it is
+        still under `append_until` (else the link rewrites it into one, bounding its length)."""
+        until = self.plan.append_until
+        return until is not None and self.answer is not None and text_size(self.answer.text) < until
+
+    def _take(self, request: SummaryRequest, answer: SummaryAnswer, last: int) -> None:
+        if request.append and self.answer is not None:
+            # The earlier text stays as it was; `<retain>` is the newest answer's (it lists what
+            # is still needed from the whole conversation, so it is asked for whole each time).
+            text = self.answer.text + APPEND_SEPARATOR + answer.text
+            answer = SummaryAnswer.ready(text, answer.retain)
         self.answer, self.covered = answer, last
         previous_of = self.plan.previous_of
         self.previous = previous_of(answer) if previous_of is not None else answer.text
@@ -376,6 +408,7 @@ class Plan:
     placement: Placement
     template: str
     previous_of: Callable[[SummaryAnswer], str] | None = None
+    append_until: int | None = None  # append mode (`append_summaries`): rewrite from this size
 
 
 def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
@@ -389,6 +422,8 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
     # The summary's room is its maximum length, but never more than a quarter of the trigger:
     # a small window with a long `summary_tokens` would otherwise compact on almost every Turn.
     allowance = min(plan.allowance, max(0, plan.trigger // 4))
+    if plan.append_until is not None:
+        allowance *= 2  # appended parts grow to about twice the length before they are rewritten
     rolling = Rolling(conversation, plan.units, fixed, sizes, plan, env.summaries, env.memo)
     cuts = scan_cuts(
         sizes,
@@ -445,6 +480,15 @@ class SummarisingConfig(StepConfig):
     )
     model: str | None = Field(
         None, description="Model the gateway summarises with; unset: the request's model"
+    )
+    append_summaries: bool = Field(
+        False,
+        description=(
+            "Keep earlier summary text frozen so the prompt-cache prefix survives: each event's "
+            "summary of only the newly covered messages is appended to it; once the text reaches "
+            "the step's summary length, the next event rewrites it into one. Off: every event "
+            "rewrites the whole summary"
+        ),
     )
 
     @field_validator("template")

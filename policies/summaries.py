@@ -31,28 +31,33 @@ class SummaryRequest:
     previous: str | None = None  # an earlier summary being extended with `messages`
     retain_instructions: str | None = None  # 001's <retain> section, when asked for
     model: str | None = None  # the model to summarise with (001 2.6.2); None: the request's model
+    # Summarise only `messages`, with `previous` as context: the answer is appended to it
+    # (`append_summaries`). False: return `previous` rewritten to cover `messages` too.
+    append: bool = False
     _canonical: bytes | None = field(default=None, compare=False, repr=False)
 
     def canonical(self) -> bytes:
         """Deterministic bytes describing the request (the gateway hashes it into a cache key).
 
         Computed once per request object: a memoised request (a rolling summary's link, asked
-        for again on every later turn) is serialised only the first time.
+        for again on every later turn) is serialised only the first time. `append` is written
+        only when set, so the keys of rewrite-mode requests (every summary cached before the
+        flag existed) stay what they were.
         """
         if self._canonical is not None:
             return self._canonical
-        canonical = orjson.dumps(
-            {
-                "purpose": self.purpose,
-                "messages": list(self.messages),
-                "instructions": self.instructions,
-                "max_tokens": self.max_tokens,
-                "previous": self.previous,
-                "retain": self.retain_instructions,
-                "model": self.model,
-            },
-            option=orjson.OPT_SORT_KEYS,
-        )
+        fields: dict[str, Any] = {
+            "purpose": self.purpose,
+            "messages": list(self.messages),
+            "instructions": self.instructions,
+            "max_tokens": self.max_tokens,
+            "previous": self.previous,
+            "retain": self.retain_instructions,
+            "model": self.model,
+        }
+        if self.append:
+            fields["append"] = True
+        canonical = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
         object.__setattr__(self, "_canonical", canonical)  # a cache of a pure function
         return canonical
 

@@ -33,7 +33,8 @@ def ref_for(text: str) -> str:
 
 
 class FakeSummaries:
-    """Deterministic summaries: `ready` texts naming how many messages they cover."""
+    """Deterministic summaries: `ready` texts naming how many messages they cover (in append mode,
+    only the new ones; else the new ones and those the previous summary covers)."""
 
     def __init__(self, status: str = "ready", words: int = 8) -> None:
         self.status = status
@@ -46,9 +47,8 @@ class FakeSummaries:
             return SummaryAnswer(self.status)  # type: ignore[arg-type]
         digest = hashlib.sha256(request.canonical()).hexdigest()[:8]
         covered = len(request.messages)
-        found = re.search(r"covers (\d+)", request.previous or "")
-        if found:
-            covered += int(found.group(1))
+        if not request.append:  # appended: a summary of the new messages only
+            covered += sum(int(n) for n in re.findall(r"covers (\d+)", request.previous or ""))
         text = f"covers {covered} messages ({digest})" + " etc" * self.words
         retain = "keep ref_1" if request.retain_instructions else ""
         return SummaryAnswer.ready(text, retain)

@@ -17,6 +17,11 @@ of zero: each event compacts everything but the last Turns, as 001 does). Betwee
 retain and summary text are the same on every request. When a new event moves the cut, the newly
 covered Turns are summarised with `previous=` the earlier answer; when a retain section was asked
 for, `previous` carries both, as `<retain>...</retain>` followed by `<summary>...</summary>`.
+With `append_summaries` the summary text is appended to instead (`rollup`); the `<retain>`
+section is the newest answer's, asked for whole each time (what is still needed from the whole
+conversation is a list to replace, not to extend). It is placed before the summary, so with a
+retain section configured the cache-stable prefix ends at it; placement `user` without one keeps
+the whole earlier summary cached.
 """
 
 from __future__ import annotations
@@ -85,7 +90,9 @@ class Compaction:
         keep = config.retain_last_turns
         allowance = config.summary_tokens * (2 if self.retain is not None else 1)
 
-        def make_request(messages: tuple[Any, ...], previous: str | None) -> SummaryRequest:
+        def make_request(
+            messages: tuple[Any, ...], previous: str | None, append: bool
+        ) -> SummaryRequest:
             return SummaryRequest(
                 purpose="compaction",
                 messages=messages,
@@ -94,6 +101,7 @@ class Compaction:
                 previous=previous,
                 retain_instructions=self.retain,
                 model=config.model,
+                append=append,
             )
 
         plan = Plan(
@@ -109,6 +117,7 @@ class Compaction:
             make_request=make_request,
             placement=config.placement,
             template=config.template,
+            append_until=config.summary_tokens if config.append_summaries else None,
             previous_of=_previous,
         )
         return summarise(conversation, plan, env)

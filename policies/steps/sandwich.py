@@ -82,7 +82,9 @@ class Sandwich:
             limit = bounds[unit + 1] - config.preserve_bottom
             return max(0, bisect.bisect_right(bounds, limit, 0, unit + 1) - 1)
 
-        def make_request(messages: tuple[Any, ...], previous: str | None) -> SummaryRequest:
+        def make_request(
+            messages: tuple[Any, ...], previous: str | None, append: bool
+        ) -> SummaryRequest:
             return SummaryRequest(
                 purpose="sandwich",
                 messages=messages,
@@ -90,6 +92,7 @@ class Sandwich:
                 max_tokens=config.summary_tokens,
                 previous=previous,
                 model=config.model,
+                append=append,
             )
 
         plan = Plan(
@@ -105,5 +108,6 @@ class Sandwich:
             make_request=make_request,
             placement=config.placement,
             template=config.template,
+            append_until=config.summary_tokens if config.append_summaries else None,
         )
         return summarise(conversation, plan, env)

@@ -55,7 +55,9 @@ class SummarizeOld:
         head_end = conversation.head_end()
         units = Units.of_turns(conversation.turns())
 
-        def make_request(messages: tuple[Any, ...], previous: str | None) -> SummaryRequest:
+        def make_request(
+            messages: tuple[Any, ...], previous: str | None, append: bool
+        ) -> SummaryRequest:
             return SummaryRequest(
                 purpose="summarize_old",
                 messages=messages,
@@ -63,6 +65,7 @@ class SummarizeOld:
                 max_tokens=config.summary_length,
                 previous=previous,
                 model=config.model,
+                append=append,
             )
 
         plan = Plan(
@@ -78,5 +81,6 @@ class SummarizeOld:
             make_request=make_request,
             placement=config.placement,
             template=config.template,
+            append_until=config.summary_length if config.append_summaries else None,
         )
         return summarise(conversation, plan, env)
