@@ -269,3 +269,84 @@ def test_a_remade_earlier_summary_reaches_the_later_links(
     assert any(r.previous is not None for r in plain.requests)  # a later link extends one
     assert remade.requests == plain.requests
     assert result.conversation.data() == expected.conversation.data()
+
+
+def _summary_text(conversation: Conversation, step_type: str) -> str:
+    """The summary as forwarded: the inserted summary message's text inside the template."""
+    [content] = [
+        m.data["content"]
+        for m in conversation.messages
+        if m.kind == f"summary:{step_type}" and m.data["content"].startswith("[Earlier")
+    ]
+    prefix = "[Earlier conversation summary: "
+    assert content.startswith(prefix) and content.endswith("]")
+    return content[len(prefix) : -1]
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config", "length"),
+    [
+        ("compaction", {"summary_tokens": 100}, 100),
+        ("compaction", {"summary_tokens": 100, "retain_directives": ["Keep refs."]}, 100),
+        ("sandwich", {"summary_tokens": 100}, 100),
+        ("summarize_old", {"summary_length": 100}, 100),
+    ],
+)
+def test_append_summaries_keep_the_earlier_text_frozen_until_it_is_rewritten(
+    step_type: str, config: dict[str, Any], length: int
+) -> None:
+    """Issue 5 item 3: with `append_summaries`, the summary forwarded after an event starts with
+    the exact text forwarded before it, the new part summarising only the newly covered messages,
+    until the text reaches the length key; then one event rewrites it into one, and appending
+    starts again."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config, append_summaries=True))
+    window = budget(4000)
+    answer = FakeSummaries(words=40).get  # ~48 tokens a part: rewritten after the third
+    before: list[SummaryRequest] = []
+    text, covered = "", 0
+    frozen = rewritten = 0
+    for turns in range(2, 160):
+        source = FakeSummaries(words=40)
+        result = step.apply(conv(chat(turns)), window, env(source))
+        assert not result.pending
+        if not result.summary_used:
+            assert not before  # once there is a summary, every later request carries one
+            continue
+        now = int(result.detail["summarised_messages"])
+        assert source.requests[: len(before)] == before  # earlier links are asked as before
+        new = source.requests[len(before) :]
+        expected = text
+        for request in new:
+            assert request.previous is None if not expected else expected in request.previous
+            part = answer(request).text
+            assert request.append == (bool(expected) and (len(expected) + 3) // 4 < length)
+            expected = f"{expected}\n\n{part}" if request.append else part
+        assert sum(len(r.messages) for r in new) == now - covered  # only the new messages
+        forwarded = _summary_text(result.conversation, step_type)
+        assert forwarded == expected
+        if new and text:
+            if forwarded.startswith(text + "\n\n"):
+                frozen += 1
+            else:
+                assert (len(text) + 3) // 4 >= length and "\n\n" not in forwarded
+                rewritten += 1
+        before, text, covered = list(source.requests), forwarded, now
+    assert frozen >= 3 and rewritten >= 1, (frozen, rewritten)
+
+
+def test_append_mode_is_part_of_the_cache_key_and_rewrite_keys_are_unchanged() -> None:
+    """Summaries cached before `append` existed keep their keys; an appending request has its
+    own (the same messages summarised alone are another answer)."""
+    request = SummaryRequest("sandwich", ({"role": "user", "content": "hi"},), "Sum.", 100, "old")
+    assert request.canonical() == (
+        b'{"instructions":"Sum.","max_tokens":100,"messages":[{"content":"hi","role":"user"}],'
+        b'"model":null,"previous":"old","purpose":"sandwich","retain":null}'
+    )
+    appending = SummaryRequest(
+        "sandwich", ({"role": "user", "content": "hi"},), "Sum.", 100, "old", append=True
+    )
+    assert orjson.loads(appending.canonical()) == {
+        **orjson.loads(request.canonical()),
+        "append": True,
+    }

@@ -15,6 +15,8 @@ from gateway.config import SummariesConfig, parse_config
 from gateway.metrics import Metrics
 from gateway.routing import Router
 from gateway.summarizer import (
+    APPEND_NOTE,
+    APPEND_RETAIN_NOTE,
     COMBINE_NOTE,
     EXTEND_NOTE,
     SYSTEM_PROMPT,
@@ -228,6 +230,50 @@ async def test_retain_section_and_incremental_extension(
     assert EXTEND_NOTE in prompt and "List refs inside <retain></retain> tags." in prompt
     assert prompt.index("setup done") < prompt.index("question 0")
     assert sent_body(record)["max_tokens"] == 500  # two sections
+
+
+async def test_append_mode_asks_for_the_new_messages_only(
+    upstream: UpstreamClient, fake_upstream: FakeUpstream
+) -> None:
+    """`append_summaries`: the earlier summary is context, the answer will be appended to it."""
+    summarizer, router = make(upstream, fake_upstream)
+    route = router.resolve("main")
+    assert route is not None
+    fake_upstream.script(
+        [{"kind": "ok", "content": "<retain>ref_9</retain><summary>Only the new part.</summary>"}]
+    )
+    request = request_of(
+        conversation(1),
+        previous="The earlier part: setup done.",
+        retain_instructions="List refs inside <retain></retain> tags.",
+        append=True,
+    )
+    answer = await summarizer.summarize(request, route, HEADERS)
+    assert (answer.text, answer.retain) == ("Only the new part.", "ref_9")
+    [record] = fake_upstream.chat_requests()
+    prompt = prompt_of(record)
+    assert "<previous_summary>\nThe earlier part: setup done.\n</previous_summary>" in prompt
+    assert APPEND_NOTE in prompt and APPEND_RETAIN_NOTE in prompt
+    assert EXTEND_NOTE not in prompt
+    assert prompt.index("setup done") < prompt.index("question 0") < prompt.index(APPEND_NOTE)
+
+
+async def test_append_mode_chunks_are_combined_without_the_earlier_summary(
+    upstream: UpstreamClient, fake_upstream: FakeUpstream
+) -> None:
+    """Combining the parts with the previous summary would restate it in the appended text."""
+    summarizer, router = make(upstream, fake_upstream, max_input_tokens=1200)
+    route = router.resolve("main")
+    assert route is not None
+    fake_upstream.script(
+        [{"kind": "ok", "content": f"<summary>part {i}</summary>"} for i in range(6)]
+    )
+    request = request_of(conversation(12, size=400), previous="before everything", append=True)
+    answer = await summarizer.summarize(request, route, HEADERS)
+    *part_prompts, final = [prompt_of(r) for r in fake_upstream.chat_requests()]
+    assert len(part_prompts) >= 2
+    assert COMBINE_NOTE in final and "before everything" not in final
+    assert answer.text == f"part {len(part_prompts)}"
 
 
 async def test_input_too_long_is_chunked_then_combined(
