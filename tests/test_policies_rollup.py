@@ -81,6 +81,8 @@ def _key(message: Any) -> bytes:
         ("compaction", {"summary_tokens": 200}),
         ("sandwich", {"summary_tokens": 200}),
         ("summarize_old", {}),
+        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
+        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
     ],
 )
 def test_a_growing_conversation_sends_each_message_to_the_summariser_once(
@@ -164,6 +166,8 @@ def counted(datas: list[dict[str, Any]], scale: float) -> Conversation:
         ("compaction", {"summary_tokens": 200}),
         ("sandwich", {"summary_tokens": 200}),
         ("summarize_old", {}),
+        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
+        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
     ],
 )
 def test_calibration_drift_does_not_make_the_summaries_again(
@@ -208,6 +212,8 @@ def with_uids(datas: list[dict[str, Any]], changed: frozenset[int] = frozenset()
         ("compaction", {"summary_tokens": 200}),
         ("sandwich", {"summary_tokens": 200}),
         ("summarize_old", {}),
+        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
+        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
     ],
 )
 def test_links_seen_before_are_not_built_again_and_change_nothing(
@@ -249,6 +255,8 @@ def test_links_seen_before_are_not_built_again_and_change_nothing(
         ("compaction", {"summary_tokens": 200}),
         ("sandwich", {"summary_tokens": 200}),
         ("summarize_old", {}),
+        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
+        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
     ],
 )
 def test_a_remade_earlier_summary_reaches_the_later_links(
