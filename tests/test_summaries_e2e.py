@@ -18,7 +18,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.summarizer import SYSTEM_PROMPT
+from gateway.summarizer import APPEND_NOTE, SYSTEM_PROMPT
 from tests.conftest import GatewayProcess, GatewayStarter, Starter
 from tests.fake_upstream import FakeUpstream
 from tests.redis_server import RedisServer, start_redis
@@ -478,3 +478,49 @@ def test_one_tenants_summary_is_never_used_for_another(
     assert len(summary_calls(fake_upstream)) == 2  # A's own summary, from the cache
     sent_a = client_calls(fake_upstream)[-1]
     assert "ALPHA" in forwarded_text(sent_a) and "BRAVO" not in forwarded_text(sent_a)
+
+
+# -- append_summaries ------------------------------------------------------------------------
+
+
+def test_appended_summaries_keep_the_forwarded_prefix(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+) -> None:
+    """Issue 5 item 3: with `append_summaries`, the second event's summary is asked for the new
+    messages only and appended, so the forwarded summary begins with the first event's text."""
+    steps = [
+        {
+            "type": "sandwich",
+            "summary_tokens": 200,
+            "model": "summarizer",
+            "append_summaries": True,
+        },
+        {"type": "fifo"},
+    ]
+    models = [model(fake_upstream), model(summary_upstream, name="summarizer", policy="default")]
+    gateway = start_gateway(config_for(fake_upstream, steps, models=models))
+    summary_upstream.script([summary_script("FIRST-PART"), summary_script("SECOND-PART")])
+    summaries: list[str] = []
+    for turns in range(2, 40):
+        response, _ = post(gateway, chat_history(turns, size=200))
+        assert response.status_code == 200
+        placed = [
+            str(m["content"])
+            for m in body_of(client_calls(fake_upstream)[-1])["messages"]
+            if "FIRST-PART" in str(m.get("content"))
+        ]
+        if placed and placed[0] not in summaries:
+            summaries.append(placed[0])
+        if len(summaries) == 2:
+            break
+        if len(summary_upstream.chat_requests()) == 2:  # an outgrown summary is used meanwhile
+            wait_until(lambda: summary_upstream.inflight()["completed"] == 2)
+    assert len(summaries) == 2, summaries
+    first, second = summaries
+    assert first == "[Earlier conversation summary: FIRST-PART]"
+    assert second == "[Earlier conversation summary: FIRST-PART\n\nSECOND-PART]"
+    assert second.startswith(first[:-1])  # the frozen text, up to the template's closing bracket
+    _, later = summary_upstream.chat_requests()
+    prompt = str(body_of(later)["messages"][-1]["content"])
+    assert APPEND_NOTE in prompt and "<previous_summary>\nFIRST-PART\n</previous_summary>" in prompt
+    assert "Question 0:" not in prompt  # the first event's messages are not sent again
