@@ -358,3 +358,16 @@ def test_append_mode_is_part_of_the_cache_key_and_rewrite_keys_are_unchanged() -
         **orjson.loads(request.canonical()),
         "append": True,
     }
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_compaction_leaves_room_for_the_appended_parts(append: bool) -> None:
+    """Appended parts grow to about twice `summary_tokens` before they are rewritten: the scan
+    counts that much room for them, so a compacted request stays under the threshold."""
+    step = build_step(STEPS["compaction"][0](summary_tokens=200, append_summaries=append))
+    window = budget(4000)
+    threshold = int(window.limit * 0.8)
+    for turns in range(2, 150):  # answers of ~190 tokens: each part near the longest asked for
+        result = step.apply(conv(chat(turns)), window, env(FakeSummaries(words=180)))
+        if result.summary_used:
+            assert result.conversation.tokens <= threshold, turns
