@@ -239,11 +239,11 @@ def text_size(text: str) -> int:
 class Rolling:
     """The rolling summary, asked for link by link as `scan_cuts` finds the events (its settle).
 
-    Each link is asked for as "these messages, extending the answer so far" (or, in append mode,
-    "only these messages", appended to it). The walk stops at
-    the first link that is `missing` (reported as `pending`) or `failed`; what was ready before
-    it is kept, so a grown range keeps its older summary until the new link arrives (R4.13: a
-    failure never corrupts what was there), and the scan goes on without asking.
+    Each link is asked for as "these messages, extending the answer so far" (in append mode:
+    "only these messages", appended to it). The walk stops at the first link that is `missing`
+    (reported as `pending`) or `failed`; what was ready before it is kept, so a grown range keeps
+    its older summary until the new link arrives (R4.13: a failure never corrupts what was
+    there), and the scan goes on without asking.
 
     Counts drift (a heuristic tokenizer is calibrated from the upstream's usage, R2.6), and a
     drifted count moves a proposed cut by a unit or so, which would change every link after it
