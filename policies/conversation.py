@@ -297,8 +297,50 @@ def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversati
             wanted.difference_update(group)
     if not wanted:
         return conversation, 0
-    kept = tuple(m for i, m in enumerate(messages) if i not in wanted)
-    return Conversation(kept), len(wanted)
+    kept = [i for i in range(len(messages)) if i not in wanted]
+    return _subset(conversation, kept), len(wanted)
+
+
+def _subset(conversation: Conversation, kept: Sequence[int]) -> Conversation:
+    """The messages at `kept` (in order), with their roles and tool groups carried over.
+
+    Only for a `kept` that holds every tool group whole or not at all (what `drop` leaves): a
+    tool result's group is the latest assistant before it that made the call, and removing
+    whole groups and ungrouped messages never changes which one that is, so the remaining
+    groups are the old ones renumbered. The next step then does not work them out again.
+    """
+    messages = conversation.messages
+    roles = conversation.roles()
+    position = [-1] * len(messages)
+    for new, old in enumerate(kept):
+        position[old] = new
+    groups = tuple(
+        tuple([position[i] for i in group])
+        for group in conversation.tool_groups()
+        if position[group[0]] >= 0
+    )
+    return Conversation(
+        tuple([messages[i] for i in kept]),
+        _roles=tuple([roles[i] for i in kept]),
+        _groups=groups,
+    )
+
+
+def inserted(conversation: Conversation, at: int, new: Sequence[Message]) -> Conversation:
+    """`new` messages (no tool calls or results) inserted before index `at`, with the roles
+    and tool groups of the others carried over (renumbered)."""
+    messages = conversation.messages
+    assert all(not m.data.get("tool_calls") and m.role != "tool" for m in new)
+    count = len(new)
+    groups = tuple(
+        tuple([i + count if i >= at else i for i in group]) for group in conversation.tool_groups()
+    )
+    roles = conversation.roles()
+    return Conversation(
+        (*messages[:at], *new, *messages[at:]),
+        _roles=(*roles[:at], *(m.role for m in new), *roles[at:]),
+        _groups=groups,
+    )
 
 
 def tool_groups(messages: Sequence[Message]) -> list[list[int]]:

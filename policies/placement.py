@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Literal
 
 from .content import append_text
-from .conversation import PROTECTED_ROLES, Conversation, Message
+from .conversation import PROTECTED_ROLES, Conversation, Message, inserted
 from .step import Env
 
 Placement = Literal["system", "user", "system_append"]
@@ -72,13 +72,12 @@ def place_summary(
     if retain.strip():
         texts.append(RETAIN_TEMPLATE.replace("{retain}", retain.strip()))
     texts.append(render(template, summary))
-    messages = list(conversation.messages)
     if placement == "system_append":
+        messages = list(conversation.messages)
         first = next((i for i, m in enumerate(messages) if m.role in PROTECTED_ROLES), None)
         if first is None:
             data = {"role": "system", "content": "\n\n".join(texts)}
-            messages.insert(0, Message(data=data, tokens=env.count(data), kind=kind))
-            return Conversation(tuple(messages)), 1, 0
+            return inserted(conversation, 0, [Message(data, env.count(data), kind=kind)]), 1, 0
         old = messages[first]
         data = append_text(old.data, "\n\n" + "\n\n".join(texts))
         messages[first] = replace(old, data=data, tokens=env.count(data), kind=kind, uid=None)
@@ -88,5 +87,4 @@ def place_summary(
     for text in texts:
         data = {"role": role, "content": text}
         new.append(Message(data=data, tokens=env.count(data), kind=kind))
-    messages[at:at] = new
-    return Conversation(tuple(messages)), len(new), 0
+    return inserted(conversation, at, new), len(new), 0

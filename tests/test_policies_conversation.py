@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from policies import Budget, Conversation, parse_turns
-from policies.conversation import tool_groups
+from policies import Budget, Conversation, Message, parse_turns
+from policies.conversation import drop, inserted, tool_groups
 from policies.registry import STEPS, build_step
 from policies.rollup import Units, anchored
 from tests.policy_strategies import budgets, conversations, env
@@ -64,3 +65,23 @@ def test_anchored_messages_keep_their_whole_tool_groups(conversation: Conversati
             assert i in fixed
     for group in tool_groups(conversation.messages):
         assert fixed.isdisjoint(group) or fixed.issuperset(group)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conversations(), st.sets(st.integers(0, 40)), st.integers(0, 40), st.integers(1, 2))
+def test_drop_and_insert_carry_the_facts_they_would_recompute(
+    conversation: Conversation, indices: set[int], at: int, added: int
+) -> None:
+    """`drop` and a summary's insertion hand their result the roles and tool groups renumbered
+    (so the next step does not work them out again); they must be the ones it would compute."""
+    result, _ = drop(conversation, indices)
+    assert result.roles() == recomputed(result).roles()
+    assert result.tool_groups() == recomputed(result).tool_groups()
+    at = min(at, len(result))
+    new = [
+        Message({"role": "system", "content": f"summary {i}"}, 3, origin=-1) for i in range(added)
+    ]
+    grown = inserted(result, at, new)
+    assert grown.messages == (*result.messages[:at], *new, *result.messages[at:])
+    assert grown.roles() == recomputed(grown).roles()
+    assert grown.tool_groups() == recomputed(grown).tool_groups()
