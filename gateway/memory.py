@@ -14,8 +14,8 @@ about +18 MiB at the peak, +12 MiB once the upstream pool has expired): all of t
 CPython's small-object arenas (1 MiB each; the glibc heap is back to its baseline once trimmed,
 thread stacks and other mappings do not move). The peak adds about 12 arenas, and an arena is
 unmapped only once every block in it is free. Blocks allocated during the peak outlive it
-(tracemalloc, every block allocated after the baseline and alive at the end): about 24,000, all
-but 20 of them small-object sized. Most are the entries long-lived caches refreshed (the
+(tracemalloc, every block allocated after the baseline and alive at the end): about 24,500, all
+but 21 of them small-object sized. Most are the entries long-lived caches refreshed (the
 per-conversation prefix memo holds the burst's copies of the message dicts); the rest sit in
 free lists. With the memo made to keep its older copies and a full `gc.collect()` (which also
 empties the built-in tuple and dict free lists), about 1,100 blocks remain, all in the free
