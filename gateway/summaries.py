@@ -152,7 +152,7 @@ class LocalSummaries(DictSummaries):
         if answer is None:
             self.missing[canonical] = request
             return MISSING
-        self._service.metrics.summary_cache.labels("hit").inc()
+        self._service.hits.inc()
         self.answers[canonical] = answer
         return answer
 
@@ -171,6 +171,7 @@ class SummaryService:
         self._tasks: set[asyncio.Task[object]] = set()
         self._failed: dict[str, float] = {}
         self.local = LocalAnswers(config.local_cache_bytes)
+        self.hits = metrics.summary_cache.labels("hit")  # counted once per link and request
         self._keys = Memo(KEYS_KEPT, KEYS_BYTES)  # cache keys of recent requests, by their bytes
         self.closed = False
         self.summary_seconds: float | None = None  # running average of one summary's duration
@@ -294,6 +295,10 @@ class SummaryService:
         self.local.put(key, answer)
         await self.store.put(key, encode(answer), self.config.ttl_s)
         return answer
+
+    def computing(self, key: str) -> bool:
+        """Whether this process is computing `key` now (for a request or a precomputation)."""
+        return key in self._inflight
 
     def recently_failed(self, key: str) -> bool:
         when = self._failed.get(key)
@@ -511,6 +516,8 @@ class Precompute:
         moved = _summarised(probe, job.route) != _summarised(base, job.route)
         if not probe.pending:
             return [], moved  # not crossing within the next requests, or already stored
+        if not self._not_being_made(job, probe.pending):
+            return [], True  # an earlier precomputation (or a request) is making it
         low, high = 0, reach
         for _ in range(SEARCH_STEPS):
             middle = (low + high) // 2
@@ -523,6 +530,19 @@ class Precompute:
                 low = middle
         extended = _extended(conversation, filler, high)
         return await self._settle_computing(job, extended, budget, known), True
+
+    def _not_being_made(
+        self, job: Job, wanted: Sequence[SummaryRequest]
+    ) -> list[SummaryRequest]:
+        """`wanted` without what is being computed already (by a request or an earlier
+        precomputation). Waiting for those here would only hold a slot and repeat the chain
+        runs that the one computing them makes once they are ready (`_settle_computing` goes
+        on to the links that follow); the next response predicts again."""
+        return [
+            r
+            for r in wanted
+            if not self.service.computing(self.service.key(r, job.route, job.tenant))
+        ]
 
     def _fillers(self, request: ChatRequest) -> tuple[Message | None, Message]:
         """What may come next: more of this Turn (an agent loop: the client sends tools), or a
@@ -562,6 +582,7 @@ class Precompute:
                 for r in result.pending
                 if not (r.messages and r.messages[-1] == last) and not _synthetic(r)
             ]
+            wanted = self._not_being_made(job, wanted)
             if not wanted:
                 break
             for summary_request in wanted:

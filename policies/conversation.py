@@ -12,6 +12,7 @@ message that are not system/developer form a leading partial Turn.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,9 @@ class Message:
     # with the same uid have equal `data`. Lets work that depends only on the data be memoised
     # across requests without serialising it. None: unknown (new content, or a step made it).
     uid: int | None = field(default=None, compare=False)  # never part of a message's equality
+    # `data["role"]`, read once: every step looks at roles, and a property costs five times
+    # a slot on the hundreds of messages of an agent's request.
+    role: str = field(default="", init=False, compare=False, repr=False)
 
     def __init__(
         self,
@@ -54,10 +58,8 @@ class Message:
         _set_kind(self, kind)
         _set_origin(self, origin)
         _set_uid(self, uid)
-
-    @property
-    def role(self) -> str:
-        return str(self.data.get("role", ""))
+        role = data.get("role", "")
+        _set_role(self, role if type(role) is str else str(role))
 
     @property
     def text(self) -> str:
@@ -83,6 +85,7 @@ _set_priority = Message.priority.__set__  # type: ignore[attr-defined]
 _set_kind = Message.kind.__set__  # type: ignore[attr-defined]
 _set_origin = Message.origin.__set__  # type: ignore[attr-defined]
 _set_uid = Message.uid.__set__  # type: ignore[attr-defined]
+_set_role = Message.role.__set__  # type: ignore[attr-defined]
 
 
 def is_mapping(value: Any) -> bool:
@@ -103,13 +106,24 @@ def content_text(content: Any) -> str:
     return ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Turn:
     """Messages [start, end) of a conversation; `start` is a user message unless `leading`."""
 
     start: int
     end: int
     leading: bool = False
+
+    def __init__(self, start: int, end: int, leading: bool = False) -> None:
+        # As for Message: a conversation of a hundred Turns is split on every request.
+        _set_start(self, start)
+        _set_end(self, end)
+        _set_leading(self, leading)
+
+
+_set_start = Turn.start.__set__  # type: ignore[attr-defined]
+_set_end = Turn.end.__set__  # type: ignore[attr-defined]
+_set_leading = Turn.leading.__set__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +159,7 @@ class Conversation:
     @property
     def tokens(self) -> int:
         if self._tokens < 0:
-            object.__setattr__(self, "_tokens", sum(m.tokens for m in self.messages))
+            object.__setattr__(self, "_tokens", sum([m.tokens for m in self.messages]))
         return self._tokens
 
     def __len__(self) -> int:
@@ -158,7 +172,7 @@ class Conversation:
     def roles(self) -> tuple[str, ...]:
         """Every message's role, in order."""
         if self._roles is None:
-            object.__setattr__(self, "_roles", tuple(m.role for m in self.messages))
+            object.__setattr__(self, "_roles", tuple([m.role for m in self.messages]))
         assert self._roles is not None
         return self._roles
 
@@ -181,19 +195,23 @@ class Conversation:
     def protected(self) -> tuple[bool, ...]:
         """`is_protected` of every index, worked out once."""
         if self._protected is None:
+            messages = self.messages
+            flags = [m.pin for m in messages]
+            for i, role in enumerate(self.roles()):
+                if role in PROTECTED_ROLES and messages[i].origin >= 0:
+                    flags[i] = True
             latest = self.latest_user_index()
-            flags = tuple(
-                (role in PROTECTED_ROLES and m.origin >= 0) or m.pin or i == latest
-                for i, (m, role) in enumerate(zip(self.messages, self.roles(), strict=True))
-            )
-            object.__setattr__(self, "_protected", flags)
+            if latest is not None:
+                flags[latest] = True
+            object.__setattr__(self, "_protected", tuple(flags))
         assert self._protected is not None
         return self._protected
 
     def head_end(self) -> int:
         """Index after the client's leading system/developer messages (the untouchable head)."""
+        messages, roles = self.messages, self.roles()
         i = 0
-        while i < len(self.messages) and _client_prompt(self.messages[i]):
+        while i < len(roles) and roles[i] in PROTECTED_ROLES and messages[i].origin >= 0:
             i += 1
         return i
 
@@ -288,40 +306,53 @@ def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversati
     kept, the whole group is kept. Order is kept (R3.6).
     """
     messages = conversation.messages
+    count = len(messages)
     protected = conversation.protected()
-    wanted = {i for i in indices if 0 <= i < len(messages) and not protected[i]}
-    if not wanted:
+    gone = bytearray(count)  # 1: dropped
+    for i in indices:
+        if 0 <= i < count and not protected[i]:
+            gone[i] = 1
+    if 1 not in gone:
         return conversation, 0
     for group in conversation.tool_groups():
-        if any(i not in wanted for i in group):
-            wanted.difference_update(group)
-    if not wanted:
+        first, last = group[0], group[-1]
+        if last - first + 1 == len(group):  # the usual group: a call and its results in a row
+            span = gone[first : last + 1]
+            if 1 in span and 0 in span:
+                gone[first : last + 1] = bytes(len(span))
+        else:
+            flags = [gone[i] for i in group]
+            if 0 in flags and 1 in flags:
+                for i in group:
+                    gone[i] = 0
+    dropped = gone.count(1)
+    if not dropped:
         return conversation, 0
-    kept = [i for i in range(len(messages)) if i not in wanted]
-    return _subset(conversation, kept), len(wanted)
+    return _subset(conversation, gone.translate(_KEEP)), dropped
 
 
-def _subset(conversation: Conversation, kept: Sequence[int]) -> Conversation:
-    """The messages at `kept` (in order), with their roles and tool groups carried over.
+_KEEP = bytes([1, 0]) + bytes(254)  # `bytes.translate` table: dropped (1) -> 0, kept (0) -> 1
 
-    Only for a `kept` that holds every tool group whole or not at all (what `drop` leaves): a
-    tool result's group is the latest assistant before it that made the call, and removing
-    whole groups and ungrouped messages never changes which one that is, so the remaining
-    groups are the old ones renumbered. The next step then does not work them out again.
+
+def _subset(conversation: Conversation, keep: bytes) -> Conversation:
+    """The messages where `keep` is 1 (in order), with the facts that do not change carried.
+
+    Only for a `keep` that holds every tool group whole or not at all, and every protected
+    message (what `drop` leaves). Roles and protected flags are per message. A tool result's
+    group is the latest assistant before it that made the call, and removing whole groups and
+    ungrouped messages never changes which one that is, so the remaining groups are the old
+    ones renumbered. The latest user message is protected, so it stays the latest. The next
+    step then does not work these out again.
     """
-    messages = conversation.messages
-    roles = conversation.roles()
-    position = [-1] * len(messages)
-    for new, old in enumerate(kept):
-        position[old] = new
-    groups = tuple(
-        tuple([position[i] for i in group])
-        for group in conversation.tool_groups()
-        if position[group[0]] >= 0
-    )
+    # Position of each kept message in the result: how many are kept up to it, minus one.
+    at = list(itertools.accumulate(keep, initial=-1))[1:].__getitem__
+    groups = tuple([tuple(map(at, group)) for group in conversation.tool_groups() if keep[group[0]]])
+    latest = conversation.latest_user_index()
     return Conversation(
-        tuple([messages[i] for i in kept]),
-        _roles=tuple([roles[i] for i in kept]),
+        tuple(itertools.compress(conversation.messages, keep)),
+        _latest=-1 if latest is None else at(latest),
+        _roles=tuple(itertools.compress(conversation.roles(), keep)),
+        _protected=tuple(itertools.compress(conversation.protected(), keep)),
         _groups=groups,
     )
 
@@ -336,9 +367,16 @@ def inserted(conversation: Conversation, at: int, new: Sequence[Message]) -> Con
         tuple([i + count if i >= at else i for i in group]) for group in conversation.tool_groups()
     )
     roles = conversation.roles()
+    if any(m.role == "user" for m in new):  # one may become the latest user message
+        return Conversation((*messages[:at], *new, *messages[at:]), _groups=groups)
+    latest = conversation.latest_user_index()
+    protected = conversation.protected()
+    # The new messages are no client prompts: not protected unless pinned.
     return Conversation(
         (*messages[:at], *new, *messages[at:]),
+        _latest=-1 if latest is None else latest + count if latest >= at else latest,
         _roles=(*roles[:at], *(m.role for m in new), *roles[at:]),
+        _protected=(*protected[:at], *(m.pin for m in new), *protected[at:]),
         _groups=groups,
     )
 
@@ -357,15 +395,22 @@ def _tool_groups(messages: Sequence[Message], roles: Sequence[str]) -> list[list
     owner: dict[str, int] = {}
     for i, role in enumerate(roles):
         if role == "assistant":
-            if not messages[i].data.get("tool_calls"):  # most messages: skip building the ids
+            calls = messages[i].data.get("tool_calls")
+            if not calls:  # most messages
                 continue
+            number = len(groups)
             groups.append([i])
-            for call_id in messages[i].tool_call_ids:
-                owner[call_id] = len(groups) - 1
+            for call in calls:  # `Message.tool_call_ids`, inlined: this runs on every request
+                if is_mapping(call):
+                    owner[_text(call.get("id", ""))] = number
         elif role == "tool":
-            group = owner.get(str(messages[i].data.get("tool_call_id", "")))
+            group = owner.get(_text(messages[i].data.get("tool_call_id", "")))
             if group is None:
                 groups.append([i])
             else:
                 groups[group].append(i)
     return [g for g in groups if len(g) > 1]
+
+
+def _text(value: Any) -> str:
+    return value if type(value) is str else str(value)

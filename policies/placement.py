@@ -40,7 +40,7 @@ def summary_kind(step_type: str) -> str:
 def has_summary(conversation: Conversation, step_type: str) -> bool:
     """Whether `step_type` already placed a summary in this conversation (an earlier pass)."""
     kind = summary_kind(step_type)
-    return any(m.kind == kind for m in conversation.messages)
+    return kind in [m.kind for m in conversation.messages]
 
 
 def summary_indices(conversation: Conversation) -> frozenset[int]:

@@ -40,6 +40,7 @@ are never summarised away: they stay in place and are left out of the summariser
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -120,12 +121,14 @@ def anchored(conversation: Conversation) -> frozenset[int]:
     messages = conversation.messages
     fixed = {
         i
-        for i, (m, role) in enumerate(zip(messages, conversation.roles(), strict=True))
-        if (role in PROTECTED_ROLES and m.origin >= 0) or m.pin
+        for i, role in enumerate(conversation.roles())
+        if role in PROTECTED_ROLES and messages[i].origin >= 0
     }
+    pinned = [i for i, m in enumerate(messages) if m.pin]
     # Prompts are never part of a tool group (only assistant and tool messages are); pinned
     # messages can be.
-    if any(m.pin for m in messages):
+    if pinned:
+        fixed.update(pinned)
         for group in conversation.tool_groups():
             if fixed.intersection(group):
                 fixed.update(group)
@@ -172,18 +175,19 @@ def unit_sizes(
     conversation: Conversation, units: Units, fixed: frozenset[int]
 ) -> tuple[list[int], list[int]]:
     """(droppable tokens, anchored tokens) of every unit."""
-    sizes: list[int] = []
-    kept: list[int] = []
     messages = conversation.messages
-    for u in range(len(units)):
-        drop_tokens = keep_tokens = 0
-        for i in units.indices(u, u + 1):
-            if i in fixed:
-                keep_tokens += messages[i].tokens
-            else:
-                drop_tokens += messages[i].tokens
-        sizes.append(drop_tokens)
-        kept.append(keep_tokens)
+    # Tokens up to each message; a unit's tokens are the difference at its bounds. The anchored
+    # messages are few (prompts, pins): they are moved from `sizes` to `kept` one by one.
+    before = list(itertools.accumulate([m.tokens for m in messages], initial=0))
+    bounds = units.bounds
+    sizes = [before[bounds[u + 1]] - before[bounds[u]] for u in range(len(units))]
+    kept = [0] * len(sizes)
+    if fixed and sizes:
+        for i in fixed:
+            u = bisect.bisect_right(bounds, i) - 1
+            if 0 <= u < len(sizes):
+                sizes[u] -= messages[i].tokens
+                kept[u] += messages[i].tokens
     return sizes, kept
 
 
@@ -278,6 +282,7 @@ class Rolling:
         self.pending: SummaryRequest | None = None  # the first link the source did not have
         self.failed = False  # the source failed on the first link it did not have
         self.links = 0
+        self._template = plan.make_request((), None, False)  # what the step's config puts in
 
     @property
     def stopped(self) -> bool:
@@ -319,16 +324,23 @@ class Rolling:
     def _request(self, first: int, last: int) -> SummaryRequest | None:
         messages = self.conversation.messages
         fixed = self.fixed
-        included = [messages[i] for i in self.units.indices(first, last) if i not in fixed]
+        span = messages[self.units.bounds[first] : self.units.bounds[last]]
+        if fixed:
+            start = self.units.bounds[first]
+            included = [m for i, m in enumerate(span, start) if i not in fixed]
+        else:
+            included = list(span)
         uids = tuple([m.uid for m in included])
         if not included or None in uids:
             return self._build(included)
         # Every later request asks for the same links again: the same messages (equal uids
         # mean equal data) under the same instructions and previous summary give the same
         # request, so the one built before is reused with its canonical bytes already made.
-        template = self.plan.make_request((), self.previous, self._appending())
+        # (`make_request` takes the messages, the previous text and the mode; all else it puts
+        # in comes from the step's config, the same for every link of this run.)
+        key = ("summary link", self._template, self.previous, self._appending(), uids)
         chars = 4 * sum([m.tokens for m in included]) + len(self.previous or "")
-        return self.memo.get(("summary link", template, uids), lambda: self._build(included), chars)
+        return self.memo.get(key, lambda: self._build(included), chars)
 
     def _build(self, included: Sequence[Message]) -> SummaryRequest | None:
         data = summary_input(tuple([m.data for m in included]))

@@ -9,7 +9,7 @@ from policies import Budget, Conversation, Message, parse_turns
 from policies.conversation import drop, inserted, tool_groups
 from policies.registry import STEPS, build_step
 from policies.rollup import Units, anchored
-from tests.policy_strategies import budgets, conversations, env
+from tests.policy_strategies import assistant_calls, budgets, conv, conversations, env, msg, tool
 
 
 def recomputed(conversation: Conversation) -> Conversation:
@@ -85,3 +85,53 @@ def test_drop_and_insert_carry_the_facts_they_would_recompute(
     assert grown.messages == (*result.messages[:at], *new, *result.messages[at:])
     assert grown.roles() == recomputed(grown).roles()
     assert grown.tool_groups() == recomputed(grown).tool_groups()
+    for carried in (result, grown):
+        assert facts(carried) == facts(recomputed(carried))
+
+
+@st.composite
+def any_histories(draw: st.DrawFn) -> Conversation:
+    """Histories in any order, valid or not: results away from their calls, results of
+    unknown calls, calls never answered, pinned messages inside tool groups."""
+    datas: list[dict[str, object]] = []
+    issued: list[str] = []
+    for n in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["user", "assistant", "calls", "calls", "tool", "tool", "sys"]))
+        if kind == "calls":
+            ids = [f"c{n}_{k}" for k in range(draw(st.integers(1, 3)))]
+            issued += ids
+            datas.append(assistant_calls(*ids))
+        elif kind == "tool":
+            datas.append(tool(draw(st.sampled_from([*issued, "unknown"])), "out"))
+        else:
+            datas.append(msg({"sys": "system"}.get(kind, kind), "text"))
+    pins = draw(st.sets(st.integers(0, len(datas) - 1), max_size=3))
+    return conv(datas, pins=sorted(pins))
+
+
+def reference_drop(conversation: Conversation, indices: set[int]) -> tuple[list[Message], int]:
+    """`drop` as its docstring says it, written the plain way."""
+    messages = conversation.messages
+    wanted = {
+        i for i in indices if 0 <= i < len(messages) and not conversation.is_protected(i)
+    }
+    for group in tool_groups(messages):
+        if not wanted.issuperset(group):
+            wanted.difference_update(group)
+    return [m for i, m in enumerate(messages) if i not in wanted], len(wanted)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(any_histories(), conversations()), st.sets(st.integers(-2, 30)))
+def test_drop_keeps_protected_messages_and_whole_tool_groups_in_any_history(
+    conversation: Conversation, indices: set[int]
+) -> None:
+    """R3.1, R3.3-R3.6: what `drop` removes is exactly the unprotected `indices` whose tool
+    groups are wholly among them, in any history (also ones whose results are away from
+    their calls); and the facts it hands on are the ones the result would compute."""
+    result, dropped = drop(conversation, indices)
+    kept, expected = reference_drop(conversation, indices)
+    assert list(result.messages) == kept
+    assert dropped == expected
+    assert facts(result) == facts(recomputed(result))
+    assert result.tool_groups() == recomputed(result).tool_groups()
