@@ -61,6 +61,7 @@ from .errors import (
 from .events import EventLog, reward
 from .expansion import Expansion
 from .limits import ConcurrencyLimits, register_gauges
+from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
 from .retry import send_with_retries
@@ -142,6 +143,7 @@ class Gateway:
         if any(m.upstream.provider == "litellm" for m in self.config.models):
             await litellm_upstream.warm_up()  # import it now, not on the first request
         self.pipeline.ref_secret = await self.shared_secret()
+        freeze_startup_objects()  # last: everything start-up made stays out of collections
         try:
             yield
         finally:

@@ -32,12 +32,28 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import platform
 from collections.abc import Sized
 from typing import Protocol
 
 log = logging.getLogger("compactgate.memory")
+
+
+def freeze_startup_objects() -> None:
+    """Leave what start-up made out of every later garbage collection.
+
+    The modules, classes and functions the gateway imports are about 130,000 objects that live
+    as long as the process. CPython's full collection walks them all, about 90 ms on a small
+    machine, and one comes every few hundred requests, stalling whichever request is in flight.
+    Collected once here (start-up garbage is freed), then frozen: a full collection then walks
+    only what requests and caches made since. Frozen objects are never collected, which is
+    what they would have been anyway.
+    """
+    gc.collect()
+    gc.freeze()
+
 
 INTERVAL_S = 5.0
 THRESHOLD_BYTES = 1024 * 1024

@@ -531,9 +531,7 @@ class Precompute:
         extended = _extended(conversation, filler, high)
         return await self._settle_computing(job, extended, budget, known), True
 
-    def _not_being_made(
-        self, job: Job, wanted: Sequence[SummaryRequest]
-    ) -> list[SummaryRequest]:
+    def _not_being_made(self, job: Job, wanted: Sequence[SummaryRequest]) -> list[SummaryRequest]:
         """`wanted` without what is being computed already (by a request or an earlier
         precomputation). Waiting for those here would only hold a slot and repeat the chain
         runs that the one computing them makes once they are ready (`_settle_computing` goes

@@ -346,7 +346,7 @@ def _subset(conversation: Conversation, keep: bytes) -> Conversation:
     """
     # Position of each kept message in the result: how many are kept up to it, minus one.
     at = list(itertools.accumulate(keep, initial=-1))[1:].__getitem__
-    groups = tuple([tuple(map(at, group)) for group in conversation.tool_groups() if keep[group[0]]])
+    groups = tuple([tuple(map(at, g)) for g in conversation.tool_groups() if keep[g[0]]])
     latest = conversation.latest_user_index()
     return Conversation(
         tuple(itertools.compress(conversation.messages, keep)),

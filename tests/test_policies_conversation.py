@@ -112,9 +112,7 @@ def any_histories(draw: st.DrawFn) -> Conversation:
 def reference_drop(conversation: Conversation, indices: set[int]) -> tuple[list[Message], int]:
     """`drop` as its docstring says it, written the plain way."""
     messages = conversation.messages
-    wanted = {
-        i for i in indices if 0 <= i < len(messages) and not conversation.is_protected(i)
-    }
+    wanted = {i for i in indices if 0 <= i < len(messages) and not conversation.is_protected(i)}
     for group in tool_groups(messages):
         if not wanted.issuperset(group):
             wanted.difference_update(group)
