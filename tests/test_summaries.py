@@ -258,6 +258,37 @@ async def test_precompute_predicts_the_summary_the_crossing_request_asks_for() -
     await gateway.summaries.close()
 
 
+async def test_a_precomputation_leaves_a_summary_being_made_to_the_one_making_it() -> None:
+    """The next response's precomputation, finding its predicted summary being made, returns at
+    once: it neither holds a slot for the summary's duration nor asks for it again."""
+    gateway = Gateway(parse_config(AGENT_CONFIG))
+    stub = Stub(delay=2.0)
+    gateway.summaries.summarizer = stub  # type: ignore[assignment]
+    r = gateway.router.resolve("m")
+    assert r is not None
+    making: asyncio.Task[list[SummaryRequest]] | None = None
+    again: list[SummaryRequest] | None = None
+    for rounds in range(1, 30):
+        body = orjson.dumps({"model": "m", "messages": agent_messages(rounds), "tools": TOOLS,
+                             "max_tokens": 256})  # fmt: skip
+        chat = parse_chat_request(body, 1000)
+        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        assert not prepared.changed_steps  # a summary was predicted before the crossing
+        job = Job(chat, r, "t", HEADERS, 4096, prepared.chain)
+        if making is not None:
+            again = await gateway.precompute.precompute(job)
+            break
+        task = asyncio.create_task(gateway.precompute.precompute(job))
+        while not task.done() and not stub.calls:
+            await asyncio.sleep(0.01)
+        if stub.calls:
+            making = task
+    assert making is not None and again == []
+    assert not making.done()  # the second returned while the first was still making it
+    assert len(await making) == 1 and len(stub.calls) == 1
+    await gateway.summaries.close()
+
+
 async def test_no_precompute_far_from_the_trigger() -> None:
     gateway = Gateway(parse_config(AGENT_CONFIG))
     stub = Stub()
