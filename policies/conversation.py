@@ -272,30 +272,23 @@ def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int =
     return min(starts, key=lambda s: (abs(s - target), s))
 
 
-def tool_group_ends(
-    messages: Sequence[Message], start: int, end: int, roles: Sequence[str] | None = None
-) -> list[int]:
-    """Indices inside [start, end) after which a cut keeps every tool call with its results.
+def safe_cuts(conversation: Conversation, start: int) -> list[int]:
+    """Cut points in `(start, len]` that leave every tool group whole on one side (R3.3).
 
-    Used where a Turn must be split (emergency on a single huge Turn): a cut after index i is
-    safe when no tool call opened before i is answered after it. `roles`: the messages' roles,
-    when the caller has them already (`Conversation.roles`).
+    A cut at `i` falls between messages `i - 1` and `i`; it is safe when no group of
+    `Conversation.tool_groups` has messages on both sides. These are the groups `drop` keeps or
+    removes whole, so a range ending at a safe cut is dropped exactly as asked; and they are
+    worked out once per conversation, for both.
     """
-    if roles is None:
-        roles = [m.role for m in messages]
-    safe: list[int] = []
-    open_ids: set[str] = set()
-    for i in range(start, end):
-        role = roles[i]
-        if role == "assistant":
-            data = messages[i].data
-            if data.get("tool_calls"):
-                open_ids.update(messages[i].tool_call_ids)
-        elif role == "tool" and open_ids:
-            open_ids.discard(str(messages[i].data.get("tool_call_id", "")))
-        if not open_ids:
-            safe.append(i + 1)
-    return safe
+    cuts: list[int] = []
+    free = start + 1  # the first cut not yet known to fall inside a group
+    for group in conversation.tool_groups():  # in the order of their first messages
+        first, last = group[0], group[-1]
+        if first >= free:
+            cuts.extend(range(free, first + 1))  # up to the cut just before the group
+        free = max(free, last + 1)
+    cuts.extend(range(free, len(conversation) + 1))
+    return cuts
 
 
 def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversation, int]:

@@ -20,6 +20,7 @@ client's irreducible part does.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 from typing import Literal
 
@@ -37,10 +38,13 @@ def summary_kind(step_type: str) -> str:
     return f"summary:{step_type}"
 
 
+_KIND = operator.attrgetter("kind")
+
+
 def has_summary(conversation: Conversation, step_type: str) -> bool:
     """Whether `step_type` already placed a summary in this conversation (an earlier pass)."""
     kind = summary_kind(step_type)
-    return kind in [m.kind for m in conversation.messages]
+    return kind in map(_KIND, conversation.messages)
 
 
 def summary_indices(conversation: Conversation) -> frozenset[int]:

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ from .conversation import (
     Message,
     Turn,
     drop,
-    tool_group_ends,
+    safe_cuts,
 )
 from .memo import Memo
 from .placement import SUMMARY_TEMPLATE, Placement, has_summary, place_summary
@@ -89,26 +90,27 @@ def scan_cuts(
     uses it to keep the ranges that cached summaries already cover.
     """
     prefix = list(itertools.accumulate(sizes, initial=0))
+    # added[u]: `fixed` and every unit up to u, given up or kept. Token counts are never
+    # negative, so it only grows: the next unit that crosses is found by bisection, not by
+    # walking the hundreds of units in between.
+    added = list(itertools.accumulate(map(operator.add, sizes, kept), initial=fixed))[1:]
     cuts: list[int] = []
     cut = 0
-    added = fixed
-    for unit, size in enumerate(sizes):
-        added += size + kept[unit]
-        running = added - prefix[cut] + (allowance if cut else 0)
-        if running <= trigger:
-            continue
+    unit = 0
+    while True:
+        unit = bisect.bisect_right(added, trigger + prefix[cut] - (allowance if cut else 0), unit)
+        if unit >= len(sizes):
+            return cuts
+        running = added[unit] - prefix[cut] + (allowance if cut else 0)
         limit = min(cap(unit), unit)  # never past the unit that crossed
-        proposed = cut
-        while proposed < limit and running > target:
-            if proposed == 0:
+        if running > target and cut < limit:
+            if cut == 0:
                 running += allowance  # from the first cut on, the summary takes room too
-            running -= sizes[proposed]
-            proposed += 1
-        if proposed == cut:
-            continue
-        cut = proposed if settle is None else settle(cut, proposed)
-        cuts.append(cut)
-    return cuts
+            # The first cut past this one that brings the total to `target`, or `limit`.
+            proposed = bisect.bisect_left(prefix, prefix[cut] + running - target, cut + 1, limit)
+            cut = proposed if settle is None else settle(cut, proposed)
+            cuts.append(cut)
+        unit += 1
 
 
 def anchored(conversation: Conversation) -> frozenset[int]:
@@ -118,13 +120,13 @@ def anchored(conversation: Conversation) -> frozenset[int]:
     Unlike `Conversation.is_protected` this leaves out "the latest user message", which changes
     with every request; `drop` still keeps that one in the output.
     """
-    messages = conversation.messages
+    messages, roles = conversation.messages, conversation.roles()
+    # Found by the tuples' own (C) scans: a request has hundreds of messages, a few of them
+    # prompts or pins.
     fixed = {
-        i
-        for i, role in enumerate(conversation.roles())
-        if role in PROTECTED_ROLES and messages[i].origin >= 0
+        i for role in PROTECTED_ROLES for i in _positions(roles, role) if messages[i].origin >= 0
     }
-    pinned = [i for i, m in enumerate(messages) if m.pin]
+    pinned = list(itertools.compress(range(len(messages)), map(_PIN, messages)))
     # Prompts are never part of a tool group (only assistant and tool messages are); pinned
     # messages can be.
     if pinned:
@@ -133,6 +135,21 @@ def anchored(conversation: Conversation) -> frozenset[int]:
             if fixed.intersection(group):
                 fixed.update(group)
     return frozenset(fixed)
+
+
+_PIN = operator.attrgetter("pin")
+_TOKENS = operator.attrgetter("tokens")
+
+
+def _positions(values: tuple[str, ...], value: str) -> Iterator[int]:
+    """Indices of `value` in `values`, in order."""
+    at = -1
+    while True:
+        try:
+            at = values.index(value, at + 1)
+        except ValueError:
+            return
+        yield at
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,10 +177,7 @@ class Units:
         end = len(conversation)
         if start >= end:
             return cls(())
-        points = [start, *tool_group_ends(conversation.messages, start, end, conversation.roles())]
-        if points[-1] != end:
-            points.append(end)
-        return cls(tuple(dict.fromkeys(points)))
+        return cls((start, *safe_cuts(conversation, start)))
 
     def after(self, bound: int) -> Units:
         """The units from `bound` (one of `bounds`) on."""
@@ -178,9 +192,10 @@ def unit_sizes(
     messages = conversation.messages
     # Tokens up to each message; a unit's tokens are the difference at its bounds. The anchored
     # messages are few (prompts, pins): they are moved from `sizes` to `kept` one by one.
-    before = list(itertools.accumulate([m.tokens for m in messages], initial=0))
+    before = list(itertools.accumulate(map(_TOKENS, messages), initial=0))
     bounds = units.bounds
-    sizes = [before[bounds[u + 1]] - before[bounds[u]] for u in range(len(units))]
+    at_bounds = [before[b] for b in bounds]
+    sizes = list(map(operator.sub, at_bounds[1:], at_bounds))
     kept = [0] * len(sizes)
     if fixed and sizes:
         for i in fixed:
@@ -282,7 +297,12 @@ class Rolling:
         self.pending: SummaryRequest | None = None  # the first link the source did not have
         self.failed = False  # the source failed on the first link it did not have
         self.links = 0
-        self._template = plan.make_request((), None, False)  # what the step's config puts in
+        # What the step's config puts in a request, as bytes: they keep their hash, which a
+        # request object would compute again for every link.
+        self._template = plan.make_request((), None, False).canonical()
+        # For the link keys, read once: a request walks every link of its rolling summary.
+        self._uids = [m.uid for m in conversation.messages]
+        self._fixed = sorted(fixed)
 
     @property
     def stopped(self) -> bool:
@@ -322,15 +342,15 @@ class Rolling:
         return got.status
 
     def _request(self, first: int, last: int) -> SummaryRequest | None:
-        messages = self.conversation.messages
-        fixed = self.fixed
-        span = messages[self.units.bounds[first] : self.units.bounds[last]]
-        if fixed:
-            start = self.units.bounds[first]
-            included = [m for i, m in enumerate(span, start) if i not in fixed]
+        start, end = self.units.bounds[first], self.units.bounds[last]
+        included: Sequence[Message] = self.conversation.messages[start:end]
+        fixed = self._fixed
+        at = bisect.bisect_left(fixed, start)
+        if at < len(fixed) and fixed[at] < end:  # anchored messages stay out of the summary
+            included = [m for i, m in enumerate(included, start) if i not in self.fixed]
+            uids = tuple([m.uid for m in included])
         else:
-            included = list(span)
-        uids = tuple([m.uid for m in included])
+            uids = tuple(self._uids[start:end])
         if not included or None in uids:
             return self._build(included)
         # Every later request asks for the same links again: the same messages (equal uids
@@ -339,7 +359,7 @@ class Rolling:
         # (`make_request` takes the messages, the previous text and the mode; all else it puts
         # in comes from the step's config, the same for every link of this run.)
         key = ("summary link", self._template, self.previous, self._appending(), uids)
-        chars = 4 * sum([m.tokens for m in included]) + len(self.previous or "")
+        chars = 4 * sum(self.sizes[first:last]) + len(self.previous or "")  # of `included`
         return self.memo.get(key, lambda: self._build(included), chars)
 
     def _build(self, included: Sequence[Message]) -> SummaryRequest | None:

@@ -109,6 +109,22 @@ def any_histories(draw: st.DrawFn) -> Conversation:
     return conv(datas, pins=sorted(pins))
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(any_histories(), conversations()))
+def test_segments_end_exactly_where_no_tool_group_is_split(conversation: Conversation) -> None:
+    """R3.3 for `sandwich`, in any history: it cuts only between segments, so every segment end
+    leaves each tool group wholly on one side; and every such point is a segment end, so a call
+    never answered does not stop the middle from being summarised past it."""
+    start, count = conversation.head_end(), len(conversation)
+    groups = tool_groups(conversation.messages)
+    splits = [
+        cut for cut in range(start + 1, count + 1) if any(g[0] < cut <= g[-1] for g in groups)
+    ]
+    expected = [cut for cut in range(start + 1, count + 1) if cut not in splits]
+    units = Units.of_segments(conversation, start)
+    assert units.bounds == ((start, *expected) if start < count else ())
+
+
 def reference_drop(conversation: Conversation, indices: set[int]) -> tuple[list[Message], int]:
     """`drop` as its docstring says it, written the plain way."""
     messages = conversation.messages

@@ -50,6 +50,72 @@ def test_scan_cuts_generalises_stable_cut(
     assert cuts[: len(early)] == early
 
 
+def reference_scan(
+    sizes: list[int],
+    kept: list[int],
+    fixed: int,
+    trigger: int,
+    target: int,
+    cap: Any,
+    allowance: int,
+    settle: Any,
+) -> list[int]:
+    """`scan_cuts` as its docstring says it: unit by unit, one unit of cut at a time."""
+    cuts: list[int] = []
+    cut, added = 0, fixed
+    for unit, size in enumerate(sizes):
+        added += size + kept[unit]
+        running = added - sum(sizes[:cut]) + (allowance if cut else 0)
+        if running <= trigger:
+            continue
+        proposed = cut
+        while proposed < min(cap(unit), unit) and running > target:
+            if proposed == 0:
+                running += allowance
+            running -= sizes[proposed]
+            proposed += 1
+        if proposed != cut:
+            cut = settle(cut, proposed)
+            cuts.append(cut)
+    return cuts
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    units=st.lists(st.tuples(st.integers(0, 500), st.integers(0, 100)), max_size=40),
+    fixed=st.integers(0, 300),
+    trigger=st.integers(1, 3000),
+    share=st.floats(0.1, 1.0),
+    allowance=st.integers(0, 400),
+    caps=st.lists(st.integers(0, 40), min_size=1),
+    moves=st.lists(st.integers(0, 40), min_size=1),
+)
+def test_scan_cuts_finds_the_cuts_a_unit_by_unit_scan_finds(
+    units: list[tuple[int, int]],
+    fixed: int,
+    trigger: int,
+    share: float,
+    allowance: int,
+    caps: list[int],
+    moves: list[int],
+) -> None:
+    """The scan skips to the next crossing and to the cut by bisection: the same events and cuts
+    as walking every unit, with anchored tokens, a summary's room, a step's cap and a `settle`
+    that takes another cut (as `Rolling` does when a cached summary ends nearby)."""
+    sizes, kept = [s for s, _ in units], [k for _, k in units]
+
+    def cap(unit: int) -> int:
+        return caps[unit % len(caps)]
+
+    def settle(cut: int, proposed: int) -> int:
+        move = moves[(cut * 7 + proposed) % len(moves)]
+        return proposed if move % 3 else cut + 1 + move % (len(sizes) - cut)
+
+    target = int(trigger * share)
+    expected = reference_scan(sizes, kept, fixed, trigger, target, cap, allowance, settle)
+    assert scan_cuts(sizes, kept, fixed, trigger, target, cap, allowance, settle) == expected
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 500), min_size=1, max_size=40),
