@@ -46,6 +46,21 @@ class Memo:
         """Characters of the texts the entries hold (as their callers sized them)."""
         return self._chars
 
+    def peek(self, key: Hashable) -> object | None:
+        """What was kept for `key` (marked recently used), or None; never computes."""
+        found = self._entries.get(key)
+        if found is None:
+            return None
+        try:
+            self._entries.move_to_end(key)
+        except KeyError:  # evicted by another thread meanwhile
+            pass
+        return found[0]
+
+    def put(self, key: Hashable, value: object, chars: int = 0) -> None:
+        """Keep `value` for `key` (unless one is kept already), as `get` keeps what it computes."""
+        self.get(key, lambda: value, chars)
+
     def get(self, key: Hashable, compute: Callable[[], T], chars: int = 0) -> T:
         """`compute()`, or what it returned for an equal `key` before.
 

@@ -255,6 +255,18 @@ def text_size(text: str) -> int:
     return (len(text) + 3) // 4
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Where a walk stood after its last ready event: the state before that event's last link,
+    the link, and the units covered once it is taken."""
+
+    covered: int
+    answer: SummaryAnswer | None
+    previous: str | None
+    last: SummaryRequest
+    links: int
+
+
 class Rolling:
     """The rolling summary, asked for link by link as `scan_cuts` finds the events (its settle).
 
@@ -271,6 +283,14 @@ class Rolling:
     `furthest`, where the step's own limit puts the last cut) is taken instead, and the scan goes
     on from there. This is 003's validity rule, not an approximation: a cached summary stands
     for exactly the messages it was made from, and they are still the conversation's, in place.
+
+    The walk is as long as the conversation's list of events, and a client resends the same
+    history every turn: between two events it walks the same links to the same answers. So the
+    state after the last event that was ready and not snapped is kept in the memo (a
+    `Checkpoint`), keyed by everything the walk up to there depends on: the step's config, the
+    cuts, the units and their sizes, and the messages (uids). A later walk with the same cuts
+    `resume`s from it, asking the source only for that event's last link (its request carries
+    every earlier answer, as `previous`), and walks on from there.
     """
 
     def __init__(
@@ -303,12 +323,95 @@ class Rolling:
         # For the link keys, read once: a request walks every link of its rolling summary.
         self._uids = [m.uid for m in conversation.messages]
         self._fixed = sorted(fixed)
+        self._expected: Sequence[int] = ()  # the cuts when every link is ready (`resume`)
+        self._resumed = 0  # events up to this cut are the checkpoint's: not walked again
+        self._events = 0  # events settled so far
+        self._on_course = True  # every event so far was ready, at the expected cut
+        self._reached: tuple[int, Checkpoint] | None = None  # (events, state) to remember
+        self._last: tuple[SummaryRequest, SummaryAnswer | None, str | None] | None = None
+
+    def resume(self, expected: Sequence[int]) -> bool:
+        """Start from the furthest checkpoint kept for `expected` (the cuts `scan_cuts` finds
+        without `settle`) or the one an event before, if the source still has its last link.
+        True when the whole walk was resumed: `expected` are then the cuts."""
+        self._expected = expected
+        for events in (len(expected), len(expected) - 1):
+            key = self._checkpoint_key(events)
+            if key is None:
+                return False
+            found = self.memo.peek(key)
+            if not isinstance(found, Checkpoint):
+                continue
+            got = self.source.get(found.last)
+            if got.status != "ready":
+                continue
+            self.answer, self.previous = found.answer, found.previous
+            self._take(found.last, got, found.covered)
+            self.links, self._events = found.links, events
+            self._resumed = expected[events - 1]
+            return events == len(expected)
+        return False
+
+    def remember(self) -> None:
+        """Keep the state after the last event that was ready at its expected cut."""
+        if self._reached is None:
+            return
+        events, checkpoint = self._reached
+        key = self._checkpoint_key(events)
+        if key is not None:
+            texts = (checkpoint.previous, checkpoint.answer.text if checkpoint.answer else None)
+            chars = sum(len(t) for t in texts if t) + len(key[-1])  # the texts, a word per uid
+            self.memo.put(key, checkpoint, chars)
+
+    def _checkpoint_key(self, events: int) -> tuple[Any, ...] | None:
+        """What the walk through the first `events` expected events depends on; None when a
+        message has no uid (its data would have to be compared)."""
+        if events <= 0:
+            return None
+        last = self._expected[events - 1]
+        bounds = self.units.bounds
+        start, end = bounds[0], bounds[last]
+        uids = tuple(self._uids[start:end])
+        if None in uids:
+            return None
+        fixed = self._fixed
+        anchored = tuple(fixed[bisect.bisect_left(fixed, start) : bisect.bisect_left(fixed, end)])
+        plan = self.plan
+        return (
+            "rolling checkpoint",
+            self._template,
+            plan.chunk_tokens,
+            plan.append_until,
+            tuple(self._expected[:events]),
+            bounds[: last + 1],
+            tuple(self.sizes[:last]),
+            anchored,
+            uids,
+        )
 
     @property
     def stopped(self) -> bool:
         return self.pending is not None or self.failed
 
     def settle(self, cut: int, proposed: int) -> int:
+        if proposed <= self._resumed:  # the checkpoint's events
+            return proposed
+        taken = self._settle(cut, proposed)
+        events, self._events = self._events, self._events + 1
+        self._on_course = (
+            self._on_course
+            and not self.stopped
+            and taken == proposed
+            and events < len(self._expected)
+            and self._expected[events] == proposed
+        )
+        if self._on_course and self._last is not None:
+            request, answer, previous = self._last
+            checkpoint = Checkpoint(self.covered, answer, previous, request, self.links)
+            self._reached = (events + 1, checkpoint)
+        return taken
+
+    def _settle(self, cut: int, proposed: int) -> int:
         spans = chunks(cut, proposed, self.sizes, self.plan.chunk_tokens)
         self.links += len(spans)
         for first, last in spans[:-1]:
@@ -373,6 +476,7 @@ class Rolling:
         return until is not None and self.answer is not None and text_size(self.answer.text) < until
 
     def _take(self, request: SummaryRequest, answer: SummaryAnswer, last: int) -> None:
+        self._last = (request, self.answer, self.previous)
         if request.append and self.answer is not None:
             # The earlier text stays as it was; `<retain>` is the newest answer's (it lists what
             # is still needed from the whole conversation, so it is asked for whole each time).
@@ -457,16 +561,10 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
     if plan.append_until is not None:
         allowance *= 2  # appended parts grow to about twice the length before they are rewritten
     rolling = Rolling(conversation, plan.units, fixed, sizes, plan, env.summaries, env.memo)
-    cuts = scan_cuts(
-        sizes,
-        kept,
-        plan.fixed_tokens,
-        plan.trigger,
-        plan.target,
-        plan.cap,
-        allowance,
-        rolling.settle,
-    )
+    scan = (sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, allowance)
+    expected = scan_cuts(*scan)
+    cuts = expected if rolling.resume(expected) else scan_cuts(*scan, rolling.settle)
+    rolling.remember()
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")
     pending = (rolling.pending,) if rolling.pending is not None else ()

@@ -256,6 +256,13 @@ def test_calibration_drift_does_not_make_the_summaries_again(
     assert drifting.calls <= steady.calls + 1, (steady.calls, drifting.calls)
 
 
+def links_of(step: Step, datas: list[dict[str, Any]], window: Budget) -> list[SummaryRequest]:
+    """The link requests a walk without a memo asks for."""
+    source = FakeSummaries()
+    step.apply(conv(datas), window, env(source))
+    return source.requests
+
+
 def with_uids(datas: list[dict[str, Any]], changed: frozenset[int] = frozenset()) -> Conversation:
     """`datas` as the gateway hands them over: fresh dicts every request, each with the uid of
     its place in the conversation (a message the client changed gets a new one)."""
@@ -286,26 +293,35 @@ def test_links_seen_before_are_not_built_again_and_change_nothing(
     step_type: str, config: dict[str, Any]
 ) -> None:
     """Issue 5 (added latency): a request that repeats the conversation's earlier messages gets
-    the same link requests as the one before it (same objects, serialised once) and exactly the
-    output it would get without uids or a memo."""
+    exactly the output it would get without uids or a memo, walking less: it resumes its rolling
+    summary from the checkpoint the one before it left, and asks the source only for that
+    checkpoint's last link (the same request object, serialised once)."""
     config_cls, _ = STEPS[step_type]
     step = build_step(config_cls(**config))
     window = budget(4000)
     shared = Memo()
-    for turns in (40, 41, 41, 60):
+    walked = []
+    for turns in (40, 41, 41, 43, 60):
         datas = chat(turns)
         plain_source, memo_source = FakeSummaries(), FakeSummaries()
         plain = step.apply(conv(datas), window, env(plain_source))
         first = step.apply(with_uids(datas), window, env(memo_source, memo=shared))
+        asked = list(memo_source.requests)
         again = step.apply(with_uids(datas), window, env(memo_source, memo=shared))
         assert plain.summary_used
         assert first.conversation.data() == plain.conversation.data() == again.conversation.data()
-        half = len(memo_source.requests) // 2
-        assert memo_source.requests[:half] == plain_source.requests
-        assert all(
-            a is b
-            for a, b in zip(memo_source.requests[:half], memo_source.requests[half:], strict=True)
-        )
+        assert first.detail == plain.detail == again.detail  # links and state as if walked
+        assert all(a in plain_source.requests for a in asked)
+        resumed = memo_source.requests[len(asked) :]
+        assert len(resumed) == 1 and any(resumed[0] is a for a in asked)
+        walked.append(len(asked))
+    assert walked[0] == len(links_of(step, chat(40), window))  # nothing to resume from yet
+    assert walked[2] == 1  # the same conversation again
+    # Grown by a Turn or two: the checkpoint's last link, then only the links of the new events.
+    # (60 Turns is several events past any checkpoint: walked from the start, same output.)
+    assert walked[3] == 1 + len(links_of(step, chat(43), window)) - len(
+        links_of(step, chat(41), window)
+    )
     # A message the client edited is summarised as it is now, not as it was.
     datas = chat(60)
     edited = [dict(d) for d in datas]
@@ -329,20 +345,40 @@ def test_a_remade_earlier_summary_reaches_the_later_links(
     step_type: str, config: dict[str, Any]
 ) -> None:
     """A summary can be made again with other text (its cache entry expired, another replica
-    made it). The later links extend what the cache holds now, not what was memoised with the
-    same messages before: the memo is keyed by the previous summary too."""
+    made it). Once the old chain is gone from the cache, the later links extend what the cache
+    holds now, not what was memoised with the same messages before: the memo is keyed by the
+    previous summary too, and a checkpoint is taken only while the source still has its last
+    link. While the source has that link, the chain it ends is still a summary of exactly these
+    messages, and it is kept (nothing is made again)."""
     config_cls, _ = STEPS[step_type]
     step = build_step(config_cls(**config))
     window = budget(4000)
     datas = chat(60)
     shared = Memo()
-    step.apply(with_uids(datas), window, env(FakeSummaries(words=8), memo=shared))
-    remade, plain = FakeSummaries(words=3), FakeSummaries(words=3)
+    old = step.apply(with_uids(datas), window, env(FakeSummaries(words=8), memo=shared))
+    holding = FakeSummaries(words=3)  # still has the old chain's last link
+    step.apply(with_uids(datas), window, env(holding, memo=shared))
+    assert len(holding.requests) == 1 and _OLD in (holding.requests[0].previous or "")
+    remade, plain = Expired(words=3), FakeSummaries(words=3)
     result = step.apply(with_uids(datas), window, env(remade, memo=shared))
     expected = step.apply(conv(datas), window, env(plain))
     assert any(r.previous is not None for r in plain.requests)  # a later link extends one
-    assert remade.requests == plain.requests
-    assert result.conversation.data() == expected.conversation.data()
+    assert _OLD in (remade.requests[0].previous or "")  # the checkpoint's link: gone
+    assert remade.requests[1:] == plain.requests
+    assert result.conversation.data() == expected.conversation.data() != old.conversation.data()
+
+
+_OLD = " etc" * 8  # the end of every text FakeSummaries(words=8) makes
+
+
+class Expired(FakeSummaries):
+    """The cache after the old chain expired: links that extend an old text are gone."""
+
+    def get(self, request: SummaryRequest) -> SummaryAnswer:
+        if _OLD in (request.previous or ""):
+            self.requests.append(request)
+            return SummaryAnswer("missing")
+        return super().get(request)
 
 
 def _summary_text(conversation: Conversation, step_type: str) -> str:
