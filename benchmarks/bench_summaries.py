@@ -2,7 +2,7 @@
 
 Run: `python -m benchmarks.bench_summaries [--turns 100] [--steps sandwich,compaction,...]
 [--tokenizers tiktoken:o200k_base,chars:3] [--compare]`. About a minute per run (one run per
-step and tokenizer, plus a fifo-only baseline at the same pace); loopback only. Each run starts
+step and tokenizer); loopback only. Each run starts
 the gateway (one worker, memory store) with a policy `<step>` + `fifo` over a 16 384-token
 window, and an upstream in this process that answers the agent's calls after `--model-delay`
 seconds and summarisation calls (told apart by the summariser's system prompt) after
@@ -12,9 +12,11 @@ tell which ones the agent's later calls carried. One deterministic agent then wo
 `--tool-delay` for the tool to run), a final answer. The upstream reports `usage.prompt_tokens`
 as the characters of the request's JSON / 4, so with a heuristic tokenizer (`chars:3`) the
 gateway's calibration moves its counts toward that during the run (R2.6), and the summarised
-ranges must not move with them; `tiktoken:o200k_base` is exact and never calibrated. The same
-session also runs with a `fifo`-only policy (no summaries) as a latency reference; `--compare`
-adds runs without precompute.
+ranges must not move with them; `tiktoken:o200k_base` is exact and never calibrated. A second
+gateway with a `fifo`-only policy (no summaries), behind its own upstream, gets every call of the
+same session half a model delay after the first one (so the two gateways' own work never
+overlaps, and both see the machine in the same state): the latency reference. `--compare` adds
+runs without precompute.
 
 Printed, one row per run:
 
@@ -31,7 +33,8 @@ Printed, one row per run:
 * p50 of the gateway's added latency (client latency minus the time the upstream spent on the
   request: reading it, the model's delay, answering) on the compacting requests served from a
   ready summary, next to the gateway's normal overhead: the same measure on the run's requests
-  under the threshold (non-compacting), and on the same requests through the fifo-only policy.
+  under the threshold (non-compacting), and on the same requests through the fifo-only
+  reference, with their ratio (p50 of each request's ratio).
 """
 
 from __future__ import annotations
@@ -169,37 +172,70 @@ class Sample:
 @dataclass
 class Result:
     samples: list[Sample] = field(default_factory=list)
+    reference: list[Sample] = field(default_factory=list)  # the same requests, fifo only
+
+
+@dataclass
+class Target:
+    """A gateway the agent sends its calls to, and the upstream behind it."""
+
+    client: httpx.AsyncClient
+    upstream: Upstream
+
+
+async def send(target: Target, raw: bytes, seq: str) -> Sample:
+    upstream = target.upstream
+    started = time.perf_counter()
+    headers = {"x-bench-seq": seq, "x-request-id": f"bench-{seq}"}
+    response = await target.client.post("/chat/completions", content=raw, headers=headers)
+    latency = time.perf_counter() - started
+    response.raise_for_status()
+    return Sample(
+        response.headers["x-compactgate-steps"],
+        int(response.headers["x-compactgate-tokens-before"]),
+        latency,
+        started,
+        upstream.arrivals.get(seq, started),
+        upstream.spent.get(seq, 0.0),
+        frozenset(upstream.carried.get(seq, ())),
+    )
 
 
 async def run_agent(
-    client: httpx.AsyncClient, upstream: Upstream, turns: int, tool_delay: float, seed: int = 5
+    target: Target,
+    turns: int,
+    tool_delay: float,
+    seed: int = 5,
+    reference: Target | None = None,
+    offset: float = 0.0,
 ) -> Result:
+    """The agent's session against `target`. With a `reference`, every call is also sent to it,
+    `offset` seconds after the call to `target` started: half a model delay puts the two
+    gateways' own work (reading and compacting a request, relaying its answer) at different
+    moments, while the machine is in the same state. The agent goes on when `target` answered,
+    at its own pace; the reference's answer is collected before its next call.
+    """
     rng = random.Random(seed)
     result = Result()
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a coding agent. " + _prose(rng, 300)}
     ]
+    shadow: asyncio.Task[Sample] | None = None  # the reference's call in flight
 
     async def call() -> None:
+        nonlocal shadow
         body = {"model": "agent", "messages": messages, "tools": TOOLS, "max_tokens": MAX_TOKENS}
         raw = orjson.dumps(body)
         seq = str(len(result.samples))
-        started = time.perf_counter()
-        headers = {"x-bench-seq": seq, "x-request-id": f"bench-{seq}"}
-        response = await client.post("/chat/completions", content=raw, headers=headers)
-        latency = time.perf_counter() - started
-        response.raise_for_status()
-        result.samples.append(
-            Sample(
-                response.headers["x-compactgate-steps"],
-                int(response.headers["x-compactgate-tokens-before"]),
-                latency,
-                started,
-                upstream.arrivals.get(seq, started),
-                upstream.spent.get(seq, 0.0),
-                frozenset(upstream.carried.get(seq, ())),
-            )
-        )
+        if reference is None:
+            result.samples.append(await send(target, raw, seq))
+            return
+        first = asyncio.create_task(send(target, raw, seq))
+        await asyncio.sleep(offset)
+        if shadow is not None:
+            result.reference.append(await shadow)
+        shadow = asyncio.create_task(send(reference, raw, seq))
+        result.samples.append(await first)
 
     for turn in range(turns):
         messages.append(
@@ -230,6 +266,8 @@ async def run_agent(
         messages.append(
             {"role": "assistant", "content": "Done: " + _prose(rng, rng.randint(60, 160))}
         )
+    if shadow is not None:
+        result.reference.append(await shadow)
     return result
 
 
@@ -317,38 +355,64 @@ class Report:
     summary_ends: dict[int, float]
     over: int  # the summarising step's threshold, as x-compactgate-tokens-before counts
     states: dict[int, tuple[str, int]]  # request index -> (summary state, messages summarised)
+    reference: list[Sample]  # the same requests through the fifo-only gateway, in lockstep
+
+
+async def serve_upstream(upstream: Upstream) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(upstream.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, int(runner.addresses[0][1])
 
 
 async def one_run(
     args: argparse.Namespace, step: str, variant: str, mode: str, directory: Path
 ) -> Report:
     """One session; `variant` is a tokenizer, `<tokenizer> (no usage)` for an upstream that
-    reports no usage (the heuristic is then never calibrated)."""
+    reports no usage (the heuristic is then never calibrated).
+
+    A second gateway with a fifo-only policy gets the same requests in lockstep, half a model
+    delay later (`run_agent`): the reference. Run minutes apart, as it once was, machine noise
+    between the runs moved the comparison by more than the difference measured.
+    """
     tokenizer, _, rest = variant.partition(" ")
-    # The fifo baseline runs at the same pace as the others: back-to-back requests keep the
-    # CPU's caches and clock warm, and made the reference up to a third faster than the runs
-    # it is compared with.
     model_delay, tool_delay = args.model_delay, args.tool_delay
     upstream = Upstream(model_delay, args.summary_delay, usage=not rest)
-    runner = web.AppRunner(upstream.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    upstream_port = runner.addresses[0][1]
+    plain = Upstream(model_delay, args.summary_delay, usage=not rest)
+    runner, upstream_port = await serve_upstream(upstream)
+    plain_runner, plain_port = await serve_upstream(plain)
     events = directory / f"events-{step}-{mode}-{time.monotonic_ns()}.jsonl"
     config = config_for(upstream_port, step, mode, tokenizer, args.lookahead, events)
+    reference = config_for(plain_port, step, "fifo", tokenizer, args.lookahead, events)
+    del reference["events"]
     process, port, _ = await start_gateway(config, directory)
+    plain_process, plain_gateway, _ = await start_gateway(reference, directory)
     try:
-        base = f"http://127.0.0.1:{port}/v1"
         auth = {"authorization": "Bearer sk-bench"}
-        async with httpx.AsyncClient(base_url=base, timeout=120, headers=auth) as client:
+        async with (
+            httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}/v1", timeout=120, headers=auth
+            ) as client,
+            httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{plain_gateway}/v1", timeout=120, headers=auth
+            ) as plain_client,
+        ):
             over = await threshold(client, step)
-            result = await run_agent(client, upstream, args.turns, tool_delay)
+            result = await run_agent(
+                Target(client, upstream),
+                args.turns,
+                tool_delay,
+                reference=Target(plain_client, plain),
+                offset=model_delay / 2,
+            )
             await asyncio.sleep(args.summary_delay + 0.5)  # let the last precomputation land
     finally:
-        process.terminate()
-        await process.wait()
+        for started in (process, plain_process):
+            started.terminate()
+            await started.wait()
         await runner.cleanup()
+        await plain_runner.cleanup()
     unused = upstream.summaries - len(upstream.used)
     return Report(
         step,
@@ -362,6 +426,7 @@ async def one_run(
         upstream.summary_ends,
         over,
         _summary_states(events, step),
+        result.reference,
     )
 
 
@@ -406,7 +471,7 @@ class Row:
         return self.ready / self.compacting * 100 if self.compacting else 0.0
 
 
-def summarise_run(report: Report, baseline: Report | None) -> Row:
+def summarise_run(report: Report) -> Row:
     samples = report.samples
     compacting = [
         i for i, s in enumerate(samples) if s.steps != "none" or s.tokens_before > report.over
@@ -427,8 +492,8 @@ def summarise_run(report: Report, baseline: Report | None) -> Row:
     partial = [i for i in ready if report.states.get(i, ("ready", 0))[0].startswith("partial")]
     ranges = {n for state, n in report.states.values() if n and not state.startswith("partial")}
 
-    def added(run: Report, indices: list[int]) -> list[float]:
-        return [(run.samples[i].latency - run.samples[i].upstream) * 1000 for i in indices]
+    def added(samples: list[Sample], indices: list[int]) -> list[float]:
+        return [(samples[i].latency - samples[i].upstream) * 1000 for i in indices]
 
     plain = sorted(set(range(len(samples))) - set(compacting))
     return Row(
@@ -444,14 +509,20 @@ def summarise_run(report: Report, baseline: Report | None) -> Row:
         partial=len(partial),
         waited=len(waited),
         deferred=len(deferred),
-        added_ready=added(report, ready),
-        added_plain=added(report, plain),
-        added_fifo=added(baseline, ready) if baseline is not None else [],
+        added_ready=added(samples, ready),
+        added_plain=added(samples, plain),
+        added_fifo=added(report.reference, ready),
     )
 
 
 def _p50(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "-"
+
+
+def _ratio(values: list[float], references: list[float]) -> str:
+    """p50 of the per-request ratios: a request and its reference ran at the same moment."""
+    pairs = [v / r for v, r in zip(values, references, strict=True) if r > 0]
+    return f"{statistics.median(pairs):.2f}" if pairs else "-"
 
 
 COLUMNS = (
@@ -470,6 +541,7 @@ COLUMNS = (
     ("p50 added ms, ready", 19),
     ("p50 ms, under threshold", 23),
     ("p50 ms, fifo only", 17),
+    ("ratio", 5),
 )
 
 
@@ -493,6 +565,7 @@ def print_table(rows: list[Row]) -> None:
             _p50(row.added_ready),
             _p50(row.added_plain),
             _p50(row.added_fifo),
+            _ratio(row.added_ready, row.added_fifo),
         )
         widths = [width for _, width in COLUMNS]
         print(" | ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)))
@@ -507,13 +580,11 @@ async def main_async(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-summaries-") as tmp:
-        baselines: dict[str, Report] = {}
         for tokenizer in tokenizers:
-            baselines[tokenizer] = await one_run(args, steps[0], tokenizer, "fifo", Path(tmp))
             for step in steps:
                 for mode in modes:
                     report = await one_run(args, step, tokenizer, mode, Path(tmp))
-                    rows.append(summarise_run(report, baselines[tokenizer]))
+                    rows.append(summarise_run(report))
                     print(f"  done: {step}, {tokenizer}, {mode}", file=sys.stderr)
     print(
         f"\n{args.turns} turns; each run: <step> + fifo, 16 384-token window; "
@@ -530,7 +601,8 @@ async def main_async(args: argparse.Namespace) -> None:
         "ms: client latency minus the time the upstream spent on the request, on the ready "
         "requests; under threshold: "
         "the same on this run's non-compacting requests (the gateway's normal overhead); fifo "
-        "only: the ready requests through a fifo-only policy."
+        "only: the same requests through the fifo-only gateway, sent in lockstep; ratio: p50 of "
+        "each request's added ms over its fifo-only added ms."
     )
     print(f"(total {time.perf_counter() - started:.0f} s)")
 
