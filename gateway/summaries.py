@@ -171,7 +171,7 @@ class SummaryService:
         self._tasks: set[asyncio.Task[object]] = set()
         self._failed: dict[str, float] = {}
         self.local = LocalAnswers(config.local_cache_bytes)
-        self.hits = metrics.summary_cache.labels("hit")  # counted once per link and request
+        self.hits = metrics.summary_cache.labels("hit")  # per link asked (one when resumed)
         self._keys = Memo(KEYS_KEPT, KEYS_BYTES)  # cache keys of recent requests, by their bytes
         self.closed = False
         self.summary_seconds: float | None = None  # running average of one summary's duration

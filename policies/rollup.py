@@ -337,9 +337,7 @@ class Rolling:
         self._expected = expected
         for events in (len(expected), len(expected) - 1):
             key = self._checkpoint_key(events)
-            if key is None:
-                return False
-            found = self.memo.peek(key)
+            found = self.memo.peek(key) if key is not None else None
             if not isinstance(found, Checkpoint):
                 continue
             got = self.source.get(found.last)

@@ -19,6 +19,7 @@ from policies.step import Step
 from policies.summaries import SummaryAnswer, SummaryRequest
 from tests.policy_strategies import (
     FakeSummaries,
+    agent,
     assistant_calls,
     budget,
     chat,
@@ -329,6 +330,40 @@ def test_links_seen_before_are_not_built_again_and_change_nothing(
     source = FakeSummaries()
     step.apply(with_uids(edited, frozenset({15})), window, env(source, memo=shared))
     assert any(m.get("content") == "an edited message" for r in source.requests for m in r.messages)
+
+
+STEP_CONFIGS = [
+    ("compaction", {"summary_tokens": 200}),
+    ("sandwich", {"summary_tokens": 200}),
+    ("sandwich", {"summary_tokens": 24, "append_summaries": True, "preserve_bottom": 2}),
+    ("summarize_old", {}),
+    ("compaction", {"summary_tokens": 24, "append_summaries": True}),
+    ("summarize_old", {"summary_length": 24, "append_summaries": True}),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    choice=st.sampled_from(STEP_CONFIGS),
+    lengths=st.lists(st.integers(8, 70), min_size=1, max_size=6),
+    shape=st.sampled_from(["chat", "agent"]),
+    window=st.sampled_from([1500, 4000]),
+)
+def test_a_walk_resumed_from_checkpoints_gives_what_a_whole_walk_gives(
+    choice: tuple[str, dict[str, Any]], lengths: list[int], shape: str, window: int
+) -> None:
+    """Issue 5: whatever a conversation's history of requests (growing, repeated, shrunk after
+    an edit), a step with a memo full of checkpoints returns what it returns without one."""
+    step_type, config = choice
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    shared = Memo()
+    for length in lengths:
+        datas = chat(length) if shape == "chat" else agent(length, output_lines=12)
+        plain = step.apply(conv(datas), budget(window), env(FakeSummaries()))
+        memo = step.apply(with_uids(datas), budget(window), env(FakeSummaries(), memo=shared))
+        assert memo.conversation.data() == plain.conversation.data()
+        assert memo.detail == plain.detail
 
 
 @pytest.mark.parametrize(
