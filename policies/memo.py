@@ -5,6 +5,12 @@ what computing again would: passing a memo, sharing one between requests or pass
 never changes an output, only how long it takes. Keys name the function first (`("detect",
 text)`), so two functions never share an entry.
 
+One kind of entry holds more than its key determines: a rolling summary's `Checkpoint`
+(`rollup.Rolling`) holds the answers its links got from the summary source. It is used only while
+the source still answers its last link, whose request carries those answers; while it does, the
+output is the one a whole walk gives (tested), and after the source lost an earlier link but not
+the last one, it is the summary the last link stands for, of exactly the same messages.
+
 A client resends its whole history on every call; what a step works out from a message's text
 alone (its content type, its compressed form) is the same on every request. The gateway keeps
 one memo for the process and passes it in through `Env`; an `Env` made without one gets its own,
