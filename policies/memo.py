@@ -5,11 +5,14 @@ what computing again would: passing a memo, sharing one between requests or pass
 never changes an output, only how long it takes. Keys name the function first (`("detect",
 text)`), so two functions never share an entry.
 
-One kind of entry holds more than its key determines: a rolling summary's `Checkpoint`
-(`rollup.Rolling`) holds the answers its links got from the summary source. It is used only while
-the source still answers its last link, whose request carries those answers; while it does, the
-output is the one a whole walk gives (tested), and after the source lost an earlier link but not
-the last one, it is the summary the last link stands for, of exactly the same messages.
+Two kinds of entry hold more than their key determines, both a rolling summary's
+(`rollup.Rolling`). A `Checkpoint` holds the answers its links got from the summary source. It
+is used only while the source still answers its last link, whose request carries those answers;
+while it does, the output is the one a whole walk gives (tested), and after the source lost an
+earlier link but not the last one, it is the summary the last link stands for, of exactly the same
+messages. A conversation's recent walks (`replace`d after each) only say which checkpoints to
+try: each is checked against the request before it is used, so a stale one costs time, never
+output.
 
 A client resends its whole history on every call; what a step works out from a message's text
 alone (its content type, its compressed form) is the same on every request. The gateway keeps
@@ -66,6 +69,13 @@ class Memo:
     def put(self, key: Hashable, value: object, chars: int = 0) -> None:
         """Keep `value` for `key` (unless one is kept already), as `get` keeps what it computes."""
         self.get(key, lambda: value, chars)
+
+    def replace(self, key: Hashable, value: object, chars: int = 0) -> None:
+        """Keep `value` for `key` instead of what was kept for it."""
+        found = self._entries.pop(key, None)
+        if found is not None:
+            self._chars -= found[1]
+        self.put(key, value, chars)
 
     def get(self, key: Hashable, compute: Callable[[], T], chars: int = 0) -> T:
         """`compute()`, or what it returned for an equal `key` before.

@@ -267,6 +267,41 @@ class Checkpoint:
     links: int
 
 
+# What a walk did at one event: (the cut `scan_cuts` proposed, the cut taken, and when they
+# differ, how far a snap could look: `furthest` changes as the conversation grows, and a further
+# end could be taken instead).
+Decision = tuple[int, int, int | None]
+RECENT_WALKS = 4  # a conversation's recent walks kept to resume from (a branch, a prediction)
+
+
+class Replay:
+    """A `settle` that takes the cuts a recorded walk took, while the scan proposes what it
+    proposed then; from the first event that differs on, it takes the proposed cuts and counts
+    nothing more."""
+
+    def __init__(self, decisions: Sequence[Decision], furthest: int) -> None:
+        self.decisions = decisions
+        self.furthest = furthest
+        self.matched = 0  # events replayed
+        self._events = 0
+        self._off = False
+
+    def settle(self, cut: int, proposed: int) -> int:
+        event, self._events = self._events, self._events + 1
+        if not self._off and event < len(self.decisions):
+            was, taken, high = self.decisions[event]
+            if was == proposed and (high is None or high == snap_high(self.furthest, proposed)):
+                self.matched += 1
+                return taken
+        self._off = True
+        return proposed
+
+
+def snap_high(furthest: int, proposed: int) -> int:
+    """The furthest end a snap from `proposed` may take."""
+    return min(furthest, proposed + SNAP_UNITS)
+
+
 class Rolling:
     """The rolling summary, asked for link by link as `scan_cuts` finds the events (its settle).
 
@@ -286,11 +321,14 @@ class Rolling:
 
     The walk is as long as the conversation's list of events, and a client resends the same
     history every turn: between two events it walks the same links to the same answers. So the
-    state after the last event that was ready and not snapped is kept in the memo (a
-    `Checkpoint`), keyed by everything the walk up to there depends on: the step's config, the
-    cuts, the units and their sizes, and the messages (uids). A later walk with the same cuts
-    `resume`s from it, asking the source only for that event's last link (its request carries
-    every earlier answer, as `previous`), and walks on from there.
+    state after the last event whose links were ready is kept in the memo (a `Checkpoint`),
+    keyed by everything the walk up to there depends on: the step's config, what it did at each
+    event (`Decision`s, snaps included), the units and their sizes, anchored messages and the
+    messages (uids). The conversation's recent walks are kept under its first unit. A later
+    request replays each with `scan_cuts` (no source asked): the events it proposes as that walk
+    did are taken as that walk took them, and the walk `resume`s from the checkpoint of the most
+    events replayed, asking the source only for that checkpoint's last link (its request carries
+    every earlier answer, as `previous`); the events after it are walked.
     """
 
     def __init__(
@@ -323,20 +361,32 @@ class Rolling:
         # For the link keys, read once: a request walks every link of its rolling summary.
         self._uids = [m.uid for m in conversation.messages]
         self._fixed = sorted(fixed)
-        self._expected: Sequence[int] = ()  # the cuts when every link is ready (`resume`)
-        self._resumed = 0  # events up to this cut are the checkpoint's: not walked again
+        self._decisions: list[Decision] = []  # one per event settled, walked or replayed
+        self._replayed = 0  # events taken from a checkpoint: not walked again
         self._events = 0  # events settled so far
-        self._on_course = True  # every event so far was ready, at the expected cut
         self._reached: tuple[int, Checkpoint] | None = None  # (events, state) to remember
         self._last: tuple[SummaryRequest, SummaryAnswer | None, str | None] | None = None
 
-    def resume(self, expected: Sequence[int]) -> bool:
-        """Start from the furthest checkpoint kept for `expected` (the cuts `scan_cuts` finds
-        without `settle`) or the one an event before, if the source still has its last link.
-        True when the whole walk was resumed: `expected` are then the cuts."""
-        self._expected = expected
-        for events in (len(expected), len(expected) - 1):
-            key = self._checkpoint_key(events)
+    def resume(self, scan: tuple[Any, ...]) -> list[int] | None:
+        """Start from the checkpoint of a recent walk of this conversation, if the source still
+        has its last link: the one that replays the most events of `scan_cuts(*scan)`, or the
+        one an event before. The cuts when every event was replayed; None when events are left
+        to walk (`settle` takes the replayed ones as they were)."""
+        head = self._head_key()
+        recent = self.memo.peek(head) if head is not None else None
+        if not isinstance(recent, tuple):
+            return None
+        best: tuple[int, list[int], Sequence[Decision]] = (0, [], ())
+        for decisions in recent:
+            replay = Replay(decisions, self.furthest)
+            cuts = scan_cuts(*scan, replay.settle)
+            if replay.matched > best[0]:
+                best = (replay.matched, cuts, decisions)
+            if replay.matched == len(cuts):
+                break
+        matched, cuts, decisions = best
+        for events in range(matched, max(0, matched - 2), -1):
+            key = self._checkpoint_key(tuple(decisions[:events]))
             found = self.memo.peek(key) if key is not None else None
             if not isinstance(found, Checkpoint):
                 continue
@@ -345,30 +395,52 @@ class Rolling:
                 continue
             self.answer, self.previous = found.answer, found.previous
             self._take(found.last, got, found.covered)
-            self.links, self._events = found.links, events
-            self._resumed = expected[events - 1]
-            return events == len(expected)
-        return False
+            self.links = found.links
+            self._decisions, self._replayed = list(decisions[:events]), events
+            return cuts if events == len(cuts) else None
+        return None
 
     def remember(self) -> None:
-        """Keep the state after the last event that was ready at its expected cut."""
+        """Keep the state after the last event whose links were ready, and the walk up to it
+        among the conversation's recent walks."""
         if self._reached is None:
             return
         events, checkpoint = self._reached
-        key = self._checkpoint_key(events)
-        if key is not None:
-            texts = (checkpoint.previous, checkpoint.answer.text if checkpoint.answer else None)
-            chars = sum(len(t) for t in texts if t) + len(key[-1])  # the texts, a word per uid
-            self.memo.put(key, checkpoint, chars)
+        decisions = tuple(self._decisions[:events])
+        key = self._checkpoint_key(decisions)
+        head = self._head_key()
+        if key is None or head is None:
+            return
+        texts = (checkpoint.previous, checkpoint.answer.text if checkpoint.answer else None)
+        chars = sum(len(t) for t in texts if t) + len(key[-1])  # the texts, a word per uid
+        self.memo.put(key, checkpoint, chars)
+        recent = self.memo.peek(head)
+        recent = recent if isinstance(recent, tuple) else ()
+        if recent and recent[0] == decisions:
+            return
+        # A walk this one extends replays no more than this one does.
+        kept = [r for r in recent if r != decisions[: len(r)]][: RECENT_WALKS - 1]
+        self.memo.replace(head, (decisions, *kept), 8 * (1 + len(kept)) * len(decisions))
 
-    def _checkpoint_key(self, events: int) -> tuple[Any, ...] | None:
-        """What the walk through the first `events` expected events depends on; None when a
-        message has no uid (its data would have to be compared)."""
-        if events <= 0:
-            return None
-        last = self._expected[events - 1]
+    def _head_key(self) -> tuple[Any, ...] | None:
+        """Where a conversation's recent walks are kept: the step's config and its first unit."""
         bounds = self.units.bounds
-        start, end = bounds[0], bounds[last]
+        if len(bounds) < 2:
+            return None
+        uids = tuple(self._uids[bounds[0] : bounds[1]])
+        if None in uids:
+            return None
+        plan = self.plan
+        return ("rolling walks", self._template, plan.chunk_tokens, plan.append_until, uids)
+
+    def _checkpoint_key(self, decisions: tuple[Decision, ...]) -> tuple[Any, ...] | None:
+        """What a walk that decided `decisions` depends on; None when a message has no uid (its
+        data would have to be compared)."""
+        if not decisions:
+            return None
+        reach = max(max(was, taken, high or 0) for was, taken, high in decisions)
+        bounds = self.units.bounds
+        start, end = bounds[0], bounds[reach]
         uids = tuple(self._uids[start:end])
         if None in uids:
             return None
@@ -380,9 +452,9 @@ class Rolling:
             self._template,
             plan.chunk_tokens,
             plan.append_until,
-            tuple(self._expected[:events]),
-            bounds[: last + 1],
-            tuple(self.sizes[:last]),
+            decisions,
+            bounds[: reach + 1],
+            tuple(self.sizes[:reach]),
             anchored,
             uids,
         )
@@ -392,18 +464,13 @@ class Rolling:
         return self.pending is not None or self.failed
 
     def settle(self, cut: int, proposed: int) -> int:
-        if proposed <= self._resumed:  # the checkpoint's events
-            return proposed
-        taken = self._settle(cut, proposed)
         events, self._events = self._events, self._events + 1
-        self._on_course = (
-            self._on_course
-            and not self.stopped
-            and taken == proposed
-            and events < len(self._expected)
-            and self._expected[events] == proposed
-        )
-        if self._on_course and self._last is not None:
+        if events < self._replayed:  # the checkpoint's events
+            return self._decisions[events][1]
+        taken = self._settle(cut, proposed)
+        high = None if taken == proposed else snap_high(self.furthest, proposed)
+        self._decisions.append((proposed, taken, high))
+        if not self.stopped and self._last is not None:
             request, answer, previous = self._last
             checkpoint = Checkpoint(self.covered, answer, previous, request, self.links)
             self._reached = (events + 1, checkpoint)
@@ -485,7 +552,7 @@ class Rolling:
         self.previous = previous_of(answer) if previous_of is not None else answer.text
 
     def _nearby(self, first: int, proposed: int) -> list[int]:
-        low, high = max(first + 1, proposed - SNAP_UNITS), min(self.furthest, proposed + SNAP_UNITS)
+        low, high = max(first + 1, proposed - SNAP_UNITS), snap_high(self.furthest, proposed)
         ends = [end for end in range(low, high + 1) if end != proposed]
         return sorted(ends, key=lambda end: (abs(end - proposed), end))
 
@@ -560,8 +627,9 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
         allowance *= 2  # appended parts grow to about twice the length before they are rewritten
     rolling = Rolling(conversation, plan.units, fixed, sizes, plan, env.summaries, env.memo)
     scan = (sizes, kept, plan.fixed_tokens, plan.trigger, plan.target, plan.cap, allowance)
-    expected = scan_cuts(*scan)
-    cuts = expected if rolling.resume(expected) else scan_cuts(*scan, rolling.settle)
+    cuts = rolling.resume(scan)
+    if cuts is None:
+        cuts = scan_cuts(*scan, rolling.settle)
     rolling.remember()
     if not cuts:
         return StepResult.unchanged(conversation, reason="under threshold")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from typing import Any
 
@@ -508,3 +509,160 @@ def test_compaction_leaves_room_for_the_appended_parts(append: bool) -> None:
         result = step.apply(conv(chat(turns)), window, env(FakeSummaries(words=180)))
         if result.summary_used:
             assert result.conversation.tokens <= threshold, turns
+
+
+class Lacking(FakeSummaries):
+    """A summary cache that lacks some links (the same ones on every request) and holds the
+    rest: `lacked(request)` says which."""
+
+    def __init__(self, lacked: Any) -> None:
+        super().__init__()
+        self.lacked = lacked
+
+    def get(self, request: SummaryRequest) -> SummaryAnswer:
+        if self.lacked(request):
+            self.requests.append(request)
+            return SummaryAnswer("missing")
+        return super().get(request)
+
+
+def counted_uids(datas: list[dict[str, Any]], scale: float, changed: int = -1) -> Conversation:
+    """`with_uids`, counted by a heuristic whose calibration multiplier is `scale`; message
+    `changed` (if any) has been edited: a new uid."""
+    return Conversation(
+        tuple(
+            Message(
+                data=dict(d),
+                tokens=max(1, round(count(d) * scale)),
+                origin=i,
+                uid=i + 1 + (100_000 if i == changed else 0),
+            )
+            for i, d in enumerate(datas)
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config"),
+    [
+        ("compaction", {"summary_tokens": 200}),
+        ("sandwich", {"summary_tokens": 200}),
+        ("summarize_old", {}),
+        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
+    ],
+)
+def test_a_walk_that_took_a_nearby_summary_resumes_from_it(
+    step_type: str, config: dict[str, Any]
+) -> None:
+    """Issue 5 (added latency): when the summary a cut needs is missing and one ending a unit
+    away is ready (the counts drifted; a precomputation predicted the other cut), the walk takes
+    that one, and the requests after it resume from there: the same conversation again asks the
+    source for one link, a grown one for that link and the new ones, and each gets what a walk
+    without a memo gets."""
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    window = budget(4000)
+    lacked = links_of(step, chat(60), window)[1].canonical()
+    walked, links = [], []
+    shared = Memo()
+    for turns in (60, 60, 64, 64):
+        datas = chat(turns)
+        plain_source = Lacking(lambda r: r.canonical() == lacked)
+        plain = step.apply(conv(datas), window, env(plain_source))
+        memo_source = Lacking(lambda r: r.canonical() == lacked)
+        memo = step.apply(with_uids(datas), window, env(memo_source, memo=shared))
+        assert memo.conversation.data() == plain.conversation.data()
+        assert memo.detail == plain.detail
+        assert plain.detail["summary"] == "ready"  # past the missing link: a nearby one taken
+        assert any(r.canonical() == lacked for r in plain_source.requests)
+        walked.append(len(memo_source.requests))
+        links.append(plain.detail["summary_links"])
+    assert walked[0] > 2
+    assert walked[1] == walked[3] == 1
+    assert walked[2] == 1 + links[2] - links[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    choice=st.sampled_from(STEP_CONFIGS),
+    requests=st.lists(
+        st.tuples(
+            st.integers(8, 70), st.sampled_from([0.95, 1.0, 1.05]), st.sampled_from([0, 0, 60])
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    shape=st.sampled_from(["chat", "agent"]),
+    window=st.sampled_from([1500, 4000]),
+    seed=st.integers(0, 255),
+)
+def test_walks_resumed_past_nearby_summaries_give_what_whole_walks_give(
+    choice: tuple[str, dict[str, Any]],
+    requests: list[tuple[int, float, int]],
+    shape: str,
+    window: int,
+    seed: int,
+) -> None:
+    """Issue 5: with a cache that holds some links and lacks others, counts that drift between
+    requests and a last message that is sometimes longer (edited, or another branch), walks take
+    nearby summaries, stop at missing ones, and resume from checkpoints, and a step with a memo
+    still returns what it returns without one."""
+    step_type, config = choice
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    shared = Memo()
+
+    def lacked(request: SummaryRequest) -> bool:
+        return hashlib.sha256(bytes([seed]) + request.canonical()).digest()[0] % 3 == 0
+
+    for length, scale, longer in requests:
+        for more in {0, longer}:  # the request, then (if drawn) it with a longer last message
+            datas = chat(length) if shape == "chat" else agent(length, output_lines=12)
+            datas[-1] = {**datas[-1], "content": datas[-1]["content"] + " and more" * more}
+            changed = len(datas) - 1 if more else -1
+            plain = step.apply(counted(datas, scale), budget(window), env(Lacking(lacked)))
+            memo = step.apply(
+                counted_uids(datas, scale, changed),
+                budget(window),
+                env(Lacking(lacked), memo=shared),
+            )
+            assert memo.conversation.data() == plain.conversation.data()
+            assert memo.detail == plain.detail
+
+
+def test_a_nearby_summary_is_looked_for_again_once_the_conversation_allows_more() -> None:
+    """Issue 5: a walk takes a nearby summary only up to where the step's own limit puts the last
+    cut, and that limit grows with the conversation. A request that can look further (here: past
+    a missing one to a ready one that is nearer the proposed cut) gets what a walk without a memo
+    gets, not the walk an earlier request took."""
+    step = build_step(STEPS["summarize_old"][0]())
+    window = budget(4000)
+    turns = next(t for t in itertools.count(10) if len(links_of(step, chat(t), window)) == 2)
+    # The second event's link, Turns [first, end): new with this Turn, so it ends at the limit.
+    link = links_of(step, chat(turns), window)[1]
+    first = int(link.messages[0]["content"].split()[1])
+    end = int(link.messages[-1]["content"].split()[1]) + 1
+
+    def lacked(request: SummaryRequest) -> bool:
+        """The links from `first` that end at the proposed cut or one Turn before it."""
+        head, tail = request.messages[0]["content"], request.messages[-1]["content"]
+        return head.startswith(f"question {first} ") and tail.startswith(
+            (f"answer {end - 1} ", f"answer {end - 2} ")
+        )
+
+    shared = Memo()
+    covered = []
+    for grown in (turns, turns + 2):
+        datas = chat(grown)
+        plain_source = Lacking(lacked)
+        plain = step.apply(conv(datas), window, env(plain_source))
+        memo = step.apply(with_uids(datas), window, env(Lacking(lacked), memo=shared))
+        assert memo.conversation.data() == plain.conversation.data()
+        assert memo.detail == plain.detail
+        taken = [
+            r.messages[-1]["content"].split()[1]
+            for r in plain_source.requests
+            if r.messages[0]["content"].startswith(f"question {first} ") and not lacked(r)
+        ]
+        covered.append(int(taken[0]) + 1)
+    assert covered == [end - 2, end + 1]  # two Turns short at first, then one Turn further
