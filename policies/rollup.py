@@ -382,9 +382,14 @@ class Rolling:
             cuts = scan_cuts(*scan, replay.settle)
             if replay.matched > best[0]:
                 best = (replay.matched, cuts, decisions)
-            if replay.matched == len(cuts):
+            # All but a new event: another walk may have it too (a prediction), but a scan
+            # costs more than walking one event.
+            if replay.matched >= len(cuts) - 1:
                 break
         matched, cuts, decisions = best
+        if decisions and decisions is not recent[0]:  # tried first next time
+            rest = tuple(r for r in recent if r is not decisions)
+            self.memo.replace(head, (decisions, *rest), 8 * len(recent) * len(decisions))
         for events in range(matched, max(0, matched - 2), -1):
             key = self._checkpoint_key(tuple(decisions[:events]))
             found = self.memo.peek(key) if key is not None else None
