@@ -666,3 +666,42 @@ def test_a_nearby_summary_is_looked_for_again_once_the_conversation_allows_more(
         ]
         covered.append(int(taken[0]) + 1)
     assert covered == [end - 2, end + 1]  # two Turns short at first, then one Turn further
+
+
+@pytest.mark.parametrize(
+    ("step_type", "config", "turns", "edited", "more"),
+    [
+        ("sandwich", {"summary_tokens": 200}, 25, 50, 10),  # the last answer, longer
+        ("summarize_old", {}, 34, 66, 10),  # an answer after the summarised range, rewritten
+    ],
+)
+def test_a_recorded_walk_is_not_replayed_where_the_scan_now_proposes_another_cut(
+    step_type: str, config: dict[str, Any], turns: int, edited: int, more: int
+) -> None:
+    """Issue 5: a message edited after the summarised range (an answer made longer) moves where
+    the last event cuts (sandwich: more to shed; summarize_old: the trigger is crossed a Turn
+    earlier) while everything a checkpoint is keyed by stays the same. The replay takes a
+    recorded cut only where the scan proposes what it proposed then: the request gets the summary
+    of its own range, as a walk without a memo does, and asks again for one link besides it."""
+    step = build_step(STEPS[step_type][0](**config))
+    window = budget(4000)
+    before = chat(turns)
+    after = chat(turns)
+    after[edited] = {**after[edited], "content": after[edited]["content"] + " and more" * more}
+    old, new = links_of(step, before, window), links_of(step, after, window)
+    assert len(old) == len(new) >= 2  # no event added or lost
+    assert [r.canonical() for r in old[:-1]] == [r.canonical() for r in new[:-1]]
+    assert old[-1].canonical() != new[-1].canonical()  # the last event cuts elsewhere
+    shared = Memo()
+    step.apply(with_uids(before), window, env(FakeSummaries(), memo=shared))
+    plain = step.apply(conv(after), window, env(FakeSummaries()))
+    memo_source = FakeSummaries()
+    memo = step.apply(
+        with_uids(after, changed=frozenset({edited})), window, env(memo_source, memo=shared)
+    )
+    assert memo.conversation.data() == plain.conversation.data()
+    assert memo.detail == plain.detail
+    # The link before the moved one, from its checkpoint, and the moved one.
+    assert [r.canonical() for r in memo_source.requests] == [
+        r.canonical() for r in new[-2:]
+    ]
