@@ -702,6 +702,4 @@ def test_a_recorded_walk_is_not_replayed_where_the_scan_now_proposes_another_cut
     assert memo.conversation.data() == plain.conversation.data()
     assert memo.detail == plain.detail
     # The link before the moved one, from its checkpoint, and the moved one.
-    assert [r.canonical() for r in memo_source.requests] == [
-        r.canonical() for r in new[-2:]
-    ]
+    assert [r.canonical() for r in memo_source.requests] == [r.canonical() for r in new[-2:]]
