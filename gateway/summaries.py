@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import orjson
 
 from policies import Budget, ChainResult, Conversation, Message, run_chain
+from policies.conversation import inserted
 from policies.memo import Memo
 from policies.rollup import SummarisingConfig
 from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
@@ -627,11 +628,16 @@ def _summarises(step: object) -> bool:
 def _growth(conversation: Conversation, requests: int = GROWTH_REQUESTS) -> int:
     """Tokens a request adds, on average over the last few: each added an answer and what
     followed it (tool results, the next user message)."""
-    messages = conversation.messages
-    answers = [i for i, m in enumerate(messages) if m.role == "assistant"][-requests:]
+    roles = conversation.roles()
+    answers, first = 0, len(roles)
+    for at in range(len(roles) - 1, -1, -1):  # from the end: older history is not read
+        if roles[at] == "assistant":
+            answers, first = answers + 1, at
+            if answers == requests:
+                break
     if not answers:
         return conversation.tokens
-    return sum(m.tokens for m in messages[answers[0] :]) // len(answers)
+    return sum(m.tokens for m in conversation.messages[first:]) // answers
 
 
 _SAME_TURN = {"role": "assistant", "content": ""}  # what a prediction's filler message holds
@@ -644,4 +650,7 @@ def _synthetic(request: SummaryRequest) -> bool:
 
 
 def _extended(conversation: Conversation, filler: Message, tokens: int) -> Conversation:
-    return Conversation((*conversation.messages, Message(data=filler.data, tokens=tokens)))
+    """`conversation` and a filler of `tokens` tokens. The tool groups (and, for a filler that
+    is no user message, the roles and protected messages) the request's chain worked out are
+    carried over: a prediction runs the chain several times on a conversation as long."""
+    return inserted(conversation, len(conversation), [Message(data=filler.data, tokens=tokens)])
