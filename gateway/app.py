@@ -310,6 +310,7 @@ class ChatCompletions:
             observe=observe,
             headers=None if observe else scope["headers"],
         )
+        gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
         url = route.chat_url
         if url is None:
             raise NotFoundError(f"The model `{route.name}` has no chat upstream.")

@@ -228,6 +228,14 @@ class SummariesConfig(_Strict):
     lookahead_requests: float = Field(
         2.0, gt=0, description="Precompute when the trigger is this many requests' growth away"
     )
+    precompute_defer_s: float = Field(
+        0.5,
+        ge=0,
+        description=(
+            "A precomputation starts when the tenant's next request on the model has been "
+            "prepared (it runs while that one is at the upstream), or after this long; 0: at once"
+        ),
+    )
     background_concurrency: int = Field(4, ge=1, description="Precomputations running at once")
     background_queue: int = Field(64, ge=0, description="Precomputations waiting; more are dropped")
     retry_failed_after_s: float = Field(

@@ -28,6 +28,12 @@ Rules this module keeps:
   chain will ask for when the conversation crosses its trigger and computes it in the
   background, so the crossing request finds it ready. Precomputations are bounded (a semaphore
   and a bounded queue), never delay a response, and are cancelled at shutdown.
+- **Precomputation runs while the gateway waits**: its chain runs (a few ms of CPU on a long
+  conversation) hold the GIL. Started the moment a response ends, they would overlap the
+  client's next call, which an agent sends right after its tool returns. So a precomputation
+  waits until the tenant's next request on that model has been prepared (it then runs while
+  that request is at the upstream), or `precompute_defer_s`, whichever comes first. A summary
+  takes seconds; starting it a tool call later costs nothing the lookahead does not cover.
 """
 
 from __future__ import annotations
@@ -382,6 +388,10 @@ class Precompute:
 
     "Past `precompute_ratio`" is judged on the tokens after the last summarising step, not on
     what was finally sent: a later trimming step (`fifo`) does not stop the range from moving.
+
+    A scheduled precomputation first waits for the tenant's next request on the route to be
+    prepared (`request_prepared`), at most `precompute_defer_s`: its chain runs then overlap
+    that request's time at the upstream, not the moment the agent sends it.
     """
 
     def __init__(self, service: SummaryService, pipeline: Pipeline) -> None:
@@ -391,6 +401,17 @@ class Precompute:
         self._slots = asyncio.Semaphore(self.config.background_concurrency)
         self._queued = 0
         self._seen: OrderedDict[tuple[str, str], tuple[float, float | None]] = OrderedDict()
+        # Precomputations waiting for the next request of (tenant, route) to be prepared.
+        self._deferred: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
+
+    def request_prepared(self, tenant: str, route: Route) -> None:
+        """A request of `tenant` on `route` is prepared and about to go upstream: the
+        precomputations waiting for it start now, while it waits for the answer."""
+        if not self._deferred:  # the usual case: a dict lookup on every request is all it costs
+            return
+        for waiter in self._deferred.pop((tenant, route.name), ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     def after_response(
         self,
@@ -418,7 +439,17 @@ class Precompute:
         lookahead = self._lookahead(tenant, route)
         seen = prepared.conversation if prepared is not None else None
         job = Job(request, route, tenant, tuple(headers), window, sent, lookahead, seen)
-        self.service.spawn(self._run(job), name="precompute")
+        # Registered now, before this task awaits anything: the client's next request cannot
+        # have been read yet, so its `request_prepared` is not missed.
+        waiter = self._defer((tenant, route.name))
+        self.service.spawn(self._run(job, waiter), name="precompute")
+
+    def _defer(self, key: tuple[str, str]) -> asyncio.Future[None] | None:
+        if self.config.precompute_defer_s <= 0:
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._deferred.setdefault(key, []).append(waiter)
+        return waiter
 
     def _lookahead(self, tenant: str, route: Route) -> float:
         """`lookahead_requests`, or more when a summary takes longer than that many requests.
@@ -447,12 +478,27 @@ class Precompute:
         ratio = prepared.route.policy_config.precompute_ratio
         return _summarised_tokens(chain, prepared.route) >= ratio * budget.limit
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: Job, waiter: asyncio.Future[None] | None = None) -> None:
         try:
+            if waiter is not None:
+                await self._next_request(waiter, (job.tenant, job.route.name))
             async with self._slots:
                 await self.precompute(job)
         finally:
             self._queued -= 1
+
+    async def _next_request(self, waiter: asyncio.Future[None], key: tuple[str, str]) -> None:
+        """Wait for the tenant's next request to be prepared, at most `precompute_defer_s`."""
+        try:
+            await asyncio.wait((waiter,), timeout=self.config.precompute_defer_s)
+        finally:
+            if not waiter.done():  # timed out (or cancelled at shutdown): stop listening
+                waiter.cancel()
+                waiting = self._deferred.get(key)
+                if waiting is not None and waiter in waiting:
+                    waiting.remove(waiter)
+                    if not waiting:
+                        del self._deferred[key]
 
     async def precompute(self, job: Job) -> list[SummaryRequest]:
         """Predict and compute; returns the requests it computed (for tests and the benchmark)."""

@@ -302,7 +302,8 @@ async def test_no_precompute_far_from_the_trigger() -> None:
         await gateway.precompute.precompute(Job(chat, r, "t", HEADERS, 4096, prepared.chain)) == []
     )
     gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
-    await asyncio.sleep(0.05)
+    gateway.precompute.request_prepared("t", r)  # the next request: the precomputation runs
+    await asyncio.gather(*gateway.summaries._tasks)
     assert not stub.calls
     await gateway.summaries.close()
 
@@ -317,7 +318,8 @@ async def test_shadow_mode_never_precomputes(mode: str) -> None:
     assert r is not None and r.mode == "observe"
     chat = parse_chat_request(orjson.dumps({"model": "m", "messages": agent_messages(6)}), 1000)
     gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, None)
-    await asyncio.sleep(0.05)
+    gateway.precompute.request_prepared("t", r)
+    await asyncio.gather(*gateway.summaries._tasks)
     assert not stub.calls
     await gateway.summaries.close()
 
@@ -353,8 +355,86 @@ async def test_summarize_old_is_precomputed_while_fifo_trims_after_it() -> None:
         if prepared.changed_steps:
             made_in_request += len(stub.calls) - before
             trimmed += "fifo" in prepared.changed_steps
-        gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
+        # As the app does: the last response's precomputation runs while this request is at the
+        # upstream, after it was prepared (so it cannot have helped this request).
+        gateway.precompute.request_prepared("t", r)
         await asyncio.gather(*gateway.summaries._tasks)
+        gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
     assert trimmed >= 10  # fifo trimmed after the summary on most requests
     assert made_in_request <= 1  # only the very first summary, before anything was predicted
     await gateway.summaries.close()
+
+
+async def past_the_precompute_point(gateway: Gateway, r: Route) -> tuple[Any, Any]:
+    """The first request of the agent session whose precomputation makes a summary."""
+    for rounds in range(1, 30):
+        body = orjson.dumps({"model": "m", "messages": agent_messages(rounds), "tools": TOOLS,
+                             "max_tokens": 256})  # fmt: skip
+        chat = parse_chat_request(body, 1000)
+        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        dry = Gateway(parse_config(AGENT_CONFIG))  # asks a stub that records, on its own
+        dry.summaries.summarizer = Stub()  # type: ignore[assignment]
+        dry_route = dry.router.resolve("m")
+        assert dry_route is not None
+        if await dry.precompute.precompute(Job(chat, dry_route, "t", HEADERS, 4096)):
+            await dry.summaries.close()
+            return chat, prepared
+        await dry.summaries.close()
+    raise AssertionError("the session never reached the precompute point")
+
+
+async def test_a_precomputation_waits_for_the_tenants_next_request() -> None:
+    """Its chain runs hold the GIL for milliseconds: started as the response ends they would
+    slow the agent's next call. It starts once that call is prepared (and at the upstream)."""
+    config = {**AGENT_CONFIG, "summaries": {"precompute_defer_s": 30}}
+    gateway = Gateway(parse_config(config))
+    stub = Stub()
+    gateway.summaries.summarizer = stub  # type: ignore[assignment]
+    r = gateway.router.resolve("m")
+    assert r is not None
+    chat, prepared = await past_the_precompute_point(gateway, r)
+    gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
+    await asyncio.sleep(0.2)
+    assert not stub.calls  # nothing runs while the client is away
+    gateway.precompute.request_prepared("another tenant", r)
+    await asyncio.sleep(0.2)
+    assert not stub.calls  # another tenant's request is not this one's next
+    gateway.precompute.request_prepared("t", r)
+    await asyncio.wait_for(asyncio.gather(*gateway.summaries._tasks), 10)
+    assert len(stub.calls) == 1
+    assert not gateway.precompute._deferred  # nothing left listening
+    await gateway.summaries.close()
+
+
+async def test_without_a_next_request_a_precomputation_starts_after_precompute_defer_s() -> None:
+    config = {**AGENT_CONFIG, "summaries": {"precompute_defer_s": 0.3}}
+    gateway = Gateway(parse_config(config))
+    stub = Stub()
+    gateway.summaries.summarizer = stub  # type: ignore[assignment]
+    r = gateway.router.resolve("m")
+    assert r is not None
+    chat, prepared = await past_the_precompute_point(gateway, r)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
+    await asyncio.sleep(0.1)
+    assert not stub.calls
+    await asyncio.wait_for(asyncio.gather(*gateway.summaries._tasks), 10)
+    assert len(stub.calls) == 1 and loop.time() - started >= 0.3
+    assert not gateway.precompute._deferred  # the timed-out waiter was removed
+    await gateway.summaries.close()
+
+
+async def test_shutdown_cancels_a_deferred_precomputation() -> None:
+    config = {**AGENT_CONFIG, "summaries": {"precompute_defer_s": 30}}
+    gateway = Gateway(parse_config(config))
+    stub = Stub()
+    gateway.summaries.summarizer = stub  # type: ignore[assignment]
+    r = gateway.router.resolve("m")
+    assert r is not None
+    chat, prepared = await past_the_precompute_point(gateway, r)
+    gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(gateway.summaries.close(), 5)
+    assert not stub.calls and not gateway.precompute._deferred
+    assert gateway.precompute._queued == 0

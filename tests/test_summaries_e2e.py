@@ -322,6 +322,36 @@ def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
     assert metric(gateway, "compactgate_summary_cache_total", 'result="hit"') >= 1
 
 
+def test_a_precomputation_runs_while_the_next_request_is_at_the_upstream(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+) -> None:
+    """R4.6 without slowing the agent down: a precomputation's chain runs take milliseconds of
+    CPU, so the gateway starts it once the agent's next call has been prepared and is at the
+    upstream, never in the moment between a response and that call (`precompute_defer_s`)."""
+    config = precompute_config(fake_upstream, summary_upstream)
+    config["summaries"]["precompute_defer_s"] = 30  # only the next request starts it
+    gateway = start_gateway(config)
+    fake_upstream.script([{"kind": "hang_before_headers", "seconds": 0.3}] * 60)  # a model's time
+    messages = agent_session()
+    for index in range(40):
+        tool_round(messages, index)
+        before = len(summary_upstream.chat_requests())
+        response, _ = post(gateway, messages, tools=True)
+        assert response.status_code == 200
+        during = len(summary_upstream.chat_requests())
+        time.sleep(0.3)  # the agent's tool runs: nothing may start meanwhile
+        assert len(summary_upstream.chat_requests()) == during, "started between two requests"
+        if during > before:
+            break
+    else:
+        raise AssertionError("no summary was made")
+    # Made ahead of need, by the precomputation that the request in flight let start: that
+    # request was under the trigger, so it did not ask for the summary itself.
+    assert response.headers["x-compactgate-steps"] == "none"
+    assert int(response.headers["x-compactgate-tokens-before"]) < TRIGGER
+    assert index > 0 and len(summary_upstream.chat_requests()) == 1
+
+
 def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
