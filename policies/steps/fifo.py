@@ -10,12 +10,16 @@ crosses the trigger again (cache-stable).
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import operator
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..budget import Budget, stable_cut
-from ..conversation import Conversation, drop
+from ..conversation import Conversation, Turn, drop
 from ..placement import summary_indices
 from ..step import Env, StepConfig, StepResult
 
@@ -37,17 +41,8 @@ class Fifo:
         droppable = turns[: max(0, len(turns) - self.config.keep_last_turns)]
         if not droppable:
             return StepResult.unchanged(conversation, reason="no droppable turns")
-        messages = conversation.messages
-        protected = conversation.protected()
         summaries = summary_indices(conversation)
-        sizes = [
-            sum(
-                messages[i].tokens
-                for i in range(t.start, t.end)
-                if not protected[i] and i not in summaries
-            )
-            for t in turns
-        ]
+        sizes = _droppable_sizes(conversation, turns, summaries)
         fixed = conversation.tokens - sum(sizes)
         cut = min(stable_cut(sizes, fixed, budget.trigger, budget.target), len(droppable))
         if cut == 0:
@@ -57,3 +52,29 @@ class Fifo:
         if not removed:
             return StepResult.unchanged(conversation, reason="only kept messages in range")
         return StepResult(result, removed=removed, detail={"turns_dropped": cut})
+
+
+_TOKENS = operator.attrgetter("tokens")
+
+
+def _droppable_sizes(
+    conversation: Conversation, turns: Sequence[Turn], summaries: frozenset[int]
+) -> list[int]:
+    """Tokens of every Turn without its protected messages and summaries.
+
+    From running totals at the Turn bounds, less the few kept messages one by one: a request has
+    hundreds of messages and a handful of prompts, pins and summaries.
+    """
+    messages = conversation.messages
+    before = list(itertools.accumulate(map(_TOKENS, messages), initial=0))
+    sizes = [before[t.end] - before[t.start] for t in turns]
+    if not turns:
+        return sizes
+    starts = [t.start for t in turns]
+    first, end = starts[0], turns[-1].end
+    kept = set(itertools.compress(range(len(messages)), conversation.protected()))
+    kept.update(summaries)
+    for i in kept:
+        if first <= i < end:
+            sizes[bisect.bisect_right(starts, i) - 1] -= messages[i].tokens
+    return sizes
