@@ -521,6 +521,14 @@ def _p50(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "-"
 
 
+def _spread(values: list[float]) -> str:
+    """p25-p75: how much the gateway's own time varies from request to request."""
+    if len(values) < 4:
+        return "-"
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{low:.1f}-{high:.1f}"
+
+
 def _ratio(values: list[float], references: list[float]) -> str:
     """p50 of the per-request ratios: a request and its reference ran at the same moment."""
     pairs = [v / r for v, r in zip(values, references, strict=True) if r > 0]
@@ -543,6 +551,7 @@ COLUMNS = (
     ("p50 added ms, ready", 19),
     ("p50 ms, under threshold", 23),
     ("p50 ms, fifo only", 17),
+    ("fifo only p25-p75", 17),
     ("ratio", 5),
 )
 
@@ -567,6 +576,7 @@ def print_table(rows: list[Row]) -> None:
             _p50(row.added_ready),
             _p50(row.added_plain),
             _p50(row.added_fifo),
+            _spread(row.added_fifo),
             _ratio(row.added_ready, row.added_fifo),
         )
         widths = [width for _, width in COLUMNS]
@@ -603,8 +613,9 @@ async def main_async(args: argparse.Namespace) -> None:
         "ms: client latency minus the time the upstream spent on the request, on the ready "
         "requests; under threshold: "
         "the same on this run's non-compacting requests (the gateway's normal overhead); fifo "
-        "only: the same requests through the fifo-only gateway, sent in lockstep; ratio: p50 of "
-        "each request's added ms over its fifo-only added ms."
+        "only: the same requests through the fifo-only gateway, sent in lockstep (p25-p75: how "
+        "much its own time varies between those requests); ratio: p50 of each request's added "
+        "ms over its fifo-only added ms."
     )
     print(f"(total {time.perf_counter() - started:.0f} s)")
 
