@@ -1,17 +1,19 @@
-"""The gateway's ASGI app. Read top to bottom, this is the request path.
+"""The gateway's ASGI app. Read top to bottom, this is the request path, for every wire API.
 
-    POST /v1/chat/completions
-      1. read the body (413 past max_body_bytes, 408 if trickled), parse and validate it (400)
-      2. resolve the model to a Route (404 model_not_found)
+    POST /v1/chat/completions | /v1/responses | /v1/messages    (one `Endpoint` per wire adapter)
+      1. authenticate once (401), read the body (413, 408), parse it with the API's adapter (400)
+      2. resolve the model to a Route (404), authorize it (403), hold a tenant slot (429)
       3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
-         trigger, check the invariants, build the exact bytes to forward
-      4. send upstream (retrying 429/5xx/connection failures with backoff)
-      5. if the upstream says "context length exceeded": learn the real window, prepare again
-         from the client's original request against it, retry (at most max_retries)
-      6. relay the status, headers and body (stream chunks as they arrive), adding ours
+         trigger, check the invariants, render the exact bytes to forward in the client's API
+      4. attempt: send upstream (429/5xx/connection failures retried with backoff) and look at
+         the answer; the result is an Outcome: Relayed, Failed (an upstream error) or Overflow
+         (the upstream says the context window was exceeded)
+      5. match the outcome: an Overflow with retries left learns the real window and prepares the
+         client's original request again against it; anything else is answered
+    POST /v1/messages/count_tokens: steps 1-3, then the size of what would be forwarded
 
 Everything else (models list, passthrough of other /v1/* paths, plan, health, metrics) is below
-the chat path. `build_app(config)` wires it up.
+the proxy path. `build_app(config)` wires it up.
 """
 
 from __future__ import annotations
@@ -45,13 +47,13 @@ from .asgi import (
     send_error,
 )
 from .auth import Authenticator, Identity
-from .calibration import Calibration, prompt_tokens_from_json, prompt_tokens_from_sse
-from .chat_request import ChatRequest, parse_chat_request
+from .calibration import Calibration
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
 from .errors import (
     ContextLengthExceededError,
     GatewayError,
+    InvalidRequestError,
     ModelNotFoundError,
     NotFoundError,
     ShuttingDownError,
@@ -73,15 +75,15 @@ from .summarizer import Summarizer
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .upstream import UpstreamClient, UpstreamResponse, forward_headers, passthrough_path
+from .wire import CHAT, COUNT_TOKENS, MESSAGES, RESPONSES, Usage, Wire, WireRequest, wire_of
 
 log = logging.getLogger("compactgate")
 access_log = logging.getLogger("compactgate.access")
 
-CHAT_PATH = "/v1/chat/completions"
 INTERNAL_ERROR = "The gateway failed on this request; it has been logged with the request id."
 IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
 SHUTTING_DOWN = "The gateway is shutting down and could not finish this response; retry it."
-STREAM_TAIL_BYTES = 8192  # the end of a stream is kept to read its usage chunk
+EMPTY_STREAM = "The upstream answered 200 with an empty stream."
 
 
 @dataclass(slots=True)
@@ -90,6 +92,7 @@ class Exchange:
 
     request_id: str
     started: float
+    api: str = "chat"
     model: str = "-"
     status: int = 0
     upstream_seconds: float = 0.0
@@ -98,10 +101,54 @@ class Exchange:
     tokens_after: int = 0
     steps: str = "none"
     observe: bool = False
+    stateful: bool = False  # the history is held upstream: forwarded as it came
     prepared: Prepared | None = None
     context_errors: list[str] = field(default_factory=list)
     internal_rounds: int = 0  # expansion-tool rounds the gateway answered itself
     priority_preserved: float = 1.0
+    usage: Usage | None = None  # what the upstream reported for the answer
+
+
+# -- what one upstream attempt came to --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """The answer (or the upstream's own error, not a context one) reached the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The upstream answered with an error that is not about the context window."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """The upstream says the prompt does not fit: a 4xx body, or a stream whose first events
+    are an error (`stream` is then still open, `head` what was read of it)."""
+
+    error: ContextError
+    failed: Failed | None = None
+    stream: UpstreamResponse | None = None
+    head: bytes = b""
+
+
+Outcome = Relayed | Failed | Overflow
+RELAYED = Relayed()
+
+
+@dataclass(frozen=True, slots=True)
+class Retries:
+    """How many emergency retries (context errors) a request has left: a value, never state."""
+
+    left: int
+
+    def spend(self) -> Retries:
+        return Retries(self.left - 1)
 
 
 class Gateway:
@@ -217,14 +264,17 @@ class Gateway:
             )
 
 
-# -- POST /v1/chat/completions ---------------------------------------------------------------
+# -- POST /v1/chat/completions, /v1/responses, /v1/messages ------------------------------------
 
 
-class ChatCompletions:
-    """The chat-completions endpoint as a plain ASGI app."""
+class Endpoint:
+    """One compacting endpoint as a plain ASGI app: the request path, for one wire API."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    precomputes = True  # after an answer, prepare the summaries the conversation will need
+
+    def __init__(self, gateway: Gateway, wire: Wire) -> None:
         self.gw = gateway
+        self.wire = wire
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -232,6 +282,7 @@ class ChatCompletions:
         exchange = Exchange(
             request_id=incoming_id.decode("latin-1") if incoming_id else uuid.uuid4().hex,
             started=time.perf_counter(),
+            api=self.wire.name,
         )
         gw.metrics.inflight.inc()
         watcher = DisconnectWatcher(receive, send)
@@ -241,23 +292,18 @@ class ChatCompletions:
             body = await read_body(
                 receive, scope, server.max_body_bytes, server.body_read_timeout_s
             )
-            request = parse_chat_request(body, server.max_messages)
-            gw.auth.authorize(identity, request.model)  # 403
-            route = gw.router.resolve(request.model)
-            if route is None:
-                raise ModelNotFoundError(
-                    f"The model `{request.model}` does not exist or is not served by this gateway.",
-                    param="model",
-                )
+            request = self.wire.parse(body, server.max_messages)
+            route = self.route(identity, request)
             exchange.model = gw.metrics.model_label(route.name)
+            exchange.stateful = request.stateful
             watcher.start()
             with gw.limits.hold(identity.tenant):  # 429; released however the response ends
-                await self.serve(scope, watcher.send, request, route, exchange)
-            if exchange.status < 400:  # ahead of need (R4.6): never delays this response
+                await self.serve(scope, watcher.send, request, route, exchange, identity)
+            if exchange.status < 400 and self.precomputes:  # ahead of need: never delays this
                 gw.precompute.after_response(
                     request,
                     route,
-                    gw.tenant(scope),
+                    identity.tenant,
                     scope["headers"],
                     gw.effective_window(route),
                     exchange.prepared,
@@ -280,27 +326,52 @@ class ChatCompletions:
             gw.metrics.inflight.dec()
             self.record(exchange)
 
+    def route(self, identity: Identity, request: WireRequest) -> Route:
+        """The request's model as a Route this caller may use (404, 403)."""
+        self.gw.auth.authorize(identity, request.model)
+        route = self.gw.router.resolve(request.model)
+        if route is None:
+            raise ModelNotFoundError(
+                f"The model `{request.model}` does not exist or is not served by this gateway.",
+                param="model",
+            )
+        return route
+
     async def report(
         self, watcher: DisconnectWatcher, exchange: Exchange, error: GatewayError
     ) -> None:
-        """Send `error` as the response, or, when the response has already started (a stream
-        that stalled or outlived the shutdown deadline), as its last event."""
+        """Send `error` as the response, in this API's shape; when the response has already
+        started (a stream that stalled or outlived the shutdown deadline), as its last event."""
         with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
             if watcher.started:
-                await watcher.end_with_error(error)
+                await watcher.end_with_error(self.wire.stream_error_event(error))
                 return
             exchange.status = error.status
-            request_id = exchange.request_id.encode("latin-1", "replace")
-            headers = [(b"x-compactgate-request-id", request_id)]
+            headers = [
+                (b"x-compactgate-request-id", exchange.request_id.encode("latin-1", "replace"))
+            ]
             if exchange.retries:  # e.g. nothing fits after the upstream's context error
                 headers.append((b"x-compactgate-retries", str(exchange.retries).encode()))
-            await send_error(watcher.send, error, headers)
+            headers.extend((k.encode(), v.encode()) for k, v in error.headers.items())
+            await send_bytes(
+                watcher.send,
+                error.status,
+                self.wire.error_body(error),
+                headers,
+                b"application/json",
+            )
 
     async def serve(
-        self, scope: Scope, send: Send, request: ChatRequest, route: Route, exchange: Exchange
+        self,
+        scope: Scope,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        exchange: Exchange,
+        identity: Identity,
     ) -> None:
         gw = self.gw
-        tenant = gw.tenant(scope)
+        tenant = identity.tenant
         observe = route.mode == "observe"
         prepared = await gw.pipeline.prepare(
             request,
@@ -311,98 +382,85 @@ class ChatCompletions:
             headers=None if observe else scope["headers"],
         )
         gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
-        url = route.chat_url
-        if url is None:
-            raise NotFoundError(f"The model `{route.name}` has no chat upstream.")
-        headers = forward_headers(scope["headers"], route.upstream.api_key, route.upstream.headers)
+        url = upstream_url(route, self.wire)
+        headers = upstream_headers(scope["headers"], route, self.wire)
+        retries = Retries(route.max_retries)
         while True:
-            up_started = time.perf_counter()
-            sending = headers
-            if prepared.stored:
-                await gw.tool_outputs.save(tenant, prepared.stored)
-            if prepared.expandable:  # we read the answer to find internal calls: no gzip
-                sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
-            response = await send_with_retries(
-                gw.upstream, route, url, sending, prepared.body, gw.metrics
+            outcome = await self.attempt(
+                send, request, route, prepared, exchange, url, headers, tenant
             )
-            if response.status >= 400:
-                error_body = await response.read()
-                response.release()
-                context_error = classify(response.status, error_body)
-                if context_error is not None and await self.can_retry(
-                    route, exchange, context_error
-                ):
+            match outcome:
+                case Relayed():
+                    return
+                case Overflow() if self.overflowed(route, exchange, outcome.error, retries):
+                    retries = retries.spend()
+                    if outcome.stream is not None:
+                        outcome.stream.close()
                     prepared = await self.recompact(
-                        request, route, tenant, prepared, context_error, observe, scope["headers"]
+                        request, route, tenant, prepared, outcome, scope["headers"]
                     )
-                    continue
-                exchange.upstream_seconds += time.perf_counter() - up_started
-                self.note(exchange, prepared)
-                exchange.status = response.status
-                await send_bytes(
-                    send,
-                    response.status,
-                    error_body,
-                    [*response.relay_headers(), *self.headers(exchange)],
-                    None,
-                )
-                return
+                case Overflow(failed=Failed() as failed) | (Failed() as failed):
+                    await self.relay_failure(send, exchange, prepared, failed)
+                    return
+                case Overflow(stream=UpstreamResponse() as stream, head=head) if head:
+                    # Out of retries: the upstream's own error event is the answer.
+                    await self.relay(send, exchange, prepared, stream, head, self.wire.usage_tap())
+                    return
+                case Overflow(stream=stream):
+                    if stream is not None:
+                        stream.close()
+                    raise UpstreamError(EMPTY_STREAM)
+
+    async def attempt(
+        self,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        prepared: Prepared,
+        exchange: Exchange,
+        url: str,
+        headers: dict[str, str],
+        tenant: str,
+    ) -> Outcome:
+        """Send `prepared` upstream once and say what came of it; answers are relayed here."""
+        gw = self.gw
+        started = time.perf_counter()
+        if prepared.stored:
+            await gw.tool_outputs.save(tenant, prepared.stored)
+        sending = headers
+        if prepared.expandable:  # we read the answer to find internal calls: no gzip
+            sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
+        response = await send_with_retries(
+            gw.upstream, route, url, sending, prepared.body, gw.metrics
+        )
+        try:
+            if response.status >= 400:
+                body = await response.read()
+                response.release()
+                failed = Failed(response.status, body, response.relay_headers())
+                error = classify(response.status, body)
+                return failed if error is None else Overflow(error, failed=failed)
             if request.stream:
-                first = await _first_chunk(response)
-                context_error = _stream_context_error(first)
-                if context_error is not None and await self.can_retry(
-                    route, exchange, context_error
-                ):
+                head = await self.read_head(response)
+                error = self.wire.stream_context_error(head)
+                if error is not None:
+                    return Overflow(error, stream=response, head=head)
+                if not head:
                     response.close()
-                    try:
-                        prepared = await self.recompact(
-                            request,
-                            route,
-                            tenant,
-                            prepared,
-                            context_error,
-                            observe,
-                            scope["headers"],
-                        )
-                    except ContextLengthExceededError:
-                        if first:  # the upstream said the context overflowed: that is the answer
-                            raise
-                        # An empty stream was only a guess at an overflow: report what happened.
-                        raise UpstreamError(
-                            "The upstream answered 200 with an empty stream."
-                        ) from None
-                    continue
-                if not first:  # retries spent: never relay a silent empty 200
-                    response.close()
-                    raise UpstreamError("The upstream answered 200 with an empty stream.")
+                    raise UpstreamError(EMPTY_STREAM)
                 if prepared.expandable:
-                    response, first, exchange.internal_rounds = await gw.expansion.resolve_stream(
-                        response, first, prepared.body, route, url, sending, tenant
+                    response, head, exchange.internal_rounds = await gw.expansion.resolve_stream(
+                        response, head, prepared.body, route, url, sending, tenant
                     )
                     if response.status >= 400:
-                        error_body = await response.read()
+                        body = await response.read()
                         response.release()
-                        self.note(exchange, prepared)
-                        exchange.status = response.status
-                        await send_bytes(
-                            send,
-                            response.status,
-                            error_body,
-                            [*response.relay_headers(), *self.headers(exchange)],
-                            None,
-                        )
-                        return
-                self.note(exchange, prepared)
-                exchange.status = response.status
+                        return Failed(response.status, body, response.relay_headers())
                 stripper = UsageStripper() if prepared.injected_usage else None
-                tail = await self.relay_stream(send, response, first, exchange, stripper)
-                exchange.upstream_seconds += time.perf_counter() - up_started
-                self.calibrate(
-                    route,
-                    prepared,
-                    prompt_tokens_from_sse(stripper.usage_event if stripper else tail),
+                await self.relay(
+                    send, exchange, prepared, response, head, self.wire.usage_tap(), stripper
                 )
-                return
+                return RELAYED
             data = await response.read()
             response.release()
             if 200 <= response.status < 300 and not data:
@@ -415,37 +473,55 @@ class ChatCompletions:
                 exchange.internal_rounds = resolved.rounds
                 status, data = resolved.status, resolved.body
                 relay_headers = resolved.headers or relay_headers
-            exchange.upstream_seconds += time.perf_counter() - up_started
             self.note(exchange, prepared)
             exchange.status = status
             await send_bytes(send, status, data, [*relay_headers, *self.headers(exchange)], None)
             if "content-encoding" not in response.headers:
-                self.calibrate(route, prepared, prompt_tokens_from_json(data))
-            return
+                self.calibrate(route, prepared, exchange, self.wire.usage(data))
+            return RELAYED
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - started
 
-    def calibrate(self, route: Route, prepared: Prepared, reported: int | None) -> None:
-        """Compare what the upstream says the prompt was with our estimate (R2.6)."""
-        if reported is not None:
-            self.gw.calibration.observe(route, prepared.sent_tokens, reported)
+    async def read_head(self, response: UpstreamResponse) -> bytes:
+        """The start of a stream, read until it shows what it is (b'' if the stream is empty)."""
+        head = b""
+        async for chunk in response.chunks():
+            head += chunk
+            if self.wire.head_decided(head):
+                break
+        return head
 
-    async def can_retry(self, route: Route, exchange: Exchange, error: ContextError) -> bool:
-        self.gw.metrics.context_errors.labels(error.signature).inc()
+    def overflowed(
+        self, route: Route, exchange: Exchange, error: ContextError, retries: Retries
+    ) -> bool:
+        """Count a context error, learn the window it states; True when a retry is left."""
+        gw = self.gw
+        gw.metrics.context_errors.labels(error.signature).inc()
         exchange.context_errors.append(error.signature)
-        self.gw.learn_window(route, error)
-        if exchange.retries >= route.max_retries:
+        gw.learn_window(route, error)
+        if retries.left <= 0:
             return False
         exchange.retries += 1
-        self.gw.metrics.emergency_retries.labels(exchange.model).inc()
+        gw.metrics.emergency_retries.labels(exchange.model).inc()
         return True
+
+    async def relay_failure(
+        self, send: Send, exchange: Exchange, prepared: Prepared, failed: Failed
+    ) -> None:
+        """The upstream's error, relayed with its own status and body."""
+        self.note(exchange, prepared)
+        exchange.status = failed.status
+        await send_bytes(
+            send, failed.status, failed.body, [*failed.headers, *self.headers(exchange)], None
+        )
 
     async def recompact(
         self,
-        request: ChatRequest,
+        request: WireRequest,
         route: Route,
         tenant: str,
         previous: Prepared,
-        error: ContextError,
-        observe: bool,
+        overflow: Overflow,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> Prepared:
         """Prepare the client's original request again against a tighter window."""
@@ -456,20 +532,30 @@ class ChatCompletions:
             budget = pipeline.budget(request, route, tools, window)
             return budget.limit if budget is not None else window
 
-        window = _retry_window(self.gw.effective_window(route), previous, error, limit_at)
-        return await self.gw.pipeline.prepare(
-            request, route, tenant, window=window, force=True, observe=False, headers=headers
-        )
+        window = _retry_window(self.gw.effective_window(route), previous, overflow.error, limit_at)
+        try:
+            return await pipeline.prepare(
+                request, route, tenant, window=window, force=True, observe=False, headers=headers
+            )
+        except ContextLengthExceededError:
+            if overflow.stream is not None and not overflow.head:
+                # An empty stream was only a guess at an overflow: report what happened.
+                raise UpstreamError(EMPTY_STREAM) from None
+            raise
 
-    async def relay_stream(
+    async def relay(
         self,
         send: Send,
+        exchange: Exchange,
+        prepared: Prepared,
         response: UpstreamResponse,
         first: bytes,
-        exchange: Exchange,
+        tap: Any,
         stripper: UsageStripper | None = None,
-    ) -> bytes:
-        """Relay the stream chunk by chunk as it arrives; returns its last bytes (for usage)."""
+    ) -> None:
+        """Relay a stream chunk by chunk as it arrives, watching it for its usage."""
+        self.note(exchange, prepared)
+        exchange.status = response.status
         await send(
             {
                 "type": "http.response.start",
@@ -477,14 +563,17 @@ class ChatCompletions:
                 "headers": [*response.relay_headers(), *self.headers(exchange)],
             }
         )
-        tail = first[-STREAM_TAIL_BYTES:]
+        encoded = "content-encoding" in response.headers
         try:
+            if not encoded:
+                tap.feed(first)
             if stripper is not None:
                 first = stripper.feed(first)
             if first:
                 await send({"type": "http.response.body", "body": first, "more_body": True})
             async for chunk in response.chunks():
-                tail = (tail + chunk)[-STREAM_TAIL_BYTES:]
+                if not encoded:
+                    tap.feed(chunk)
                 if stripper is not None:
                     chunk = stripper.feed(chunk)
                     if not chunk:
@@ -493,16 +582,24 @@ class ChatCompletions:
             if stripper is not None and (rest := stripper.flush()):
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
         except (UpstreamError, UpstreamTimeoutError) as error:
-            # Headers are gone: the only way to tell the client is an SSE error event.
+            # Headers are gone: the only way to tell the client is an error event.
             log.warning(
                 "request %s: upstream stream failed: %s", exchange.request_id, error.message
             )
-            event = b"data: " + error.body() + b"\n\n"
+            event = self.wire.stream_error_event(error)
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
             response.close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return tail
+        self.calibrate(prepared.route, prepared, exchange, tap.usage)
+
+    def calibrate(
+        self, route: Route, prepared: Prepared, exchange: Exchange, usage: Usage | None
+    ) -> None:
+        """Compare what the upstream says the prompt was with our estimate."""
+        exchange.usage = usage
+        if usage is not None and usage.input > 0:
+            self.gw.calibration.observe(route, prepared.sent_tokens, usage.input)
 
     def note(self, exchange: Exchange, prepared: Prepared) -> None:
         exchange.prepared = prepared
@@ -522,6 +619,7 @@ class ChatCompletions:
             (prefix + b"steps", exchange.steps.encode()),
             (prefix + b"retries", str(exchange.retries).encode()),
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
+            *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
         ]
 
     def record(self, exchange: Exchange) -> None:
@@ -613,13 +711,77 @@ class ChatCompletions:
         )
 
 
-def _upstream_url(route: Route, path: str) -> str:
-    base = route.upstream.base_url
-    if base is None:
-        raise NotFoundError(
-            f"The model `{route.name}` has no OpenAI-compatible upstream for {path}."
+class CountTokens(Endpoint):
+    """POST /v1/messages/count_tokens: the size of what the gateway would forward.
+
+    An agent sizing its own compaction from this must see the request as compacted. The
+    compacted body is counted by the upstream when it can (its own tokenizer); when it cannot,
+    the gateway's estimate is the answer.
+    """
+
+    precomputes = False
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway, COUNT_TOKENS)
+
+    async def serve(
+        self,
+        scope: Scope,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        exchange: Exchange,
+        identity: Identity,
+    ) -> None:
+        gw = self.gw
+        prepared = await gw.pipeline.prepare(
+            request,
+            route,
+            identity.tenant,
+            window=gw.effective_window(route),
+            observe=route.mode == "observe",
         )
-    return base + path
+        self.note(exchange, prepared)
+        tokens = prepared.sent_tokens
+        url = upstream_url(route, self.wire) + "/count_tokens"
+        headers = upstream_headers(scope["headers"], route, self.wire)
+        started = time.perf_counter()
+        with contextlib.suppress(GatewayError):
+            response = await gw.upstream.open("POST", url, headers, prepared.body)
+            try:
+                data = await response.read() if response.status == 200 else b""
+            finally:
+                response.release()
+            counted = orjson.loads(data).get("input_tokens") if data[:1] == b"{" else None
+            if isinstance(counted, int) and not isinstance(counted, bool):
+                tokens = counted
+        exchange.upstream_seconds += time.perf_counter() - started
+        exchange.status = 200
+        body = orjson.dumps({"input_tokens": tokens})
+        await send_bytes(send, 200, body, self.headers(exchange), b"application/json")
+
+
+def upstream_url(route: Route, wire: Wire) -> str:
+    """Where this API's requests for `route` go: the upstream speaks the client's API."""
+    if route.upstream.provider == "litellm":
+        if wire.name != "chat":
+            raise InvalidRequestError(
+                f"The model `{route.name}` is served through litellm, which this gateway "
+                f"uses for chat completions only; use /v1/chat/completions.",
+                param="model",
+            )
+        return litellm_upstream.url_for(route.upstream.base_url)
+    if route.upstream.base_url is None:
+        raise NotFoundError(f"The model `{route.name}` has no upstream for {wire.name}.")
+    return route.upstream.base_url + wire.upstream_path
+
+
+def upstream_headers(client: list[tuple[bytes, bytes]], route: Route, wire: Wire) -> dict[str, str]:
+    """The client's headers for the upstream; a gateway-held key goes the way the API wants."""
+    key = route.upstream.api_key
+    return forward_headers(
+        client, wire.credential_headers(key) if key else None, route.upstream.headers
+    )
 
 
 def _retry_window(
@@ -664,26 +826,6 @@ def _retry_window(
     return max(1, window)
 
 
-async def _first_chunk(response: UpstreamResponse) -> bytes:
-    """The first body chunk of a stream (b'' if the stream is empty)."""
-    async for chunk in response.chunks():
-        if chunk:
-            return chunk
-    return b""
-
-
-def _stream_context_error(first: bytes) -> ContextError | None:
-    """A 200 stream that is empty, or opens with an error event, may be a context overflow."""
-    if not first:
-        # llama-cpp-python answers an overflowing streaming request with an empty 200 body.
-        return ContextError(signature="empty_stream", limit=None, requested=None)
-    head = first.lstrip()
-    if not head.startswith(b"data:") or b'"error"' not in head[:4096]:
-        return None
-    event = head[5:].split(b"\n\n", 1)[0].strip()
-    return classify(400, event)
-
-
 # -- GET /v1/models, other /v1/* paths -------------------------------------------------------
 
 
@@ -724,12 +866,12 @@ async def passthrough(request: Request) -> Response:
     gw.auth.authorize(identity, route.name)
     # The path only extends the configured base_url: no `..`, no other host (no SSRF).
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
-    url = _upstream_url(route, passthrough_path(raw_path))
+    if route.upstream.base_url is None:
+        raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
+    url = route.upstream.base_url + passthrough_path(raw_path)
     if request.url.query:
         url += "?" + request.url.query
-    headers = forward_headers(
-        request.scope["headers"], route.upstream.api_key, route.upstream.headers
-    )
+    headers = upstream_headers(request.scope["headers"], route, CHAT)
     with gw.limits.hold(identity.tenant):
         response = await gw.upstream.open(request.method, url, headers, body or None)
         try:
@@ -774,15 +916,16 @@ async def plan(request: Request) -> Response:
     body = await _read_limited(gw, request)
     if body is None:
         return Response(status_code=499)
-    chat = parse_chat_request(body, gw.config.server.max_messages)
-    gw.auth.authorize(identity, chat.model)
-    route = gw.router.resolve(chat.model)
+    wire = wire_of(body, request.query_params.get("api"))
+    parsed = wire.parse(body, gw.config.server.max_messages)
+    gw.auth.authorize(identity, parsed.model)
+    route = gw.router.resolve(parsed.model)
     if route is None:
         raise ModelNotFoundError(
-            f"The model `{chat.model}` is not served by this gateway.", param="model"
+            f"The model `{parsed.model}` is not served by this gateway.", param="model"
         )
     prepared = await gw.pipeline.prepare(
-        chat, route, gw.tenant(request.scope), window=gw.effective_window(route)
+        parsed, route, identity.tenant, window=gw.effective_window(route)
     )
     return JSONResponse(plan_report(prepared, gw.effective_window(route)))
 
@@ -790,6 +933,7 @@ async def plan(request: Request) -> Response:
 def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
     budget = prepared.budget
     return {
+        "api": prepared.api,
         "model": prepared.route.name,
         "upstream_model": prepared.route.upstream_model,
         "tokenizer": prepared.route.tokenizer,
@@ -808,6 +952,7 @@ def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
         "tokens_by_region": dict(prepared.tokens_by_region),
         "steps": [s.as_dict() for s in prepared.steps],
         "messages": prepared.messages,
+        "forwarded": orjson.loads(prepared.body) if prepared.body[:1] == b"{" else None,
     }
 
 
@@ -844,10 +989,10 @@ async def _on_http_error(request: Request, error: Exception) -> Response:
 
 
 class _Dispatch:
-    """The chat path skips Starlette's router; everything else goes through it."""
+    """The compacting endpoints skip Starlette's router; everything else goes through it."""
 
-    def __init__(self, chat: ChatCompletions, app: Starlette, server: ServerConfig) -> None:
-        self.chat = chat
+    def __init__(self, endpoints: dict[str, Any], app: Starlette, server: ServerConfig) -> None:
+        self.endpoints = endpoints
         self.app = app
         self.state = app.state
         self.server = server
@@ -858,9 +1003,11 @@ class _Dispatch:
             if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
                 await send_error(send, refused)
                 return
-            if scope["path"] == CHAT_PATH and scope["method"] == "POST":
-                await self.chat(scope, receive, send)
-                return
+            if scope["method"] == "POST":
+                endpoint = self.endpoints.get(scope["path"])
+                if endpoint is not None:
+                    await endpoint(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
 
 
@@ -887,7 +1034,13 @@ def build_app(config: Config) -> _Dispatch:
         lifespan=gateway.lifespan,
     )
     app.state.gateway = gateway
-    return _Dispatch(ChatCompletions(gateway), app, config.server)
+    endpoints = {
+        "/v1/chat/completions": Endpoint(gateway, CHAT),
+        "/v1/responses": Endpoint(gateway, RESPONSES),
+        "/v1/messages": Endpoint(gateway, MESSAGES),
+        "/v1/messages/count_tokens": CountTokens(gateway),
+    }
+    return _Dispatch(endpoints, app, config.server)
 
 
 def create_app() -> _Dispatch:

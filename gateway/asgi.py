@@ -115,13 +115,13 @@ class DisconnectWatcher:
             self.finished = True
         await self._send(message)
 
-    async def end_with_error(self, error: GatewayError) -> None:
-        """Report `error` on a response whose head is already sent: a stream gets it as a last
-        SSE event (the only way left to tell the client), then the body is ended."""
+    async def end_with_error(self, event: bytes) -> None:
+        """Report an error on a response whose head is already sent: a stream gets `event` (the
+        error as its API's last SSE event, the only way left to tell the client), then the body
+        is ended."""
         if self.finished:
             return
         if self.event_stream:
-            event = b"data: " + error.body() + b"\n\n"
             await self.send({"type": "http.response.body", "body": event, "more_body": True})
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -38,7 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path")
 
     plan = commands.add_parser("plan", help="show what the gateway would send for a request body")
-    plan.add_argument("file", help="a chat-completions request body (JSON)")
+    plan.add_argument(
+        "file", help="a request body (JSON): chat completions, responses or anthropic messages"
+    )
+    plan.add_argument(
+        "--api",
+        choices=("chat", "responses", "messages"),
+        help="the body's API (default: guessed from its shape)",
+    )
     plan.add_argument("--config", help=f"config (default: ${CONFIG_ENV}, else built-in)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -57,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "plan":
         from .plan_cli import run_plan
 
-        return run_plan(args.file, _config_or_exit(args.config), as_json=args.json)
+        return run_plan(args.file, _config_or_exit(args.config), as_json=args.json, api=args.api)
     from .demo import run_demo
 
     return run_demo(llm=args.llm, turns=args.turns)

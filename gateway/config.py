@@ -125,6 +125,13 @@ class ModelConfig(_Strict):
     policy: str = "default"
     mode: Literal["enforce", "observe"] | None = None
     max_retries: int = Field(2, ge=0, le=5, description="Emergency retries on context errors")
+    stateful_truncation: bool = Field(
+        False,
+        description=(
+            "Responses requests whose history is held upstream (previous_response_id, "
+            "conversation) cannot be compacted here: set truncation: auto on them"
+        ),
+    )
     retry: RetryConfig = Field(default_factory=RetryConfig)
 
     @field_validator("tokenizer")

@@ -36,7 +36,6 @@ from policies.pinning import apply_pin_rules
 from policies.rollup import SummarisingConfig as Summarising
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
-from .chat_request import ChatRequest
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .expansion import applicable, with_tools
 from .metrics import Metrics
@@ -44,6 +43,7 @@ from .prefix import Counted, PrefixCounts
 from .routing import Route
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
+from .wire import WireRequest
 
 log = logging.getLogger("compactgate.pipeline")
 
@@ -82,6 +82,7 @@ class Prepared:
     tokens_by_region: Mapping[str, int]
     messages: list[Any]  # the messages forwarded
     observe: bool = False  # shadow mode: `body` is the original; the chain is what would be done
+    api: str = "chat"  # the wire API of the request
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
     priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
     expandable: bool = False  # masked tool outputs: the expansion tools were added
@@ -135,7 +136,7 @@ class Pipeline:
         self._fetch = fetch_summaries
 
     def budget(
-        self, request: ChatRequest, route: Route, tools_tokens: int, window: int | None
+        self, request: WireRequest, route: Route, tools_tokens: int, window: int | None
     ) -> Budget | None:
         if window is None:
             return None
@@ -178,7 +179,7 @@ class Pipeline:
             return 0
         return cost
 
-    def counts(self, request: ChatRequest, route: Route, tenant: str) -> Counted:
+    def counts(self, request: WireRequest, route: Route, tenant: str) -> Counted:
         """Per-message counts and uids; the unchanged prefix of a conversation is not counted
         again.
 
@@ -193,7 +194,7 @@ class Pipeline:
         )
 
     def conversation(
-        self, request: ChatRequest, route: Route, counted: Counted | None = None
+        self, request: WireRequest, route: Route, counted: Counted | None = None
     ) -> Conversation:
         if counted is None:
             counts: Sequence[int] = [route.counter.message(m) for m in request.messages]
@@ -233,7 +234,7 @@ class Pipeline:
 
     async def prepare(
         self,
-        request: ChatRequest,
+        request: WireRequest,
         route: Route,
         tenant: str,
         *,
@@ -251,7 +252,7 @@ class Pipeline:
         counts = counted.counts
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
-        if not force and self._plainly_fits(sum(counts), budget, route):
+        if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
             return self._unchanged(request, route, counts, tools_tokens, budget, observe)
         conversation = self.conversation(request, route, counted)
         tokens_before = conversation.tokens
@@ -266,23 +267,21 @@ class Pipeline:
             if chain.changed and not self._valid(conversation, chain):
                 chain = None
         result = chain.conversation if chain is not None and chain.changed else conversation
-        forwarded_messages: list[Any] = (
-            result.data() if result is not conversation else request.messages
-        )
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
-        inject = self._inject_usage and request.stream and not request.include_usage and not observe
+        inject = self._injects(request, observe)
         expandable = False
         if observe or not changed:
             if rename is None and not request.has_extension and not inject:
                 body = request.body
             else:
                 body = serialise(request.forward_payload(None, rename, inject))
-            sent = request.messages
+            sent: list[Any] = request.messages
         else:
-            payload = request.forward_payload(forwarded_messages, rename, inject)
+            payload = request.forward_payload(result.messages, rename, inject)
             expandable = bool(
-                chain is not None
+                request.api == "chat"
+                and chain is not None
                 and chain.stored
                 and self._tool_outputs is not None
                 and budget is not None
@@ -294,7 +293,7 @@ class Pipeline:
                 assert self._tool_outputs is not None
                 payload = with_tools(payload, self._tool_outputs)
             body = serialise(payload)
-            sent = forwarded_messages
+            sent = result.data()
         counts: dict[str, int] = {}
         for message in (result if not observe else conversation).messages:
             counts[message.role] = counts.get(message.role, 0) + 1
@@ -316,6 +315,7 @@ class Pipeline:
             },
             messages=sent,
             observe=observe,
+            api=request.api,
             injected_usage=inject,
             expandable=expandable,
             conversation=conversation,
@@ -336,7 +336,7 @@ class Pipeline:
 
     def _unchanged(
         self,
-        request: ChatRequest,
+        request: WireRequest,
         route: Route,
         counts: Sequence[int],
         tools_tokens: int,
@@ -345,11 +345,15 @@ class Pipeline:
     ) -> Prepared:
         """The fast path: forward the client's own bytes (or a rename of them)."""
         rename = route.upstream_model if route.renamed else None
-        inject = self._inject_usage and request.stream and not request.include_usage and not observe
-        if rename is None and not request.has_extension and not inject:
+        inject = self._injects(request, observe)
+        truncate = request.stateful and route.stateful_truncation and not observe
+        if rename is None and not request.has_extension and not inject and not truncate:
             body = request.body
         else:
-            body = serialise(request.forward_payload(None, rename, inject))
+            payload = request.forward_payload(None, rename, inject)
+            if truncate:
+                payload.setdefault("truncation", "auto")
+            body = serialise(payload)
         roles: dict[str, int] = {}
         system = 0
         for message, tokens in zip(request.messages, counts, strict=True):
@@ -373,15 +377,23 @@ class Pipeline:
             },
             messages=request.messages,
             observe=observe,
+            api=request.api,
             injected_usage=inject,
         )
 
-    def tools_tokens(self, request: ChatRequest, route: Route) -> int:
+    def tools_tokens(self, request: WireRequest, route: Route) -> int:
         """Tokens the request's tool definitions add to the prompt."""
-        return route.counter.tools(
-            request.payload.get("tools"),
-            request.payload.get("functions"),
-            system_text=_system_text(request),
+        return request.wire.tools_tokens(request, route.counter)
+
+    def _injects(self, request: WireRequest, observe: bool) -> bool:
+        """Whether to ask a chat stream for the usage the client did not ask for (the other
+        APIs always report it)."""
+        return (
+            self._inject_usage
+            and request.api == "chat"
+            and request.stream
+            and not request.include_usage
+            and not observe
         )
 
     async def _run(
@@ -466,7 +478,7 @@ class Pipeline:
             log.error("compaction refused: %s %s", violation.rule, violation.message)
         return not violations
 
-    def _too_small(self, request: ChatRequest, budget: Budget, tools_tokens: int) -> Budget:
+    def _too_small(self, request: WireRequest, budget: Budget, tools_tokens: int) -> Budget:
         """The output reserve plus tools leave no room: clamp max_tokens or fail clearly."""
         if request.max_output is not None and self._clamp:
             reserve = max(1, budget.context_window // 4)
@@ -484,15 +496,6 @@ class Pipeline:
             param="max_tokens" if request.max_output is not None else "tools",
             code="context_length_exceeded",
         )
-
-
-def _system_text(request: ChatRequest) -> str | None:
-    """The first system message's text: tool definitions are rendered into it upstream."""
-    for message in request.messages:
-        if message.get("role") == "system":
-            content = message.get("content")
-            return content if isinstance(content, str) else None
-    return None
 
 
 def _status(answers: Mapping[bytes, SummaryAnswer], request: SummaryRequest) -> str:

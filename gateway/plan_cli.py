@@ -17,19 +17,19 @@ from typing import Any
 import orjson
 
 from .app import Gateway, plan_report
-from .chat_request import parse_chat_request
 from .config import Config
 from .errors import GatewayError, ModelNotFoundError
+from .wire import wire_of
 
 
-def run_plan(path: str, config: Config, as_json: bool = False) -> int:
+def run_plan(path: str, config: Config, as_json: bool = False, api: str | None = None) -> int:
     try:
         body = Path(path).read_bytes()
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
-        report = asyncio.run(_plan(body, config))
+        report = asyncio.run(_plan(body, config, api))
     except GatewayError as error:
         print(
             f"{path}: {error.message}" + (f" (param: {error.param})" if error.param else ""),
@@ -43,9 +43,9 @@ def run_plan(path: str, config: Config, as_json: bool = False) -> int:
     return 0
 
 
-async def _plan(body: bytes, config: Config) -> dict[str, Any]:
+async def _plan(body: bytes, config: Config, api: str | None) -> dict[str, Any]:
     gateway = Gateway(config)
-    request = parse_chat_request(body, config.server.max_messages)
+    request = wire_of(body, api).parse(body, config.server.max_messages)
     route = gateway.router.resolve(request.model)
     if route is None:
         raise ModelNotFoundError(
@@ -62,6 +62,7 @@ def render(report: dict[str, Any]) -> str:
     """The plan as a table a person reads in one screen."""
     window = report["context_window"]
     lines = [
+        f"api              {report['api']}",
         f"model            {report['model']}  "
         f"(upstream {report['upstream_model']}, tokenizer {report['tokenizer']})",
         f"context window   {window if window is not None else 'unknown'}  "

@@ -42,6 +42,7 @@ class Route:
     policy: Policy
     mode: str  # enforce | observe
     max_retries: int  # emergency retries after a context-window error
+    stateful_truncation: bool  # set truncation: auto where the history is held upstream
     retry: RetryConfig  # 429/5xx/connection retries
 
     @property
@@ -148,6 +149,7 @@ class Router:
             policy=self._policies[policy_name],
             mode=model.mode or self._config.mode,
             max_retries=model.max_retries,
+            stateful_truncation=model.stateful_truncation,
             retry=model.retry,
         )
 

@@ -55,7 +55,7 @@ from policies.memo import Memo
 from policies.rollup import SummarisingConfig
 from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
 
-from .chat_request import ChatRequest
+from .wire import WireRequest
 from .config import SummariesConfig
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared, SummaryAsk
@@ -355,7 +355,7 @@ def _log_crash(task: asyncio.Task[object]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    request: ChatRequest
+    request: WireRequest
     route: Route
     tenant: str
     headers: tuple[tuple[bytes, bytes], ...]
@@ -415,7 +415,7 @@ class Precompute:
 
     def after_response(
         self,
-        request: ChatRequest,
+        request: WireRequest,
         route: Route,
         tenant: str,
         headers: Sequence[tuple[bytes, bytes]],
@@ -589,7 +589,7 @@ class Precompute:
             if not self.service.computing(self.service.key(r, job.route, job.tenant))
         ]
 
-    def _fillers(self, request: ChatRequest) -> tuple[Message | None, Message]:
+    def _fillers(self, request: WireRequest) -> tuple[Message | None, Message]:
         """What may come next: more of this Turn (an agent loop: the client sends tools), or a
         new Turn. A prediction that needs the model's coming answer is dropped later."""
         agent = bool(request.payload.get("tools") or request.payload.get("functions"))

@@ -246,7 +246,12 @@ class Summarizer:
         credentials = [
             (k, v) for k, v in headers if k.decode("latin-1").lower() in CREDENTIAL_HEADERS
         ]
-        sent = forward_headers(credentials, chosen.upstream.api_key, chosen.upstream.headers)
+        key = chosen.upstream.api_key
+        sent = forward_headers(
+            credentials,
+            {"authorization": f"Bearer {key}"} if key else None,
+            chosen.upstream.headers,
+        )
         sent["content-type"] = "application/json"
         window = self._window_of(chosen)
         if self._config.max_input_tokens is not None:

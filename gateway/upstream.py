@@ -155,21 +155,29 @@ class UpstreamClient:
         return UpstreamResponse(response, self.timeouts)
 
 
+# The client's credentials: replaced, never forwarded, when the gateway holds the route's key.
+CLIENT_CREDENTIALS = frozenset({"authorization", "api-key", "x-api-key"})
+
+
 def forward_headers(
-    client_headers: list[tuple[bytes, bytes]], api_key: str | None, extra: Mapping[str, str]
+    client_headers: list[tuple[bytes, bytes]],
+    credentials: Mapping[str, str] | None,
+    extra: Mapping[str, str],
 ) -> dict[str, str]:
     """Client headers to send upstream: hop-by-hop removed (the fixed set and any the client's
-    `Connection` header names), the gateway's key if it holds one."""
+    `Connection` header names); with `credentials` (the gateway's key, as the upstream's API
+    wants it) the client's own credentials are replaced by them."""
     out: dict[str, str] = {}
     drop = HOP_BY_HOP | _connection_listed(client_headers)
+    if credentials:
+        drop = drop | CLIENT_CREDENTIALS
     for raw_name, raw_value in client_headers:
         name = raw_name.decode("latin-1").lower()
         if name in drop or name.startswith("x-compactgate-admin"):
             continue
         out[name] = raw_value.decode("latin-1")
-    if api_key:
-        out["authorization"] = f"Bearer {api_key}"
-        out.pop("api-key", None)
+    if credentials:
+        out.update(credentials)
     out.update({k.lower(): v for k, v in extra.items()})
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.chat_request import parse_chat_request
+from gateway.wire import parse_chat_request
 from gateway.errors import InvalidRequestError
 
 

@@ -448,10 +448,10 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
 ) -> None:
     """Regression: the retry window was floored at the first attempt's output reserve, 20 % of
     the configured 64,000 tokens, so the "tighter" window was 12,836 and nothing was cut."""
-    from gateway.app import ChatCompletions, Gateway
-    from gateway.chat_request import parse_chat_request
+    from gateway.app import Endpoint, Gateway, Overflow
     from gateway.config import parse_config
     from gateway.context_errors import ContextError
+    from gateway.wire import CHAT, parse_chat_request
 
     upstream = {"base_url": "http://127.0.0.1:9/v1"}
     config = parse_config(
@@ -477,7 +477,7 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
     assert first.tokens_after == first.tokens_before  # the configured window let it through
     error = ContextError(signature, limit, requested)
     gw.learn_window(route, error)
-    retry = await ChatCompletions(gw).recompact(request, route, "t", first, error, observe=False)
+    retry = await Endpoint(gw, CHAT).recompact(request, route, "t", first, Overflow(error))
     assert retry.budget is not None
     assert retry.budget.context_window <= (limit or CONFIGURED_WINDOW)
     if limit is not None:  # one retry is enough when the limit is stated

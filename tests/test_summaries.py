@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.app import Gateway
-from gateway.chat_request import parse_chat_request
+from gateway.wire import parse_chat_request
 from gateway.config import SummariesConfig, parse_config
 from gateway.metrics import Metrics
 from gateway.pipeline import SummaryAsk

@@ -1,0 +1,593 @@
+"""The Responses API (`POST /v1/responses`): input items to the canonical conversation and back.
+
+How items map (the policies then keep every pair and group whole, as on chat):
+
+- `instructions` is a system message at the head, never trimmed; a string `input` is one user
+  message; `message` items with role user/system/developer are messages of that role.
+- Everything the model produced between two non-assistant items is ONE assistant message:
+  `reasoning` items, assistant `message` items, calls. A call that expects an answer (any item
+  with a `call_id`: `function_call`, `custom_tool_call`, `computer_call`, `local_shell_call`, ...)
+  becomes a tool call with that id, so it is kept or dropped together with its output. A
+  `reasoning` item therefore always stays with the call or message after it: the provider
+  rejects a function call sent without the reasoning item that preceded it.
+- Each `*_output` item (and `mcp_approval_response`) is a tool message answering its call.
+- A `compaction` item stands for the history before it: a pinned message, never dropped.
+- Unknown item types ride along with the message before them (or the first one after them,
+  when they lead): kept or dropped with it, never separated from their neighbours.
+
+Rendering puts back the exact items of every canonical message a step did not change;
+`encrypted_content` and ids are never touched. A changed message is rendered onto its own
+items (a masked output replaces `output`, new text replaces the assistant message's text); a
+message a step made becomes a plain `message` item of its role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from policies.conversation import content_text
+
+from ..context_errors import ContextError, classify
+from ..errors import InvalidRequestError
+from .base import Usage, Wire, json_or_none, number, sse_events
+from .request import (
+    EXTENSION,
+    NO_MARKS,
+    Marks,
+    WireRequest,
+    check_count,
+    check_tools,
+    load_object,
+    read_marks,
+    read_model,
+    read_positive,
+    read_stream,
+)
+
+if TYPE_CHECKING:
+    from policies import Message
+
+    from ..tokens import MessageCounter
+
+ROLES = frozenset({"user", "assistant", "system", "developer"})
+INSTRUCTIONS = -1  # layout entry of the canonical message made from `instructions`
+TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text"})
+# Model-side items without a call id: the provider ran them (search, code, images, MCP).
+ASSISTANT_ITEMS = frozenset({"reasoning", "mcp_list_tools", "mcp_approval_request"})
+PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+COMPACTED_NOTE = "[earlier conversation, compacted by the provider]"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each canonical message came from: its items' indices (or INSTRUCTIONS)."""
+
+    items: list[Any]  # the input items as forwarded (our extension stripped)
+    spans: list[tuple[int, ...]]
+    string_input: bool
+
+
+class ResponsesWire(Wire):
+    name = "responses"
+    upstream_path = "/responses"
+
+    def parse(self, body: bytes, max_messages: int) -> WireRequest:
+        payload = load_object(body)
+        model = read_model(payload)
+        stream = read_stream(payload)
+        instructions = payload.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise InvalidRequestError("`instructions` must be a string.", param="instructions")
+        stateful = (
+            payload.get("previous_response_id") is not None
+            or payload.get("conversation") is not None
+        )
+        raw = payload.get("input")
+        builder = _Builder(stateful)
+        if isinstance(instructions, str):
+            builder.instructions(instructions)
+        if isinstance(raw, str):
+            builder.item({"type": "message", "role": "user", "content": raw}, 0, None)
+            string_input = True
+        elif isinstance(raw, list):
+            check_count(len(raw), max_messages, "input")
+            for index, item in enumerate(raw):
+                builder.item(item, index, f"input[{index}]")
+            string_input = False
+        elif raw is None:
+            string_input = False
+        else:
+            raise InvalidRequestError(
+                "`input` must be a string or an array of items.", param="input"
+            )
+        builder.finish()
+        check_tools(payload, "tools")
+        return WireRequest(
+            wire=self,
+            body=body,
+            payload=payload,
+            model=model,
+            stream=stream,
+            messages=builder.messages,
+            marks=builder.marks,
+            has_extension=builder.has_extension,
+            max_output=read_positive(payload, "max_output_tokens"),
+            layout=Layout(builder.items, builder.spans, string_input),
+            stateful=stateful,
+        )
+
+    def render(
+        self,
+        request: WireRequest,
+        messages: Sequence[Message] | None,
+        model: str | None,
+        inject_usage: bool,
+    ) -> dict[str, Any]:
+        payload = dict(request.payload)
+        layout: Layout = request.layout
+        if messages is not None:
+            out: list[Any] = []
+            for message in messages:
+                origin = message.origin
+                if origin < 0:
+                    out.append(_new_item(message.data))
+                    continue
+                span = layout.spans[origin]
+                original = request.messages[origin]
+                same = message.data is original or message.data == original
+                if span == (INSTRUCTIONS,):
+                    if not same:
+                        payload["instructions"] = content_text(message.data.get("content"))
+                    continue
+                items = [layout.items[i] for i in span]
+                out.extend(items if same else _changed(message.data, items))
+            payload["input"] = out
+        elif request.has_extension:
+            payload["input"] = layout.items
+        if model is not None:
+            payload["model"] = model
+        return payload
+
+    def max_output_field(self, payload: Mapping[str, Any]) -> str:
+        return "max_output_tokens"
+
+    def tools_tokens(self, request: WireRequest, counter: MessageCounter) -> int:
+        tools = request.payload.get("tools")
+        if not tools:
+            return 0
+        instructions = request.payload.get("instructions")
+        return counter.tools(
+            [_chat_tool(t) for t in tools],
+            system_text=instructions if isinstance(instructions, str) else None,
+        )
+
+    # -- errors and usage --------------------------------------------------------------------
+
+    def stream_error_event(self, error: Any) -> bytes:
+        event = {
+            "type": "error",
+            "code": error.code,
+            "message": error.message,
+            "param": error.param,
+            "sequence_number": 0,
+        }
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    def head_decided(self, head: bytes) -> bool:
+        """Read past the preamble (`response.created`, `response.in_progress`): a failure
+        event may follow it."""
+        for name, data in sse_events(head):
+            document = json_or_none(data)
+            kind = document.get("type") if isinstance(document, dict) else None
+            if (kind or name.decode("latin-1")) not in PREAMBLE:
+                return True
+        return False
+
+    def stream_context_error(self, first: bytes) -> ContextError | None:
+        if not first:
+            return ContextError(signature="empty_stream", limit=None, requested=None)
+        for name, data in sse_events(first):
+            document = json_or_none(data)
+            if not isinstance(document, dict):
+                continue
+            kind = document.get("type") or name.decode("latin-1")
+            if kind == "error" or ("error" in document and kind != "response.failed"):
+                error = document.get("error", document)
+                return _classified(error)
+            if kind == "response.failed":
+                response = document.get("response")
+                error = response.get("error") if isinstance(response, dict) else None
+                return _classified(error) if isinstance(error, dict) else None
+            if kind not in PREAMBLE:
+                return None
+        return None
+
+    def usage_of(self, document: Mapping[str, Any]) -> Usage | None:
+        response = document.get("response")
+        if isinstance(response, dict):  # a stream event carrying the response object
+            document = response
+        usage = document.get("usage")
+        if not isinstance(usage, dict) or "input_tokens" not in usage:
+            return None
+        details = usage.get("input_tokens_details")
+        output_details = usage.get("output_tokens_details")
+        return Usage(
+            input=number(usage.get("input_tokens")),
+            output=number(usage.get("output_tokens")),
+            cache_read=number(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+            reasoning=number(output_details.get("reasoning_tokens"))
+            if isinstance(output_details, dict)
+            else 0,
+        )
+
+    def stream_usage(self, name: bytes, data: bytes, known: Usage | None) -> Usage | None:
+        if not name.startswith(b"response.") or b'"usage"' not in data:
+            return None
+        return super().stream_usage(name, data, known)
+
+
+def _classified(error: Mapping[str, Any]) -> ContextError | None:
+    """An error object of a Responses stream, judged as the same error in a 400 body would be.
+    A context error may come with an empty message: its code says it all."""
+    envelope = {
+        "error": {
+            "message": error.get("message") or "",
+            "type": error.get("type") or "invalid_request_error",
+            "code": error.get("code"),
+            "param": error.get("param"),
+        }
+    }
+    return classify(400, orjson.dumps(envelope))
+
+
+class _Builder:
+    """Folds input items into canonical messages, remembering which items made each one."""
+
+    def __init__(self, stateful: bool) -> None:
+        self.stateful = stateful
+        self.messages: list[dict[str, Any]] = []
+        self.marks: list[Marks] = []
+        self.spans: list[tuple[int, ...]] = []
+        self.items: list[Any] = []
+        self.has_extension = False
+        self._open: _Turn | None = None  # the assistant message being folded
+        self._leading: list[int] = []  # unknown items before any message
+        self._calls: set[str] = set()
+
+    def instructions(self, text: str) -> None:
+        self.messages.append({"role": "system", "content": text})
+        self.marks.append(NO_MARKS)
+        self.spans.append((INSTRUCTIONS,))
+
+    def item(self, item: Any, index: int, where: str | None) -> None:
+        where = where or "input"
+        if not isinstance(item, dict):
+            raise InvalidRequestError(f"{where} must be an object.", param=where)
+        marks = NO_MARKS
+        if EXTENSION in item:
+            self.has_extension = True
+            marks = read_marks(item[EXTENSION], where)
+            item = {k: v for k, v in item.items() if k != EXTENSION}
+        at = len(self.items)
+        self.items.append(item)
+        kind = item.get("type")
+        if kind is None and "role" in item:
+            kind = "message"
+        if not isinstance(kind, str):
+            raise InvalidRequestError(f"{where} must have a string `type`.", param=f"{where}.type")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise InvalidRequestError(
+                    f"{where}.role {role!r} is not one of {', '.join(sorted(ROLES))}.",
+                    param=f"{where}.role",
+                )
+            content = _content(item.get("content"), where)
+            if role == "assistant":
+                self._turn().add_text(at, content_text(content))
+            else:
+                self._close()
+                self._add({"role": role, "content": content}, marks, [at])
+        elif kind == "reasoning":
+            self._turn().add_reasoning(at, item)
+        elif ("call_id" in item and kind.endswith("_output")) or kind == "mcp_approval_response":
+            self._close()
+            self._add(self._output(item, kind, where), marks, [at])
+        elif "call_id" in item or kind.endswith("_call") or kind in ASSISTANT_ITEMS:
+            call = _call(item, kind, where)
+            if call is not None:
+                self._calls.add(call["id"])
+            self._turn().add_call(at, call, item)
+        elif kind == "compaction":
+            self._close()
+            note = {"role": "user", "content": COMPACTED_NOTE, "compacted": item}
+            self._add(note, Marks(pin=True, priority=marks.priority, kind=marks.kind), [at])
+        else:
+            self._attach(at, item)
+
+    def finish(self) -> None:
+        self._close()
+        if self._leading:  # nothing to ride along with: they form a message of their own
+            self._add({"role": "user", "content": "", "opaque": [
+                self.items[i] for i in self._leading
+            ]}, Marks(pin=True), self._leading)  # fmt: skip
+            self._leading = []
+
+    # -- building blocks ---------------------------------------------------------------------
+
+    def _turn(self) -> _Turn:
+        if self._open is None:
+            self._open = _Turn()
+        return self._open
+
+    def _close(self) -> None:
+        if self._open is not None:
+            turn, self._open = self._open, None
+            self._add(turn.data(), NO_MARKS, turn.indices)
+
+    def _add(self, data: dict[str, Any], marks: Marks, indices: list[int]) -> None:
+        if self._leading:
+            indices = [*self._leading, *indices]
+            data = {**data, "opaque": [*(self.items[i] for i in self._leading)]}
+            self._leading = []
+        self.messages.append(data)
+        self.marks.append(marks)
+        self.spans.append(tuple(indices))
+
+    def _attach(self, at: int, item: Any) -> None:
+        """An item we do not know rides along with the message before it."""
+        if self._open is not None:
+            self._open.add_opaque(at, item)
+        elif self.spans and self.spans[-1] != (INSTRUCTIONS,):
+            last = self.messages[-1]
+            self.messages[-1] = {**last, "opaque": [*last.get("opaque", ()), item]}
+            self.spans[-1] = (*self.spans[-1], at)
+        else:
+            self._leading.append(at)
+
+    def _output(self, item: Mapping[str, Any], kind: str, where: str) -> dict[str, Any]:
+        key = "approval_request_id" if kind == "mcp_approval_response" else "call_id"
+        call_id = item.get(key)
+        if not isinstance(call_id, str):
+            raise InvalidRequestError(f"{where}.{key} must be a string.", param=f"{where}.{key}")
+        if call_id not in self._calls and not self.stateful:
+            raise InvalidRequestError(
+                f"{where} ({kind}) answers call_id {call_id!r}, but no earlier item makes that "
+                "call.",
+                param=where,
+            )
+        if kind == "mcp_approval_response":
+            content: Any = f"approve: {item.get('approve')}"
+        else:
+            content = _output_content(item.get("output"), where)
+        return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+class _Turn:
+    """What the model produced between two other items: one canonical assistant message."""
+
+    def __init__(self) -> None:
+        self.indices: list[int] = []
+        self.texts: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.opaque: list[Any] = []
+
+    def add_text(self, at: int, text: str) -> None:
+        self.indices.append(at)
+        self.texts.append(text)
+
+    def add_reasoning(self, at: int, item: Mapping[str, Any]) -> None:
+        self.indices.append(at)
+        for part in item.get("summary") or ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                self.reasoning.append(part["text"])
+        for part in item.get("content") or ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                self.reasoning.append(part["text"])
+
+    def add_call(self, at: int, call: dict[str, Any] | None, item: Any) -> None:
+        self.indices.append(at)
+        if call is not None:
+            self.calls.append(call)
+        else:
+            self.opaque.append(item)
+
+    def add_opaque(self, at: int, item: Any) -> None:
+        self.indices.append(at)
+        self.opaque.append(item)
+
+    def data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "role": "assistant",
+            "content": "\n".join(self.texts) if self.texts else None,
+        }
+        if self.calls:
+            data["tool_calls"] = self.calls
+        if self.reasoning:
+            data["reasoning_content"] = "\n".join(self.reasoning)
+        if self.opaque:
+            data["opaque"] = self.opaque
+        return data
+
+
+def _call(item: Mapping[str, Any], kind: str, where: str) -> dict[str, Any] | None:
+    """The canonical tool call of an item that expects an answer; None for one that does not."""
+    call_id = item.get("call_id")
+    if call_id is None:
+        return None
+    if not isinstance(call_id, str):
+        raise InvalidRequestError(f"{where}.call_id must be a string.", param=f"{where}.call_id")
+    if kind == "function_call":
+        name, arguments = item.get("name"), item.get("arguments")
+        if not isinstance(name, str):
+            raise InvalidRequestError(f"{where}.name must be a string.", param=f"{where}.name")
+        if arguments is not None and not isinstance(arguments, str):
+            raise InvalidRequestError(
+                f"{where}.arguments must be a string.", param=f"{where}.arguments"
+            )
+    elif kind == "custom_tool_call":
+        name, arguments = item.get("name"), item.get("input")
+    else:
+        name = kind
+        rest = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
+        arguments = orjson.dumps(rest).decode()
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": str(name or kind), "arguments": str(arguments or "")},
+    }
+
+
+def _content(content: Any, where: str) -> Any:
+    """A message's content as canonical content: the string, or parts the counter knows."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequestError(
+            f"{where}.content must be a string or an array of content parts.",
+            param=f"{where}.content",
+        )
+    return [_part(part, f"{where}.content[{i}]") for i, part in enumerate(content)]
+
+
+def _output_content(output: Any, where: str) -> Any:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return [_part(part, f"{where}.output[{i}]") for i, part in enumerate(output)]
+    if isinstance(output, dict):  # e.g. a computer_call_output's screenshot
+        return [_part(output, f"{where}.output")]
+    if output is None:
+        return ""
+    raise InvalidRequestError(
+        f"{where}.output must be a string or an array of content parts.", param=f"{where}.output"
+    )
+
+
+def _part(part: Any, where: str) -> dict[str, Any]:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise InvalidRequestError(f"{where} must be an object with a string `type`.", param=where)
+    kind = part["type"]
+    if kind in TEXT_PARTS:
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidRequestError(f"{where}.text must be a string.", param=f"{where}.text")
+        return {"type": "text", "text": text, "source": part}
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": str(part.get("refusal", "")), "source": part}
+    if kind in ("input_image", "computer_screenshot"):
+        url = part.get("image_url") or ""
+        return {"type": "image_url", "image_url": {"url": url}, "source": part}
+    if kind in ("input_file", "input_audio"):
+        return {"type": "file", "source": part}
+    return {"type": kind, "source": part}
+
+
+def _wire_part(part: Any, text_type: str) -> Any:
+    """A canonical part back in this API's shape: its original when it has one."""
+    if not isinstance(part, dict):
+        return part
+    source = part.get("source")
+    if part.get("type") == "text":
+        if isinstance(source, dict) and source.get("text") == part.get("text"):
+            return source
+        base = source if isinstance(source, dict) else {"type": text_type}
+        return {**base, "text": part.get("text", "")}
+    return source if isinstance(source, dict) else part
+
+
+def _wire_content(content: Any, text_type: str) -> Any:
+    if isinstance(content, list):
+        return [_wire_part(part, text_type) for part in content]
+    return content if content is not None else ""
+
+
+def _changed(data: Mapping[str, Any], items: list[Any]) -> list[Any]:
+    """The items of one canonical message a step changed, with the change written onto them."""
+    role = data.get("role")
+    if role == "tool":
+        out = []
+        for item in items:
+            if isinstance(item, dict) and "call_id" in item and "output" in item:
+                item = {**item, "output": _wire_content(data.get("content"), "input_text")}
+            out.append(item)
+        return out
+    if role == "assistant":
+        return _changed_turn(data, items)
+    if data.get("compacted") is not None or not items:
+        return items
+    first = items[0]
+    content = data.get("content")
+    if isinstance(first.get("content"), str) and not isinstance(content, list):
+        rendered: Any = content_text(content)
+    else:
+        rendered = _wire_content(content, "input_text")
+    return [{**first, "content": rendered}, *items[1:]]
+
+
+def _changed_turn(data: Mapping[str, Any], items: list[Any]) -> list[Any]:
+    text = content_text(data.get("content"))
+    calls = data.get("tool_calls")
+    keep_calls = None if calls is None else {c.get("id") for c in calls if isinstance(c, dict)}
+    out: list[Any] = []
+    written = False
+    for item in items:
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            if written or not text:
+                continue
+            parts = item.get("content")
+            first = parts[0] if isinstance(parts, list) and parts else {"type": "output_text"}
+            if isinstance(parts, str):
+                item = {**item, "content": text}
+            else:
+                item = {**item, "content": [{**first, "text": text}]}
+            written = True
+        elif isinstance(item, dict) and "call_id" in item and keep_calls is not None:
+            if item["call_id"] not in keep_calls:
+                continue
+        out.append(item)
+    if text and not written:
+        out.append({"type": "message", "role": "assistant", "content": [_output_text(text)]})
+    return out
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _new_item(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A message a step made (a summary, a placeholder) as an input item."""
+    role = data.get("role", "user")
+    if role == "tool":  # never made by a step; kept readable if one ever is
+        role = "user"
+    content = data.get("content")
+    if role == "assistant":
+        return {
+            "type": "message",
+            "role": "assistant",
+            "content": [_output_text(content_text(content))],
+        }
+    return {
+        "type": "message",
+        "role": role,
+        "content": _wire_content(content, "input_text")
+        if isinstance(content, list)
+        else content_text(content),
+    }
+
+
+def _chat_tool(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Responses tool definition in the chat shape the counter renders."""
+    if tool.get("type") != "function":
+        return tool
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
+
+
+RESPONSES = ResponsesWire()
