@@ -59,6 +59,7 @@ class SummaryAsk:
 
     headers: tuple[tuple[bytes, bytes], ...] | None  # the client's (credential); None: cache only
     wait: bool  # the request cannot be sent without them: wait (bounded); else compute meanwhile
+    api: str = "chat"  # the client's wire API: its upstream speaks it, so summaries use it
 
 
 # Fetches summaries the chain asked for: (requests, route, tenant, ask) -> answers by canonical
@@ -261,7 +262,9 @@ class Pipeline:
             if budget.limit <= 0:
                 budget = self._too_small(request, budget, tools_tokens)
                 request = request.with_max_output(budget.reserved_output)  # what is forwarded
-            chain = await self._run(conversation, budget, route, tenant, force, headers)
+            chain = await self._run(
+                conversation, budget, route, tenant, force, headers, request.api
+            )
             if chain.error is not None:
                 raise ContextLengthExceededError(chain.error, param="messages")
             if chain.changed and not self._valid(conversation, chain):
@@ -404,12 +407,13 @@ class Pipeline:
         tenant: str,
         force: bool,
         headers: Sequence[tuple[bytes, bytes]] | None = None,
+        api: str = "chat",
     ) -> ChainResult:
         make_source = self._summary_source
         summaries = make_source(route, tenant) if make_source is not None else DictSummaries()
         env = self.env(route, tenant, summaries)
         result = run_chain(conversation, budget, route.policy, env, force=force)
-        ask = SummaryAsk(None if headers is None else tuple(headers), wait=force)
+        ask = SummaryAsk(None if headers is None else tuple(headers), wait=force, api=api)
         for _ in range(MAX_SUMMARY_ROUNDS):
             if not result.pending or self._fetch is None:
                 break
@@ -422,7 +426,9 @@ class Pipeline:
                 early = self._without_fallbacks(conversation, budget, route, env, force, result)
                 if early is not None:
                     return early
-                waited = await self._fetch(missing, route, tenant, SummaryAsk(ask.headers, True))
+                waited = await self._fetch(
+                    missing, route, tenant, SummaryAsk(ask.headers, True, api)
+                )
                 answers.update(waited)
             for request in result.pending:
                 key = request.canonical()

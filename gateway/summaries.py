@@ -55,13 +55,13 @@ from policies.memo import Memo
 from policies.rollup import SummarisingConfig
 from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
 
-from .wire import WireRequest
 from .config import SummariesConfig
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared, SummaryAsk
 from .routing import Route
 from .stores import SafeStore
 from .summarizer import Summarizer, SummarizerError
+from .wire import WireRequest
 
 log = logging.getLogger("compactgate.summaries")
 
@@ -234,7 +234,7 @@ class SummaryService:
             elif ask.headers is None or self.closed or self.recently_failed(key):
                 answers[canonical] = FAILED
             else:
-                task = self.compute(key, request, route, ask.headers)
+                task = self.compute(key, request, route, ask.headers, ask.api)
                 if ask.wait:
                     waiting[canonical] = task
                 else:
@@ -251,12 +251,15 @@ class SummaryService:
         request: SummaryRequest,
         route: Route,
         headers: Sequence[tuple[bytes, bytes]],
+        api: str = "chat",
     ) -> asyncio.Task[SummaryAnswer]:
-        """The one task computing `key` in this process (started if there is none)."""
+        """The one task computing `key` in this process (started if there is none), through
+        `api`, the wire API of the request it is for (one its upstream speaks)."""
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.get_running_loop().create_task(
-                self._compute(key, request, route, tuple(headers)), name=f"summary {key[8:20]}"
+                self._compute(key, request, route, tuple(headers), api),
+                name=f"summary {key[8:20]}",
             )
             self._inflight[key] = task
             self._track(task)
@@ -269,6 +272,7 @@ class SummaryService:
         request: SummaryRequest,
         route: Route,
         headers: tuple[tuple[bytes, bytes], ...],
+        api: str,
     ) -> SummaryAnswer:
         lock_ttl = self.config.timeout_s + LOCK_MARGIN_S
         deadline = time.monotonic() + lock_ttl + 1
@@ -290,7 +294,7 @@ class SummaryService:
             if found is not None:
                 return found
             started = time.monotonic()
-            answer = await self.summarizer.summarize(request, route, headers)
+            answer = await self.summarizer.summarize(request, route, headers, api)
             self.summary_seconds = _average(self.summary_seconds, time.monotonic() - started)
         except SummarizerError as error:
             self._note_failure(key)
@@ -634,7 +638,9 @@ class Precompute:
                 key = self.service.key(summary_request, job.route, job.tenant)
                 if self.service.recently_failed(key):
                     return computed
-                task = self.service.compute(key, summary_request, job.route, job.headers)
+                task = self.service.compute(
+                    key, summary_request, job.route, job.headers, job.request.api
+                )
                 answer = await asyncio.shield(task)
                 computed.append(summary_request)
                 if answer.status != "ready":

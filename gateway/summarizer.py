@@ -50,6 +50,7 @@ from .metrics import Metrics
 from .retry import send_with_retries
 from .routing import Route, Router
 from .upstream import UpstreamClient, forward_headers
+from .wire import WIRES, Wire
 
 # What of the client's headers a summary call carries: its credential, nothing else.
 CREDENTIAL_HEADERS = frozenset(
@@ -117,6 +118,7 @@ class Target:
     headers: Mapping[str, str]
     window: int | None
     deadline: float  # event-loop time by which the whole summary must be done
+    wire: Wire  # the API the call is made in
 
 
 # -- transcript ---------------------------------------------------------------------------------
@@ -225,14 +227,23 @@ class Summarizer:
         return request.model or route.name
 
     async def summarize(
-        self, request: SummaryRequest, route: Route, headers: Sequence[tuple[bytes, bytes]]
+        self,
+        request: SummaryRequest,
+        route: Route,
+        headers: Sequence[tuple[bytes, bytes]],
+        api: str = "chat",
     ) -> SummaryAnswer:
-        """The summary for `request`; raises SummarizerError. Bounded by `timeout_s`."""
-        target = self._target(request, route, headers)
+        """The summary for `request`, asked for in `api` (a wire API the upstream speaks);
+        raises SummarizerError. Bounded by `timeout_s`."""
+        target = self._target(request, route, headers, WIRES[api])
         return await self._summarize(request, target)
 
     def _target(
-        self, request: SummaryRequest, route: Route, headers: Sequence[tuple[bytes, bytes]]
+        self,
+        request: SummaryRequest,
+        route: Route,
+        headers: Sequence[tuple[bytes, bytes]],
+        wire: Wire,
     ) -> Target:
         chosen = route
         if request.model is not None:
@@ -240,24 +251,26 @@ class Summarizer:
             if resolved is None:
                 raise SummarizerError(f"the summary model {request.model!r} is not configured")
             chosen = resolved
-        url = chosen.chat_url
+        if wire.name != "chat" and chosen.upstream.provider == "litellm":
+            wire = WIRES["chat"]  # litellm routes speak chat completions only
+        url = chosen.chat_url if wire.name == "chat" else None
+        if wire.name != "chat" and chosen.upstream.base_url is not None:
+            url = chosen.upstream.base_url + wire.upstream_path
         if url is None:
-            raise SummarizerError(f"the model {chosen.name!r} has no chat upstream")
+            raise SummarizerError(f"the model {chosen.name!r} has no upstream for {wire.name}")
         credentials = [
             (k, v) for k, v in headers if k.decode("latin-1").lower() in CREDENTIAL_HEADERS
         ]
         key = chosen.upstream.api_key
         sent = forward_headers(
-            credentials,
-            {"authorization": f"Bearer {key}"} if key else None,
-            chosen.upstream.headers,
+            credentials, wire.credential_headers(key) if key else None, chosen.upstream.headers
         )
         sent["content-type"] = "application/json"
         window = self._window_of(chosen)
         if self._config.max_input_tokens is not None:
             window = min(window or self._config.max_input_tokens, self._config.max_input_tokens)
         deadline = asyncio.get_running_loop().time() + self._config.timeout_s
-        return Target(chosen, url, sent, window, deadline)
+        return Target(chosen, url, sent, window, deadline, wire)
 
     async def _summarize(self, request: SummaryRequest, target: Target) -> SummaryAnswer:
         pieces = [render_message(m) for m in request.messages]
@@ -387,16 +400,14 @@ class Summarizer:
         combine: bool = False,
     ) -> SummaryAnswer:
         prompt = self._prompt(request, pieces, previous, note=note, combine=combine)
-        payload: dict[str, Any] = {
-            "model": target.route.upstream_model,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": prompt},
-            ],
-            "stream": False,
-        }
-        if self._config.token_limit_param != "none":
-            payload[self._config.token_limit_param] = self._out_tokens(request)
+        limit = None if self._config.token_limit_param == "none" else self._out_tokens(request)
+        payload = target.wire.plain_request(
+            target.route.upstream_model,
+            SYSTEM_PROMPT,
+            prompt,
+            limit,
+            self._config.token_limit_param,
+        )
         started = time.perf_counter()
         outcome = "error"
         try:
@@ -440,10 +451,12 @@ class Summarizer:
             raise SummarizerError(f"the summary model answered {response.status}: {data[:200]!r}")
         try:
             document = orjson.loads(data)
-            content = document["choices"][0]["message"].get("content")
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-            raise SummarizerError("the summary model's answer is not a chat completion") from None
-        return content_text(content)
+        except orjson.JSONDecodeError:
+            document = None
+        text = target.wire.answer_text(document) if isinstance(document, dict) else None
+        if text is None:
+            raise SummarizerError(f"the summary model's answer is not a {target.wire.name} answer")
+        return text
 
     # -- counting ---------------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.wire import parse_chat_request
 from gateway.errors import InvalidRequestError
+from gateway.wire import parse_chat_request
 
 
 def parse(value: object) -> object:

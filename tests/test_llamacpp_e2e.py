@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -151,7 +152,17 @@ def gateway(
 
     config = {
         "server": {"upstream_timeout_s": TIMEOUT, "stream_idle_timeout_s": TIMEOUT},
-        "models": [model("smollm-plain"), model("smollm-stream")],
+        "models": [
+            model(name)
+            for name in (
+                "smollm-plain",
+                "smollm-stream",
+                "smollm-responses-plain",
+                "smollm-responses-stream",
+                "smollm-messages-plain",
+                "smollm-messages-stream",
+            )
+        ],
     }
     path: Path = tmp_path_factory.mktemp("llamacpp") / "gateway.json"
     path.write_text(json.dumps(config))
@@ -241,6 +252,92 @@ def test_streaming_recovers_from_the_real_context_error(
     ]
     assert finals in (["stop"], ["length"])
     assert plan_window(gateway, "smollm-stream") == N_CTX
+
+
+# The same conversation in the Responses and Messages shapes.
+INPUT = [{"type": "message", "role": m["role"], "content": m["content"]} for m in MESSAGES[1:]]
+ANTHROPIC = [{"role": m["role"], "content": m["content"]} for m in MESSAGES[1:]]
+
+
+def assert_recovered(headers: Any, gateway: GatewayProcess, model: str) -> None:
+    assert int(headers["x-compactgate-retries"]) >= 1
+    assert int(headers["x-compactgate-tokens-after"]) < int(headers["x-compactgate-tokens-before"])
+    assert plan_window(gateway, model) == N_CTX
+
+
+@uses_real_model
+def test_responses_recover_from_the_real_context_error(
+    gateway: GatewayProcess, client: openai.OpenAI
+) -> None:
+    """llama.cpp's own /v1/responses refuses the conversation; the official client's
+    `responses.create` still gets a normal response, plain and streamed."""
+    raw = client.responses.with_raw_response.create(
+        model="smollm-responses-plain",
+        instructions=SYSTEM,
+        input=INPUT,  # type: ignore[arg-type]
+        max_output_tokens=12,
+        temperature=0,
+    )
+    response = raw.parse()
+    assert response.status == "completed"
+    assert isinstance(response.output_text, str) and response.output_text
+    assert response.usage is not None and 0 < response.usage.input_tokens < N_CTX
+    assert_recovered(raw.headers, gateway, "smollm-responses-plain")
+
+    with client.responses.with_streaming_response.create(
+        model="smollm-responses-stream",
+        instructions=SYSTEM,
+        input=INPUT,  # type: ignore[arg-type]
+        max_output_tokens=12,
+        temperature=0,
+        stream=True,
+    ) as streamed:
+        headers = streamed.headers
+        events = list(streamed.parse())
+    assert [e.type for e in events][-1] == "response.completed"
+    assert any(e.type == "response.output_text.delta" for e in events)
+    assert_recovered(headers, gateway, "smollm-responses-stream")
+
+
+@uses_real_model
+def test_messages_recover_from_the_real_context_error(gateway: GatewayProcess) -> None:
+    """llama.cpp's own /v1/messages refuses the conversation; the official anthropic client
+    still gets a normal message, plain and streamed, and counts what the gateway forwards."""
+    base = f"http://127.0.0.1:{gateway.port}"
+    with anthropic.Anthropic(
+        base_url=base, api_key="none", max_retries=0, timeout=TIMEOUT
+    ) as client:
+        raw = client.messages.with_raw_response.create(
+            model="smollm-messages-plain",
+            system=SYSTEM,
+            messages=ANTHROPIC,  # type: ignore[arg-type]
+            max_tokens=12,
+        )
+        message = raw.parse()
+        assert message.type == "message" and message.content[0].type == "text"
+        assert message.stop_reason in ("end_turn", "max_tokens")
+        assert_recovered(raw.headers, gateway, "smollm-messages-plain")
+
+        with client.messages.with_streaming_response.create(
+            model="smollm-messages-stream",
+            system=SYSTEM,
+            messages=ANTHROPIC,  # type: ignore[arg-type]
+            max_tokens=12,
+            stream=True,
+        ) as streamed:
+            headers = streamed.headers
+            events = [e.type for e in streamed.parse()]
+        assert events[0] == "message_start" and events[-1] == "message_stop"
+        assert_recovered(headers, gateway, "smollm-messages-stream")
+
+        # Now that the window is known, count_tokens reports what would be forwarded: under
+        # the real window, though the conversation as sent is well over it.
+        counted = client.messages.count_tokens(
+            model="smollm-messages-stream",
+            system=SYSTEM,
+            messages=ANTHROPIC,  # type: ignore[arg-type]
+        )
+        assert 0 < counted.input_tokens < N_CTX
 
 
 @uses_real_model

@@ -12,7 +12,6 @@ import orjson
 import pytest
 
 from gateway.app import Gateway
-from gateway.wire import parse_chat_request
 from gateway.config import SummariesConfig, parse_config
 from gateway.metrics import Metrics
 from gateway.pipeline import SummaryAsk
@@ -20,6 +19,7 @@ from gateway.routing import Route, Router
 from gateway.stores import MemoryStore, SafeStore
 from gateway.summaries import Job, LocalAnswers, SummaryService, _growth, encode
 from gateway.summarizer import SummarizerError
+from gateway.wire import parse_chat_request
 from policies import Conversation, Message
 from policies.summaries import SummaryAnswer, SummaryRequest
 
@@ -43,7 +43,11 @@ class Stub:
         return request.model or route.name
 
     async def summarize(
-        self, request: SummaryRequest, route: Route, headers: Sequence[tuple[bytes, bytes]]
+        self,
+        request: SummaryRequest,
+        route: Route,
+        headers: Sequence[tuple[bytes, bytes]],
+        api: str = "chat",
     ) -> SummaryAnswer:
         self.calls.append(request)
         await asyncio.sleep(self.delay)

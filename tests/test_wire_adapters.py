@@ -82,7 +82,9 @@ def test_messages_compacted_by_any_chain_keep_pairs_signatures_and_breakpoints(
 
 @SETTINGS
 @given(st.one_of(responses_bodies(), messages_bodies()), st.data())
-def test_any_drop_the_policies_may_make_renders_a_valid_body(body: dict[str, Any], data: Any) -> None:
+def test_any_drop_the_policies_may_make_renders_a_valid_body(
+    body: dict[str, Any], data: Any
+) -> None:
     """Adversarial: whatever subset a step asks `drop` to remove (it keeps tool groups and
     protected messages whole), the rendered body keeps the provider's rules."""
     wire = RESPONSES if "input" in body else MESSAGES
@@ -117,7 +119,13 @@ def test_a_masked_function_output_changes_only_the_output() -> None:
         "input": [
             {"type": "message", "role": "user", "content": "read it"},
             {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "E1"},
-            {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "cat", "arguments": "{}"},
+            {
+                "type": "function_call",
+                "id": "fc_1",
+                "call_id": "c1",
+                "name": "cat",
+                "arguments": "{}",
+            },
             {"type": "function_call_output", "call_id": "c1", "output": "x" * 5000},
             {"type": "message", "role": "user", "content": "thanks"},
         ],
@@ -145,8 +153,17 @@ def test_a_removed_breakpoint_moves_to_the_nearest_kept_block_before_it() -> Non
         "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "first task"}]},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "B", "input": {}}]},
-            {"role": "user", "content": [old_result, {"type": "text", "text": "second", "cache_control": {"type": "ephemeral"}}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "B", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    old_result,
+                    {"type": "text", "text": "second", "cache_control": {"type": "ephemeral"}},
+                ],
+            },
             {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
             {"role": "user", "content": "go on"},
         ],
@@ -154,9 +171,12 @@ def test_a_removed_breakpoint_moves_to_the_nearest_kept_block_before_it() -> Non
     request = MESSAGES.parse(orjson.dumps(body), 100)
     conversation = conversation_of(request)
     # drop the canonical user message "second" (it carried the marker) but keep the rest
-    kept = tuple(m for m in conversation.messages if m.data.get("content") != [
-        {"type": "text", "text": "second", "source": body["messages"][2]["content"][1]}
-    ])
+    kept = tuple(
+        m
+        for m in conversation.messages
+        if m.data.get("content")
+        != [{"type": "text", "text": "second", "source": body["messages"][2]["content"][1]}]
+    )
     assert len(kept) == len(conversation.messages) - 1
     sent = request.forward_payload(kept, None)
     moved = sent["messages"][2]["content"]
@@ -174,7 +194,10 @@ def test_more_than_four_breakpoints_and_a_1h_after_a_5m_marker_are_dropped() -> 
         "max_tokens": 10,
         "system": [{"type": "text", "text": "s", "cache_control": five}],
         "messages": [
-            {"role": "user", "content": [*blocks, {"type": "text", "text": "late", "cache_control": hour}]},
+            {
+                "role": "user",
+                "content": [*blocks, {"type": "text", "text": "late", "cache_control": hour}],
+            },
         ],
     }
     request = MESSAGES.parse(orjson.dumps(body), 10)
@@ -189,12 +212,24 @@ def test_more_than_four_breakpoints_and_a_1h_after_a_5m_marker_are_dropped() -> 
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "m", "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]}, "input[0]"),
+        (
+            {
+                "model": "m",
+                "input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}],
+            },
+            "input[0]",
+        ),
         ({"model": "m", "input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),
-        ({"model": "m", "input": [{"type": "message", "role": "user", "content": 7}]}, "input[0].content"),
+        (
+            {"model": "m", "input": [{"type": "message", "role": "user", "content": 7}]},
+            "input[0].content",
+        ),
         ({"model": "m", "input": ["just a string"]}, "input[0]"),
         ({"model": "m", "input": 3}, "input"),
-        ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": 1}]}, "input[0].name"),
+        (
+            {"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": 1}]},
+            "input[0].name",
+        ),
     ],
 )
 def test_malformed_responses_input_is_a_400_naming_the_item(body: dict, param: str) -> None:
@@ -218,9 +253,21 @@ def test_an_output_without_its_call_is_accepted_when_the_history_is_upstream() -
     ("body", "param"),
     [
         ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-        ({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
         (
-            {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}]},
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
+            "messages.0.role",
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 5,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}],
+                    }
+                ],
+            },
             "messages.0.content.0",
         ),
     ],
@@ -235,5 +282,7 @@ def test_malformed_messages_are_a_400_naming_the_field(body: dict, param: str) -
 def test_the_plan_guesses_the_api_from_the_body() -> None:
     assert wire_of(b'{"model": "m", "input": "hi"}').name == "responses"
     assert wire_of(b'{"model": "m", "system": "s", "messages": []}').name == "messages"
-    assert wire_of(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}').name == "chat"
+    assert (
+        wire_of(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}').name == "chat"
+    )
     assert wire_of(b"{}", "messages").name == "messages"

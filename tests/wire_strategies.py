@@ -192,9 +192,14 @@ def messages_violations(
     """What Anthropic would refuse in `sent` (pairing, signatures, breakpoints), and the latest
     assistant message changed (allowed only to the last-resort recovery, `recovered`)."""
     problems: list[str] = []
-    blocks_sent = [b for m in sent["messages"] if isinstance(m["content"], list) for b in m["content"]]
+    blocks_sent = [
+        b for m in sent["messages"] if isinstance(m["content"], list) for b in m["content"]
+    ]
     originals = {
-        id(b): b for m in original["messages"] if isinstance(m["content"], list) for b in m["content"]
+        id(b): b
+        for m in original["messages"]
+        if isinstance(m["content"], list)
+        for b in m["content"]
     }
     for block in blocks_sent:
         if block.get("type") in ("thinking", "redacted_thinking") and id(block) not in originals:
@@ -227,10 +232,16 @@ def messages_violations(
             marked += sum(1 for b in value if isinstance(b, dict) and b.get("cache_control"))
     if marked > 4:
         problems.append(f"{marked} cache_control markers")
-    last = max(i for i, m in enumerate(original["messages"]) if m["role"] == "assistant") if any(
-        m["role"] == "assistant" for m in original["messages"]
-    ) else None
-    if last is not None and not recovered and all(m is not original["messages"][last] for m in messages):
+    last = (
+        max(i for i, m in enumerate(original["messages"]) if m["role"] == "assistant")
+        if any(m["role"] == "assistant" for m in original["messages"])
+        else None
+    )
+    if (
+        last is not None
+        and not recovered
+        and all(m is not original["messages"][last] for m in messages)
+    ):
         if not any(m == original["messages"][last] for m in messages):
             problems.append("the latest assistant message was changed or dropped")
     return problems

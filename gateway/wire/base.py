@@ -159,6 +159,18 @@ class Wire:
     def usage_tap(self) -> UsageTap:
         return UsageTap(self)
 
+    # -- the gateway's own calls (summaries) -------------------------------------------------
+
+    def plain_request(
+        self, model: str, system: str, prompt: str, limit: int | None, limit_field: str
+    ) -> dict[str, Any]:
+        """A one-shot request in this API: a system prompt, one user message, no tools."""
+        raise NotImplementedError
+
+    def answer_text(self, document: Mapping[str, Any]) -> str | None:
+        """The text of a non-streaming answer; None when it is not this API's answer."""
+        raise NotImplementedError
+
     # -- headers -----------------------------------------------------------------------------
 
     def credential_headers(self, api_key: str) -> dict[str, str]:

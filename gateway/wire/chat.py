@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from policies.conversation import content_text
+
 from ..errors import InvalidRequestError
 from .base import Usage, Wire, number
 from .request import (
@@ -133,6 +135,28 @@ class ChatWire(Wire):
             if isinstance(output_details, dict)
             else 0,
         )
+
+    def plain_request(
+        self, model: str, system: str, prompt: str, limit: int | None, limit_field: str
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": model,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": prompt},
+            ],
+            "stream": False,
+        }
+        if limit is not None:
+            payload[limit_field] = limit
+        return payload
+
+    def answer_text(self, document: Mapping[str, Any]) -> str | None:
+        choices = document.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return None
+        message = choices[0].get("message")
+        return content_text(message.get("content")) if isinstance(message, dict) else None
 
 
 def _system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:

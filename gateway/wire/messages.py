@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`
 MAX_BREAKPOINTS = 4
+DEFAULT_MAX_TOKENS = 4096  # the gateway's own calls, when no limit is configured
 # Anthropic's error `type` for each status the gateway itself answers with.
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -198,6 +199,25 @@ class MessagesWire(Wire):
 
     def credential_headers(self, api_key: str) -> dict[str, str]:
         return {"x-api-key": api_key}
+
+    def plain_request(
+        self, model: str, system: str, prompt: str, limit: int | None, limit_field: str
+    ) -> dict[str, Any]:
+        return {
+            "model": model,
+            "system": system,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": limit or DEFAULT_MAX_TOKENS,  # required by the API
+            "stream": False,
+        }
+
+    def answer_text(self, document: Mapping[str, Any]) -> str | None:
+        content = document.get("content")
+        if not isinstance(content, list):
+            return None
+        return "".join(
+            b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
 
 
 def _error(error: GatewayError) -> dict[str, Any]:

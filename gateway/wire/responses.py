@@ -224,6 +224,33 @@ class ResponsesWire(Wire):
             else 0,
         )
 
+    def plain_request(
+        self, model: str, system: str, prompt: str, limit: int | None, limit_field: str
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": model,
+            "instructions": system,
+            "input": prompt,
+            "stream": False,
+            "store": False,
+        }
+        if limit is not None:
+            payload["max_output_tokens"] = limit
+        return payload
+
+    def answer_text(self, document: Mapping[str, Any]) -> str | None:
+        output = document.get("output")
+        if not isinstance(output, list):
+            return None
+        texts = [
+            part["text"]
+            for item in output
+            if isinstance(item, dict) and item.get("type") == "message"
+            for part in item.get("content") or ()
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        ]
+        return "".join(texts)
+
     def stream_usage(self, name: bytes, data: bytes, known: Usage | None) -> Usage | None:
         if not name.startswith(b"response.") or b'"usage"' not in data:
             return None
