@@ -61,7 +61,7 @@ from .errors import (
     UpstreamTimeoutError,
 )
 from .events import EventLog, reward
-from .expansion import Expansion
+from .expansion import Expansion, Rounds
 from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
 from .metrics import Metrics
@@ -404,7 +404,7 @@ class Endpoint:
                     return
                 case Overflow(stream=UpstreamResponse() as stream, head=head) if head:
                     # Out of retries: the upstream's own error event is the answer.
-                    await self.relay(send, exchange, prepared, stream, head, self.wire.usage_tap())
+                    await self.relay(send, exchange, prepared, stream, _stream(head, stream))
                     return
                 case Overflow(stream=stream):
                     if stream is not None:
@@ -448,18 +448,41 @@ class Endpoint:
                 if not head:
                     response.close()
                     raise UpstreamError(EMPTY_STREAM)
-                if prepared.expandable:
-                    response, head, exchange.internal_rounds = await gw.expansion.resolve_stream(
+                chunks = _stream(head, response)
+                if prepared.expandable and request.api == "chat":
+                    (
+                        response,
+                        head,
+                        exchange.internal_rounds,
+                    ) = await gw.expansion.chat.resolve_stream(
                         response, head, prepared.body, route, url, sending, tenant
                     )
                     if response.status >= 400:
                         body = await response.read()
                         response.release()
                         return Failed(response.status, body, response.relay_headers())
+                    chunks = _stream(head, response)
+                elif prepared.expandable:
+                    rounds = Rounds()
+                    chunks = gw.expansion.splice(
+                        request.api,
+                        response,
+                        head,
+                        prepared.body,
+                        route,
+                        url,
+                        sending,
+                        tenant,
+                        rounds,
+                        lambda message: self.wire.stream_error_event(UpstreamError(message)),
+                    )
+                    try:
+                        await self.relay(send, exchange, prepared, response, chunks)
+                    finally:
+                        exchange.internal_rounds = rounds.count
+                    return RELAYED
                 stripper = UsageStripper() if prepared.injected_usage else None
-                await self.relay(
-                    send, exchange, prepared, response, head, self.wire.usage_tap(), stripper
-                )
+                await self.relay(send, exchange, prepared, response, chunks, stripper)
                 return RELAYED
             data = await response.read()
             response.release()
@@ -468,7 +491,7 @@ class Endpoint:
             status, relay_headers = response.status, response.relay_headers()
             if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
                 resolved = await gw.expansion.resolve(
-                    data, prepared.body, route, url, sending, tenant
+                    request.api, data, prepared.body, route, url, sending, tenant
                 )
                 exchange.internal_rounds = resolved.rounds
                 status, data = resolved.status, resolved.body
@@ -549,8 +572,7 @@ class Endpoint:
         exchange: Exchange,
         prepared: Prepared,
         response: UpstreamResponse,
-        first: bytes,
-        tap: Any,
+        chunks: AsyncIterator[bytes],
         stripper: UsageStripper | None = None,
     ) -> None:
         """Relay a stream chunk by chunk as it arrives, watching it for its usage."""
@@ -563,22 +585,15 @@ class Endpoint:
                 "headers": [*response.relay_headers(), *self.headers(exchange)],
             }
         )
-        encoded = "content-encoding" in response.headers
+        tap = None if "content-encoding" in response.headers else self.wire.usage_tap()
         try:
-            if not encoded:
-                tap.feed(first)
-            if stripper is not None:
-                first = stripper.feed(first)
-            if first:
-                await send({"type": "http.response.body", "body": first, "more_body": True})
-            async for chunk in response.chunks():
-                if not encoded:
+            async for chunk in chunks:
+                if tap is not None:
                     tap.feed(chunk)
                 if stripper is not None:
                     chunk = stripper.feed(chunk)
-                    if not chunk:
-                        continue
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if stripper is not None and (rest := stripper.flush()):
                 await send({"type": "http.response.body", "body": rest, "more_body": True})
         except (UpstreamError, UpstreamTimeoutError) as error:
@@ -591,7 +606,8 @@ class Endpoint:
         finally:
             response.close()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.calibrate(prepared.route, prepared, exchange, tap.usage)
+        if tap is not None:
+            self.calibrate(prepared.route, prepared, exchange, tap.usage)
 
     def calibrate(
         self, route: Route, prepared: Prepared, exchange: Exchange, usage: Usage | None
@@ -759,6 +775,14 @@ class CountTokens(Endpoint):
         exchange.status = 200
         body = orjson.dumps({"input_tokens": tokens})
         await send_bytes(send, 200, body, self.headers(exchange), b"application/json")
+
+
+async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[bytes]:
+    """A stream's bytes: what was read of it already, then the rest as it arrives."""
+    if head:
+        yield head
+    async for chunk in response.chunks():
+        yield chunk
 
 
 def upstream_url(route: Route, wire: Wire) -> str:

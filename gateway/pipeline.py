@@ -37,7 +37,7 @@ from policies.rollup import SummarisingConfig as Summarising
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
 from .errors import ContextLengthExceededError, InvalidRequestError
-from .expansion import applicable, with_tools
+from .expansion import offer
 from .metrics import Metrics
 from .prefix import Counted, PrefixCounts
 from .routing import Route
@@ -282,19 +282,17 @@ class Pipeline:
             sent: list[Any] = request.messages
         else:
             payload = request.forward_payload(result.messages, rename, inject)
-            expandable = bool(
-                request.api == "chat"
-                and chain is not None
+            if (
+                chain is not None
                 and chain.stored
                 and self._tool_outputs is not None
+                and self._tool_outputs.config.expand
                 and budget is not None
                 and self.expansion_tokens(route, budget.context_window)
-                and self._tool_outputs.config.expand
-                and applicable(payload, self._tool_outputs.names)
-            )
-            if expandable:
-                assert self._tool_outputs is not None
-                payload = with_tools(payload, self._tool_outputs)
+            ):
+                offered = offer(request.api, payload, self._tool_outputs)
+                if offered is not None:
+                    payload, expandable = offered, True
             body = serialise(payload)
             sent = result.data()
         counts: dict[str, int] = {}

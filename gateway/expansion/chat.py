@@ -1,4 +1,5 @@
-"""Internal tool rounds: the gateway answers the model's calls to its own expansion tools.
+"""Internal tool rounds on Chat Completions: the gateway answers the model's calls to its own
+expansion tools.
 
 When a forwarded request had tool outputs masked, it also carries the gateway's read/grep tools
 (`tool_outputs`). If the model calls them, the gateway runs them, appends the calls and their
@@ -28,11 +29,11 @@ from typing import Any
 
 import orjson
 
-from .metrics import Metrics
-from .retry import send_with_retries
-from .routing import Route
-from .tool_outputs import ToolOutputCache
-from .upstream import UpstreamClient, UpstreamResponse
+from ..metrics import Metrics
+from ..retry import send_with_retries
+from ..routing import Route
+from ..tool_outputs import ToolOutputCache
+from ..upstream import UpstreamClient, UpstreamResponse
 
 
 def applicable(payload: Mapping[str, Any], names: frozenset[str]) -> bool:
@@ -70,7 +71,7 @@ class Resolved:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
-class Expansion:
+class ChatExpansion:
     def __init__(self, cache: ToolOutputCache, upstream: UpstreamClient, metrics: Metrics) -> None:
         self.cache = cache
         self.upstream = upstream
