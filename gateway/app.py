@@ -663,9 +663,10 @@ class Endpoint:
             self.log_event(exchange, total)
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
-                "request_id=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f tokens_before=%d "
-                "tokens_after=%d steps=%s retries=%d",
+                "request_id=%s api=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f "
+                "tokens_before=%d tokens_after=%d steps=%s retries=%d",
                 exchange.request_id,
+                exchange.api,
                 exchange.model,
                 exchange.status,
                 total * 1000,
@@ -695,6 +696,7 @@ class Endpoint:
         self.gw.events.record(
             {
                 "request_id": exchange.request_id,
+                "api": exchange.api,
                 "model": exchange.model,
                 "mode": "observe" if exchange.observe else "enforce",
                 "status": exchange.status,

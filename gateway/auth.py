@@ -4,7 +4,8 @@ The rule this module owns: a request is served only for a tenant the gateway can
 tenant is never chosen by something another tenant could forge. Two modes, fixed at start-up:
 
 - Gateway keys (`auth: {keys: [{key_sha256, tenant, models}]}` with at least one key). The
-  client presents its key as `Authorization: Bearer <key>` (or Azure's `api-key: <key>`). The
+  client presents its key as `Authorization: Bearer <key>` (or Azure's `api-key: <key>`, or
+  Anthropic's `x-api-key: <key>`, as Claude Code and the anthropic SDK send it). The
   sha256 of what it presented is compared with `hmac.compare_digest` against *every* configured
   hash, with no early exit, so the time taken does not say which entry (if any) matched. The
   matching entry names the tenant and the model globs it may use (the config refuses two entries
@@ -32,7 +33,7 @@ from .asgi import Scope, header
 from .config import Config
 from .errors import AuthenticationError, PermissionDeniedError
 
-CREDENTIAL_HEADERS = (b"authorization", b"api-key")
+CREDENTIAL_HEADERS = (b"authorization", b"api-key", b"x-api-key")
 _ANY_MODEL = ("*",)
 
 
@@ -115,7 +116,8 @@ class Authenticator:
 
 
 def presented_key(scope: Scope) -> bytes | None:
-    """The key in `Authorization: Bearer <key>` (any case of `Bearer`) or `api-key: <key>`."""
+    """The key in `Authorization: Bearer <key>` (any case of `Bearer`), `api-key: <key>` or
+    `x-api-key: <key>`."""
     value = header(scope, b"authorization")
     if value:
         scheme, _, token = value.strip().partition(b" ")
@@ -123,7 +125,8 @@ def presented_key(scope: Scope) -> bytes | None:
         if scheme.lower() == b"bearer" and token:
             return token
         return None
-    value = header(scope, b"api-key")
-    if value and value.strip():
-        return value.strip()
+    for name in (b"api-key", b"x-api-key"):
+        value = header(scope, name)
+        if value and value.strip():
+            return value.strip()
     return None
