@@ -142,7 +142,11 @@ class Pipeline:
         if window is None:
             return None
         if request.max_output is not None:
+            # A model never writes more than its configured maximum, whatever a client asks
+            # (Claude Code asks for up to 128k): reserving more would compact for nothing.
             reserve = request.max_output
+            if route.max_output_tokens is not None:
+                reserve = min(reserve, route.max_output_tokens)
         elif route.max_output_tokens is not None:
             reserve = min(route.max_output_tokens, int(window * 0.5))
         else:

@@ -301,7 +301,12 @@ def test_tenant_header_is_honoured_only_without_keys() -> None:
     identity = keyed.identify(scope(("x-tenant", "two"), ("authorization", "Bearer k1")))
     assert identity.tenant == "t:one"  # a client cannot claim another tenant's state
     stripped = keyed.upstream_headers(
-        [(b"authorization", b"Bearer k1"), (b"api-key", b"k1"), (b"x-api-key", b"k1"), (b"x-ok", b"1")]
+        [
+            (b"authorization", b"Bearer k1"),
+            (b"api-key", b"k1"),
+            (b"x-api-key", b"k1"),
+            (b"x-ok", b"1"),
+        ]
     )
     assert stripped == [(b"x-ok", b"1")]
 

@@ -1,0 +1,114 @@
+"""The pipeline on every wire API: the same budget, the same chain, each API's own fields.
+
+In process (a `Gateway` and its pipeline, no upstream call): what the plan endpoint and every
+real request compute before anything is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.errors import InvalidRequestError
+from gateway.wire import CHAT, MESSAGES, RESPONSES
+
+WINDOW = 4000
+
+
+def gateway(**model: Any) -> Gateway:
+    config = {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": "http://127.0.0.1:9/v1"},
+                "tokenizer": "chars:4",
+                "context_window": WINDOW,
+                **model,
+            }
+        ]
+    }
+    return Gateway(parse_config(config))
+
+
+def bodies(turns: int, max_output: int) -> dict[str, dict[str, Any]]:
+    """One conversation in the three APIs, each asking for `max_output` tokens its own way."""
+    chat: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for t in range(turns):
+        chat.append({"role": "user", "content": f"question {t} " + "word " * 60})
+        chat.append({"role": "assistant", "content": f"answer {t} " + "word " * 60})
+    chat.append({"role": "user", "content": "And now?"})
+    rest = chat[1:]
+    return {
+        "chat": {"model": "m", "messages": chat, "max_completion_tokens": max_output},
+        "responses": {
+            "model": "m",
+            "instructions": "Be brief.",
+            "input": [{"type": "message", **m} for m in rest],
+            "max_output_tokens": max_output,
+        },
+        "messages": {
+            "model": "m",
+            "system": "Be brief.",
+            "messages": rest,
+            "max_tokens": max_output,
+        },
+    }
+
+
+WIRES = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
+
+
+async def prepare(gw: Gateway, api: str, body: dict[str, Any]) -> Any:
+    route = gw.router.resolve("m")
+    assert route is not None
+    request = WIRES[api].parse(orjson.dumps(body), 10_000)
+    return await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+async def test_the_output_reserve_is_the_requests_limit_clamped_by_the_models(api: str) -> None:
+    """Claude Code asks for up to 128k output tokens; a model configured to write at most 500
+    needs no more room than that, so the request is not compacted for nothing."""
+    body = bodies(2, 30_000)[api]
+    clamped = await prepare(gateway(max_output_tokens=500), api, body)
+    assert clamped.budget.reserved_output == 500
+    with pytest.raises(InvalidRequestError, match="leave no room"):  # a 400 without the clamp
+        await prepare(gateway(), api, body)
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+async def test_every_api_is_compacted_to_the_same_budget(api: str) -> None:
+    """The same conversation over the trigger is compacted on every API: under the limit, the
+    system prompt and the latest question kept, and forwarded in the client's API."""
+    prepared = await prepare(gateway(), api, bodies(30, 200)[api])
+    assert prepared.api == api
+    assert prepared.tokens_before > prepared.budget.limit
+    assert prepared.tokens_after <= prepared.budget.trigger
+    assert prepared.changed_steps
+    sent = orjson.loads(prepared.body)
+    if api == "chat":
+        assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
+        assert sent["messages"][-1] == {"role": "user", "content": "And now?"}
+    elif api == "responses":
+        assert sent["instructions"] == "Be brief."
+        assert sent["input"][-1] == {"type": "message", "role": "user", "content": "And now?"}
+    else:
+        assert sent["system"] == "Be brief."
+        assert sent["messages"][-1] == {"role": "user", "content": "And now?"}
+
+
+async def test_a_conversation_held_upstream_is_forwarded_as_sent_or_truncated_on_request() -> None:
+    body = {
+        "model": "m",
+        "previous_response_id": "resp_1",
+        "input": [{"type": "message", "role": "user", "content": "word " * 20_000}],
+    }
+    prepared = await prepare(gateway(), "responses", body)
+    assert prepared.body == orjson.dumps(body)
+    assert prepared.changed_steps == []
+    opted_in = await prepare(gateway(stateful_truncation=True), "responses", body)
+    assert orjson.loads(opted_in.body) == {**body, "truncation": "auto"}
