@@ -392,24 +392,22 @@ class Endpoint:
             match outcome:
                 case Relayed():
                     return
-                case Overflow() if self.overflowed(route, exchange, outcome.error, retries):
+                case Failed():
+                    await self.relay_failure(send, exchange, prepared, outcome)
+                    return
+                case Overflow():
+                    self.overflowed(route, exchange, outcome.error)
+                    if not retries.left:
+                        await self.answer_overflow(send, exchange, prepared, outcome)
+                        return
                     retries = retries.spend()
+                    exchange.retries += 1
+                    gw.metrics.emergency_retries.labels(exchange.model).inc()
                     if outcome.stream is not None:
                         outcome.stream.close()
                     prepared = await self.recompact(
                         request, route, tenant, prepared, outcome, scope["headers"]
                     )
-                case Overflow(failed=Failed() as failed) | (Failed() as failed):
-                    await self.relay_failure(send, exchange, prepared, failed)
-                    return
-                case Overflow(stream=UpstreamResponse() as stream, head=head) if head:
-                    # Out of retries: the upstream's own error event is the answer.
-                    await self.relay(send, exchange, prepared, stream, _stream(head, stream))
-                    return
-                case Overflow(stream=stream):
-                    if stream is not None:
-                        stream.close()
-                    raise UpstreamError(EMPTY_STREAM)
 
     async def attempt(
         self,
@@ -514,19 +512,25 @@ class Endpoint:
                 break
         return head
 
-    def overflowed(
-        self, route: Route, exchange: Exchange, error: ContextError, retries: Retries
-    ) -> bool:
-        """Count a context error, learn the window it states; True when a retry is left."""
-        gw = self.gw
-        gw.metrics.context_errors.labels(error.signature).inc()
+    def overflowed(self, route: Route, exchange: Exchange, error: ContextError) -> None:
+        """Count a context error and learn the window it states."""
+        self.gw.metrics.context_errors.labels(error.signature).inc()
         exchange.context_errors.append(error.signature)
-        gw.learn_window(route, error)
-        if retries.left <= 0:
-            return False
-        exchange.retries += 1
-        gw.metrics.emergency_retries.labels(exchange.model).inc()
-        return True
+        self.gw.learn_window(route, error)
+
+    async def answer_overflow(
+        self, send: Send, exchange: Exchange, prepared: Prepared, overflow: Overflow
+    ) -> None:
+        """Out of retries: the upstream's own answer goes to the client (never a silent 200)."""
+        if overflow.failed is not None:
+            await self.relay_failure(send, exchange, prepared, overflow.failed)
+        elif overflow.stream is not None and overflow.head:
+            stream = overflow.stream
+            await self.relay(send, exchange, prepared, stream, _stream(overflow.head, stream))
+        else:
+            if overflow.stream is not None:
+                overflow.stream.close()
+            raise UpstreamError(EMPTY_STREAM)
 
     async def relay_failure(
         self, send: Send, exchange: Exchange, prepared: Prepared, failed: Failed
