@@ -474,10 +474,7 @@ class Endpoint:
                         rounds,
                         lambda message: self.wire.stream_error_event(UpstreamError(message)),
                     )
-                    try:
-                        await self.relay(send, exchange, prepared, response, chunks)
-                    finally:
-                        exchange.internal_rounds = rounds.count
+                    await self.relay(send, exchange, prepared, response, chunks, rounds=rounds)
                     return RELAYED
                 stripper = UsageStripper() if prepared.injected_usage else None
                 await self.relay(send, exchange, prepared, response, chunks, stripper)
@@ -578,8 +575,10 @@ class Endpoint:
         response: UpstreamResponse,
         chunks: AsyncIterator[bytes],
         stripper: UsageStripper | None = None,
+        rounds: Rounds | None = None,
     ) -> None:
-        """Relay a stream chunk by chunk as it arrives, watching it for its usage."""
+        """Relay a stream chunk by chunk as it arrives, watching it for its usage (`rounds`
+        counts the internal rounds spliced into it)."""
         self.note(exchange, prepared)
         exchange.status = response.status
         await send(
@@ -609,6 +608,8 @@ class Endpoint:
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
             response.close()
+            if rounds is not None:
+                exchange.internal_rounds = rounds.count
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if tap is not None:
             self.calibrate(prepared.route, prepared, exchange, tap.usage)
@@ -616,10 +617,13 @@ class Endpoint:
     def calibrate(
         self, route: Route, prepared: Prepared, exchange: Exchange, usage: Usage | None
     ) -> None:
-        """Compare what the upstream says the prompt was with our estimate."""
+        """Compare what the upstream says the prompt was with our estimate (not when internal
+        rounds were added: their usage is summed into the answer's)."""
         exchange.usage = usage
-        if usage is not None and usage.input > 0:
-            self.gw.calibration.observe(route, prepared.sent_tokens, usage.input)
+        if usage is not None and usage.input > 0 and not exchange.internal_rounds:
+            self.gw.calibration.observe(
+                route, prepared.sent_tokens, usage.input, prepared.correction
+            )
 
     def note(self, exchange: Exchange, prepared: Prepared) -> None:
         exchange.prepared = prepared

@@ -1,23 +1,30 @@
 """Self-calibration of token estimates against what the upstream reports (R2.6).
 
-Every response's `usage.prompt_tokens` is compared with the gateway's estimate of what it sent.
-The relative error goes to a histogram metric for every model. For heuristic (`chars:`)
-tokenizers the gateway also keeps a running estimate of the correction per model: each
-observation moves it a step (`ALPHA`) toward reported/estimated, so after a few dozen responses
-the estimates track the provider's own tokenizer. Exact tokenizers are never corrected.
+Every response's reported prompt tokens (`Usage.input`: every prompt token, cached or not, on
+every API) are compared with the gateway's estimate of what it sent; the relative error goes
+to a histogram metric for every model. For heuristic (`chars:`) tokenizers the gateway also
+calibrates a multiplier per model, by one rule: **the multiplier changes rarely, and only when
+the upstream persistently disagrees with it**, because counts decide what is forwarded (where
+compaction cuts, what summaries cover). A multiplier that followed each response's noise would
+count one unchanged body differently from one request to the next.
 
-The correction in use only changes when the running estimate has moved more than `TOLERANCE`
-away from it. Every change changes every count a little, and counts decide where compaction
-cuts (cache-stable cuts, the ranges summaries cover): a correction that followed each response's
-noise would move those a little on every request, and with them the prompt prefix sent upstream
-and the summaries' cache keys. So the correction converges in a few steps and then stays put
-while the upstream's answers agree with it within the tolerance.
+- Each response gives one observation: the multiplier that would have made the estimate exact,
+  bounded to `BOUNDS`.
+- The first multiplier is the median of the first `FIRST_SAMPLES` observations; afterwards the
+  median of the last `WINDOW` observations replaces it only when it is more than `TOLERANCE`
+  away. The median ignores the odd outlier (a response whose usage covers more than its prompt).
+- Between two changes, identical bodies get identical counts; with steady reports the multiplier
+  stops changing after a few responses (`tests/test_calibration.py` replays a recorded series).
+
+Exact tokenizers are never corrected.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 import orjson
 
@@ -27,17 +34,18 @@ from .tokenizers import CharsTokenizer
 
 log = logging.getLogger("compactgate.calibration")
 
-ALPHA = 0.3  # step toward the observed ratio per response
-TOLERANCE = 0.02  # the correction in use changes when the estimate moves further away than this
-MAX_STEP = 2.0  # one observation moves the correction by at most this factor
-BOUNDS = (0.2, 5.0)  # the correction stays within these multipliers
+FIRST_SAMPLES = 3  # observations before the first change
+WINDOW = 5  # recent observations whose median is compared with the multiplier in use
+TOLERANCE = 0.03  # the multiplier changes when that median is further away than this
+BOUNDS = (0.2, 5.0)  # the multiplier stays within these
 
 
 @dataclass(slots=True)
 class _State:
-    correction: float = 1.0  # in use
-    estimate: float = 1.0  # running estimate
+    correction: float  # in use
+    observed: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     samples: int = 0
+    changes: int = 0
 
 
 class Calibration:
@@ -45,7 +53,11 @@ class Calibration:
         self._metrics = metrics
         self._state: dict[str, _State] = {}
 
-    def observe(self, route: Route, estimated: int, reported: int) -> None:
+    def observe(
+        self, route: Route, estimated: int, reported: int, counted_with: float | None = None
+    ) -> None:
+        """One response: `estimated` prompt tokens (counted with multiplier `counted_with`, the
+        one in use when the request was prepared) against `reported` by the upstream."""
         if reported <= 0 or estimated <= 0:
             return
         label = self._metrics.model_label(route.name)
@@ -53,29 +65,25 @@ class Calibration:
         tokenizer = route.counter.tokenizer
         if not isinstance(tokenizer, CharsTokenizer):
             return
-        state = self._state.setdefault(
-            route.name, _State(tokenizer.correction, tokenizer.correction)
-        )
-        # `estimated` was counted with the correction in use: this response says the right
-        # multiplier is that times the ratio.
-        ratio = min(MAX_STEP, max(1 / MAX_STEP, reported / estimated))
-        observed = state.correction * ratio
-        estimate = state.estimate + ALPHA * (observed - state.estimate)
-        state.estimate = min(BOUNDS[1], max(BOUNDS[0], estimate))
+        state = self._state.setdefault(route.name, _State(tokenizer.correction))
+        used = counted_with if counted_with is not None else state.correction
+        state.observed.append(min(BOUNDS[1], max(BOUNDS[0], used * reported / estimated)))
         state.samples += 1
-        if abs(state.estimate / state.correction - 1) > TOLERANCE:
-            state.correction = state.estimate
-            route.counter.use_tokenizer(tokenizer.with_correction(state.estimate))
-        if state.samples in (1, 10, 100) or state.samples % 1000 == 0:
-            log.info(
-                "model %s: estimate %d vs reported %d prompt tokens; "
-                "correction now %.4f (%d samples)",
-                route.name,
-                estimated,
-                reported,
-                state.correction,
-                state.samples,
-            )
+        if state.samples < FIRST_SAMPLES:
+            return
+        median = statistics.median(state.observed)
+        if abs(median / state.correction - 1) <= TOLERANCE:
+            return
+        state.correction = median
+        state.changes += 1
+        route.counter.use_tokenizer(tokenizer.with_correction(median))
+        log.info(
+            "model %s: token estimates corrected by %.4f after %d responses (change %d)",
+            route.name,
+            median,
+            state.samples,
+            state.changes,
+        )
 
     def correction(self, route_name: str) -> float | None:
         state = self._state.get(route_name)

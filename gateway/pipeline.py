@@ -41,6 +41,7 @@ from .expansion import offer
 from .metrics import Metrics
 from .prefix import Counted, PrefixCounts
 from .routing import Route
+from .tokenizers import CharsTokenizer
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .wire import WireRequest
@@ -84,6 +85,7 @@ class Prepared:
     messages: list[Any]  # the messages forwarded
     observe: bool = False  # shadow mode: `body` is the original; the chain is what would be done
     api: str = "chat"  # the wire API of the request
+    correction: float | None = None  # the calibration multiplier the counts were made with
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
     priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
     expandable: bool = False  # masked tool outputs: the expansion tools were added
@@ -321,6 +323,7 @@ class Pipeline:
             messages=sent,
             observe=observe,
             api=request.api,
+            correction=_correction(route),
             injected_usage=inject,
             expandable=expandable,
             conversation=conversation,
@@ -383,6 +386,7 @@ class Pipeline:
             messages=request.messages,
             observe=observe,
             api=request.api,
+            correction=_correction(route),
             injected_usage=inject,
         )
 
@@ -504,6 +508,12 @@ class Pipeline:
             param="max_tokens" if request.max_output is not None else "tools",
             code="context_length_exceeded",
         )
+
+
+def _correction(route: Route) -> float | None:
+    """The calibration multiplier of the route's heuristic tokenizer, None for exact ones."""
+    tokenizer = route.counter.tokenizer
+    return tokenizer.correction if isinstance(tokenizer, CharsTokenizer) else None
 
 
 def _status(answers: Mapping[bytes, SummaryAnswer], request: SummaryRequest) -> str:
