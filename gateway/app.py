@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,7 +74,14 @@ from .summaries import Precompute, SummaryService
 from .summarizer import Summarizer
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
-from .upstream import UpstreamClient, UpstreamResponse, forward_headers, passthrough_path
+from .upstream import (
+    CLIENT_CREDENTIALS,
+    UpstreamClient,
+    UpstreamResponse,
+    forward_headers,
+    passthrough_path,
+)
+from .upstream_counts import UpstreamCounts
 from .wire import CHAT, COUNT_TOKENS, MESSAGES, RESPONSES, Usage, Wire, WireRequest, wire_of
 
 log = logging.getLogger("compactgate")
@@ -84,6 +91,7 @@ INTERNAL_ERROR = "The gateway failed on this request; it has been logged with th
 IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
 SHUTTING_DOWN = "The gateway is shutting down and could not finish this response; retry it."
 EMPTY_STREAM = "The upstream answered 200 with an empty stream."
+CREDENTIALS = frozenset(name.encode() for name in CLIENT_CREDENTIALS)
 
 
 @dataclass(slots=True)
@@ -175,7 +183,9 @@ class Gateway:
             fetch_summaries=self.summaries.fetch,
             tool_outputs=self.tool_outputs,
             summary_source=self.summaries.source,
+            count_remote=self.count_remote,
         )
+        self.upstream_counts = UpstreamCounts(self.upstream)
         self.precompute = Precompute(self.summaries, self.pipeline)
         self.learned_windows: dict[str, int] = {}
         self.calibration = Calibration(self.metrics)
@@ -226,6 +236,18 @@ class Gateway:
         return found
 
     # -- helpers used along the path ---------------------------------------------------------
+
+    async def count_remote(
+        self,
+        route: Route,
+        wire: Wire,
+        texts: Sequence[str],
+        client: Sequence[tuple[bytes, bytes]] | None,
+    ) -> list[int] | None:
+        """Texts counted by the route's upstream, with the credential its requests use."""
+        credentials = [(k, v) for k, v in client or () if k.lower() in CREDENTIALS]
+        headers = upstream_headers(credentials, route, wire)
+        return await self.upstream_counts.count(route, texts, headers)
 
     def effective_window(self, route: Route) -> int | None:
         learned = self.learned_windows.get(route.name)

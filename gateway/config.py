@@ -121,7 +121,9 @@ class ModelConfig(_Strict):
     upstream: UpstreamConfig
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
-    tokenizer: str | None = Field(None, description="tiktoken:<enc> | hf:<path> | chars:<n>")
+    tokenizer: str | None = Field(
+        None, description="tiktoken:<enc> | hf:<path> | chars:<n> | upstream"
+    )
     policy: str = "default"
     mode: Literal["enforce", "observe"] | None = None
     max_retries: int = Field(2, ge=0, le=5, description="Emergency retries on context errors")
@@ -137,12 +139,12 @@ class ModelConfig(_Strict):
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+        if value is None or value == "upstream":
+            return value
         kind, _, arg = value.partition(":")
         if kind not in ("tiktoken", "hf", "chars") or not arg:
             raise ValueError(
-                "must be tiktoken:<encoding>, hf:<path to tokenizer.json> or chars:<n>"
+                "must be tiktoken:<encoding>, hf:<path to tokenizer.json>, chars:<n> or upstream"
             )
         if kind == "chars":
             try:

@@ -52,6 +52,7 @@ class Stage:
     would_refuse: Callable[[dict[str, Any]], Awaitable[bool]]  # without the gateway
     close: Callable[[], Awaitable[None]]
     extra_config: dict[str, Any]
+    tokenizer: str = "chars:4"  # how the gateway counts this model
 
 
 def run_demo(llm: bool = False, turns: int = 14) -> int:
@@ -128,8 +129,10 @@ async def _llm_stage() -> Stage:
         tool_budget=400,
         banner=(
             f"a REAL local model\n({MODEL_NAME} on llama.cpp, CPU) with a {LLM_WINDOW}-token "
-            "context window. Its tokenizer is unknown to the gateway, which estimates (chars:4)."
+            "context window. The gateway counts with the model's own tokenizer "
+            "(tokenizer: upstream)."
         ),
+        tokenizer="upstream",
         would_refuse=would_refuse,
         close=close,
         # A 135M model does not use the gateway's read-back tools: do not offer them.
@@ -152,7 +155,7 @@ async def _demo(turns: int, llm: bool = False) -> int:
                     "upstream": {"base_url": stage.base_url},
                     "context_window": stage.window,
                     "max_output_tokens": stage.max_tokens,
-                    "tokenizer": "chars:4",
+                    "tokenizer": stage.tokenizer,
                     "policy": "agent",
                 }
             ],

@@ -41,7 +41,7 @@ from .expansion import offer
 from .metrics import Metrics
 from .prefix import Counted, PrefixCounts
 from .routing import Route
-from .tokenizers import CharsTokenizer
+from .tokenizers import CharsTokenizer, UpstreamTokenizer
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .wire import WireRequest
@@ -62,6 +62,12 @@ class SummaryAsk:
     wait: bool  # the request cannot be sent without them: wait (bounded); else compute meanwhile
     api: str = "chat"  # the client's wire API: its upstream speaks it, so summaries use it
 
+
+# Counts texts with a route's upstream tokenizer: (route, wire, texts, client headers) -> counts.
+RemoteCounter = Callable[
+    [Route, Any, Sequence[str], Sequence[tuple[bytes, bytes]] | None],
+    Awaitable[list[int] | None],
+]
 
 # Fetches summaries the chain asked for: (requests, route, tenant, ask) -> answers by canonical
 # key: `ready`, `failed`, or `missing` (being computed; only when `ask.wait` is False).
@@ -124,7 +130,9 @@ class Pipeline:
         fetch_summaries: SummaryFetcher | None = None,
         tool_outputs: ToolOutputCache | None = None,
         summary_source: Callable[[Route, str], DictSummaries] | None = None,
+        count_remote: RemoteCounter | None = None,
     ) -> None:
+        self._count_remote = count_remote  # the upstream's own counts (`tokenizer: upstream`)
         self._summary_source = summary_source  # (route, tenant) -> the chain's summary source
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
@@ -255,6 +263,7 @@ class Pipeline:
         `headers` are the client's request headers; summaries missing from the store are
         computed with its credential. Without them only stored summaries are used (plan).
         """
+        await self._learn_counts(request, route, headers)
         counted = self.counts(request, route, tenant)
         counts = counted.counts
         tools_tokens = self.tools_tokens(request, route)
@@ -389,6 +398,29 @@ class Pipeline:
             correction=_correction(route),
             injected_usage=inject,
         )
+
+    async def _learn_counts(
+        self,
+        request: WireRequest,
+        route: Route,
+        headers: Sequence[tuple[bytes, bytes]] | None,
+    ) -> None:
+        """`tokenizer: upstream`: ask the upstream to count the texts it has not counted yet."""
+        tokenizer = route.counter.tokenizer
+        if not isinstance(tokenizer, UpstreamTokenizer) or self._count_remote is None:
+            return
+        counter = route.counter
+
+        def count_all() -> None:
+            for message in request.messages:
+                counter.message(message)
+            self.tools_tokens(request, route)
+
+        missing = tokenizer.missing(counter.recorded(count_all))
+        if missing:
+            counts = await self._count_remote(route, request.wire, missing, headers)
+            if counts is not None:
+                tokenizer.learn(missing, counts)
 
     def tools_tokens(self, request: WireRequest, route: Route) -> int:
         """Tokens the request's tool definitions add to the prompt."""

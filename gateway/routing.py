@@ -18,7 +18,7 @@ from policies.registry import build_step, parse_step_config
 
 from . import litellm_upstream, model_registry
 from .config import Config, ModelConfig, PolicyConfig, RetryConfig, UpstreamConfig
-from .tokenizers import default_tokenizer_spec, load_tokenizer
+from .tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
 from .tokens import CountCache, MessageCounter
 
 log = logging.getLogger("compactgate.routing")
@@ -122,9 +122,15 @@ class Router:
             self._counters[spec] = counter
         return counter
 
-    def _own_counter(self, spec: str) -> MessageCounter:
-        """A heuristic counter of the route's own: calibration corrects it per model."""
-        return MessageCounter(load_tokenizer(spec), CountCache(0))
+    def _route_counter(self, spec: str) -> MessageCounter:
+        """Exact tokenizers are shared between routes; a heuristic (`chars:`, which calibration
+        corrects per model) and `upstream` (which remembers its upstream's counts) are the
+        route's own."""
+        if spec == "upstream":
+            return MessageCounter(UpstreamTokenizer(), CountCache(0))
+        if spec.startswith("chars:"):
+            return MessageCounter(load_tokenizer(spec), CountCache(0))
+        return self._counter(spec)
 
     def _build(self, name: str, model: ModelConfig) -> Route:
         upstream_model = model.upstream.model or name
@@ -141,9 +147,7 @@ class Router:
             window_source=source,
             max_output_tokens=max_output,
             tokenizer=spec,
-            counter=self._counter(spec)
-            if not spec.startswith("chars:")
-            else self._own_counter(spec),
+            counter=self._route_counter(spec),
             policy_name=policy_name,
             policy_config=self._config.policy(policy_name),
             policy=self._policies[policy_name],

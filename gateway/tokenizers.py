@@ -33,7 +33,8 @@ import math
 import os
 import re
 import types
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -268,7 +269,53 @@ def load_tiktoken_encoding(encoding_name: str) -> tiktoken.Encoding:
 # Specs
 # --------------------------------------------------------------------------------------------
 
-SPEC_HELP = "use 'tiktoken:<encoding>', 'hf:<path to tokenizer.json>' or 'chars:<chars per token>'"
+SPEC_HELP = (
+    "use 'tiktoken:<encoding>', 'hf:<path to tokenizer.json>', 'chars:<chars per token>' "
+    "or 'upstream'"
+)
+UPSTREAM_FALLBACK_CHARS = 4.0  # a text the upstream has not counted yet (or could not)
+UPSTREAM_KNOWN_CHARS = 64 * 1024 * 1024  # texts whose upstream count is remembered
+
+
+class UpstreamTokenizer:
+    """The upstream's own tokenizer (`tokenizer: upstream`): counts it gave, remembered per text.
+
+    Counting stays synchronous and pure: before a request is counted, the gateway asks the
+    upstream for the texts it has not counted yet (`missing`, then `learn`). A text it could
+    not get a count for is estimated by `chars:4` meanwhile. One instance per route (each
+    upstream has its own tokenizer); bounded by the characters of the texts it remembers.
+    """
+
+    exact = False  # counts of unknown texts are estimates: never cached as exact
+
+    def __init__(self, max_chars: int = UPSTREAM_KNOWN_CHARS) -> None:
+        self.name = "upstream"
+        self.fallback = CharsTokenizer(UPSTREAM_FALLBACK_CHARS)
+        self._known: OrderedDict[str, int] = OrderedDict()
+        self._chars = 0
+        self._max_chars = max_chars
+
+    def count(self, text: str) -> int:
+        found = self._known.get(text)
+        return found if found is not None else self.fallback.count(text)
+
+    def missing(self, texts: Iterable[str]) -> list[str]:
+        """The distinct texts of `texts` the upstream has not counted yet."""
+        known = self._known
+        return list(dict.fromkeys(t for t in texts if t and t not in known))
+
+    def learn(self, texts: Sequence[str], counts: Sequence[int]) -> None:
+        for text, count in zip(texts, counts, strict=True):
+            if text not in self._known:
+                self._chars += len(text)
+            self._known[text] = count
+            self._known.move_to_end(text)
+        while self._chars > self._max_chars and self._known:
+            old, _ = self._known.popitem(last=False)
+            self._chars -= len(old)
+
+    def __repr__(self) -> str:
+        return f"UpstreamTokenizer({len(self._known)} texts known)"
 
 
 @functools.lru_cache(maxsize=64)
@@ -278,6 +325,8 @@ def load_tokenizer(spec: str) -> Tokenizer:
     `tiktoken:o200k_base` (also cl100k_base, p50k_base, ...), `hf:/abs/or/relative/tokenizer.json`,
     `chars:2.5`. Raises TokenizerError, never a download.
     """
+    if spec == "upstream":
+        raise TokenizerError("'upstream' is one tokenizer per route: see UpstreamTokenizer")
     kind, sep, argument = spec.partition(":")
     if not sep or not argument.strip():
         raise TokenizerError(

@@ -263,6 +263,23 @@ class MessageCounter:
         self._keyed = hashlib.sha256(self._person)
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
 
+    def recorded(self, work: Callable[[], object]) -> list[str]:
+        """The texts `work` would have this counter tokenize, each counted 0 meanwhile (a
+        tokenizer that must ask its upstream first learns them all in one go). Event loop only."""
+        seen: list[str] = []
+        count = self._count
+
+        def record(text: str) -> int:
+            seen.append(text)
+            return 0
+
+        self._count = record
+        try:
+            work()
+        finally:
+            self._count = count
+        return seen
+
     def text(self, text: str) -> int:
         """Tokens of plain text, no chat framing."""
         return self._count(text)

@@ -162,7 +162,8 @@ def gateway(
                 "smollm-messages-plain",
                 "smollm-messages-stream",
             )
-        ],
+        ]
+        + [{**model("smollm-exact"), "tokenizer": "upstream"}],
     }
     path: Path = tmp_path_factory.mktemp("llamacpp") / "gateway.json"
     path.write_text(json.dumps(config))
@@ -338,6 +339,28 @@ def test_messages_recover_from_the_real_context_error(gateway: GatewayProcess) -
             messages=ANTHROPIC,  # type: ignore[arg-type]
         )
         assert 0 < counted.input_tokens < N_CTX
+
+
+@uses_real_model
+def test_tokenizer_upstream_counts_with_the_models_own_tokenizer(
+    gateway: GatewayProcess, client: openai.OpenAI
+) -> None:
+    """`tokenizer: upstream` asks llama.cpp to count: the gateway's estimate of a prompt is
+    within 2 % of what the model reports (the same body through `chars:4` is not)."""
+    messages = [*MESSAGES[:9], {"role": "user", "content": LATEST}]
+    errors = {}
+    for model in ("smollm-exact", "smollm-plain"):
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,
+            max_tokens=1,  # type: ignore[arg-type]
+        )
+        usage = raw.parse().usage
+        assert usage is not None
+        estimate = int(raw.headers["x-compactgate-tokens-after"])
+        errors[model] = abs(estimate - usage.prompt_tokens) / usage.prompt_tokens
+    assert errors["smollm-exact"] < 0.02, errors
+    assert errors["smollm-plain"] > errors["smollm-exact"], errors
 
 
 @uses_real_model
