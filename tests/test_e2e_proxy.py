@@ -297,6 +297,7 @@ async def test_upstream_unreachable_is_502(start_app: AppStarter) -> None:
     assert info.value.body["code"] == "upstream_unreachable"
 
 
+@pytest.mark.slow
 async def test_upstream_timeout_is_504(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:

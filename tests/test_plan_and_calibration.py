@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from gateway.calibration import TOLERANCE, Calibration
 from gateway.config import parse_config
@@ -150,6 +151,7 @@ async def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
     assert local_upstream.chat_requests()[-1]["json"]["messages"] == sent
 
 
+@pytest.mark.slow
 def test_plan_cli_table_and_json(tmp_path: Path, fake_upstream: FakeUpstream) -> None:
     body = tmp_path / "request.json"
     body.write_text(json.dumps({"model": "gpt-4o", "messages": COOKBOOK}))

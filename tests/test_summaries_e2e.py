@@ -246,6 +246,7 @@ async def test_each_summarising_step_works_through_the_gateway(
 # -- shared between replicas -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_second_replica_serves_the_first_ones_summary(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, redis_server: RedisServer
 ) -> None:
@@ -266,6 +267,7 @@ def test_second_replica_serves_the_first_ones_summary(
     assert metric(second, "compactgate_summarizer_calls_total", 'outcome="ok"') == 0
 
 
+@pytest.mark.slow
 def test_replicas_racing_on_one_conversation_summarise_once(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, redis_server: RedisServer
 ) -> None:
@@ -284,6 +286,7 @@ def test_replicas_racing_on_one_conversation_summarise_once(
 # -- racing requests in one process ----------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_racing_identical_requests_cause_one_summarisation(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
@@ -336,6 +339,7 @@ def precompute_config(main: FakeUpstream, summarizer: FakeUpstream) -> dict[str,
     return config_for(main, steps, models=models, precompute=True)
 
 
+@pytest.mark.slow
 def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -365,6 +369,7 @@ def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
     assert metric(gateway, "compactgate_summary_cache_total", 'result="hit"') >= 1
 
 
+@pytest.mark.slow
 def test_a_precomputation_runs_while_the_next_request_is_at_the_upstream(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -395,6 +400,7 @@ def test_a_precomputation_runs_while_the_next_request_is_at_the_upstream(
     assert index > 0 and len(summary_upstream.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -425,6 +431,7 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     assert len(summary_upstream.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_an_outgrown_summary_is_used_at_once_while_its_next_link_is_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -460,6 +467,7 @@ def test_an_outgrown_summary_is_used_at_once_while_its_next_link_is_made(
     assert body_of(sent)["messages"][-6:] == messages[-6:]  # the newest messages verbatim
 
 
+@pytest.mark.slow
 def test_shutdown_cancels_a_precomputation_in_flight(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -500,6 +508,7 @@ async def test_summariser_failure_falls_back_to_the_next_step_and_is_not_cached(
     assert "SECOND-TRY" in forwarded_text(client_calls(local_upstream)[0])
 
 
+@pytest.mark.slow
 def test_slow_summary_is_waited_for_at_most_wait_s_and_then_used(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:

@@ -331,6 +331,7 @@ async def test_no_expansion_tools_when_nothing_was_masked(
     assert json.dumps(sent["json"]).count("tool_output_cache") == 0
 
 
+@pytest.mark.slow
 def test_with_redis_a_ref_stored_by_one_replica_expands_through_another(
     start_gateway: GatewayStarter, start_process: Any, fake_upstream: FakeUpstream
 ) -> None:
