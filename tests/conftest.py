@@ -165,10 +165,15 @@ def _starter(started: list[RunningProcess]) -> Starter:
 E2E_FIXTURES = frozenset({"start_process", "start_process_session", "fake_upstream_server"})
 IN_PROCESS_FIXTURES = frozenset({"start_app", "local_upstream"})
 LAYERS = ("e2e", "in_process", "property", "unit")
+# Files that run for minutes. Spread over workers (`-n 2 --dist loadfile`, as .ci/run does),
+# they start first, while the other workers still have the rest of the suite to share.
+LONGEST_FIRST = ("test_load_short.py",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Give each test its layer marker, unless it (or its module) names one itself."""
+    if config.getoption("numprocesses", None):
+        items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable
     for item in items:
         if any(item.get_closest_marker(layer) for layer in LAYERS):
             continue
