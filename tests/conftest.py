@@ -1,4 +1,12 @@
-"""Shared fixtures: real processes, started and always stopped by the test run.
+"""Shared fixtures: real processes, started and always stopped by the test run; test layers.
+
+Every test is in one layer, marked at collection (`pytest -m e2e`, `-m "not slow"` ...):
+    e2e         it uses a real process: a fixture below (the fake upstream process, a gateway
+                process, any process started through them), or its module says so
+    in_process  it drives the ASGI app in its own event loop (tests/in_process.py)
+    property    Hypothesis generates its inputs (and is not one of the above)
+    unit        everything else
+`slow` is given by hand, to what takes seconds by design; `pytest -m "not slow"` is the fast lane.
 
 End-to-end tests talk to real processes (the fake upstream now, `compactgate serve` later), so
 this module owns their life cycle: `start_process` launches `argv` in its own process group,
@@ -27,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_upstream import FakeUpstream
+from tests.in_process import local_upstream, start_app  # noqa: F401  (fixtures, see there)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,6 +158,34 @@ def _starter(started: list[RunningProcess]) -> Starter:
         return process
 
     return start
+
+
+# -- layers -------------------------------------------------------------------------------------
+
+E2E_FIXTURES = frozenset({"start_process", "start_process_session", "fake_upstream_server"})
+IN_PROCESS_FIXTURES = frozenset({"start_app", "local_upstream"})
+LAYERS = ("e2e", "in_process", "property", "unit")
+# Files that run for minutes. Spread over workers (`-n 2 --dist loadfile`, as .ci/run does),
+# they start first, while the other workers still have the rest of the suite to share.
+LONGEST_FIRST = ("test_load_short.py",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test its layer marker, unless it (or its module) names one itself."""
+    if config.getoption("numprocesses", None):
+        items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable
+    for item in items:
+        if any(item.get_closest_marker(layer) for layer in LAYERS):
+            continue
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
+        elif fixtures & IN_PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.in_process)
+        elif getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
+        else:
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(name="start_process")

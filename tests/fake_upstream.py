@@ -215,6 +215,21 @@ class State:
         self.records, self.script, self.config = [], deque(), Config()
         self.started = self.completed = self.cancelled = 0
 
+    def queue(self, behaviours: object) -> int:
+        """Append behaviours to the script; returns how many are queued."""
+        if not isinstance(behaviours, list) or not all(isinstance(b, dict) for b in behaviours):
+            raise ValueError("script must be a JSON list of objects")
+        self.script.extend(behaviours)
+        return len(self.script)
+
+    def counters(self) -> JSON:
+        return {
+            "inflight": len(self.tasks),
+            "started": self.started,
+            "completed": self.completed,
+            "cancelled": self.cancelled,
+        }
+
 
 class Exchange:
     """One chat request being answered: its parsed body and how to write the answer."""
@@ -452,11 +467,11 @@ def make_app(state: State) -> web.Application:
         return web.json_response({"ok": True})
 
     async def control_script(request: web.Request) -> web.Response:
-        behaviours = orjson.loads(await request.read())
-        if not isinstance(behaviours, list) or not all(isinstance(b, dict) for b in behaviours):
-            return web.json_response({"error": "script must be a JSON list of objects"}, status=400)
-        state.script.extend(behaviours)
-        return web.json_response({"queued": len(state.script)})
+        try:
+            queued = state.queue(orjson.loads(await request.read()))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        return web.json_response({"queued": queued})
 
     async def control_config(request: web.Request) -> web.Response:
         try:
@@ -466,14 +481,7 @@ def make_app(state: State) -> web.Application:
         return web.json_response({"ok": True})
 
     async def control_inflight(_: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "inflight": len(state.tasks),
-                "started": state.started,
-                "completed": state.completed,
-                "cancelled": state.cancelled,
-            }
-        )
+        return web.json_response(state.counters())
 
     app = web.Application(middlewares=[recorder], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)

@@ -5,6 +5,8 @@ outside the key's globs is a 403, both as OpenAI error bodies the official clien
 `AuthenticationError` / `PermissionDeniedError`, with nothing sent upstream; a good key works on
 every surface (chat, models, passthrough, plan) and is never forwarded to the upstream, which gets
 the gateway-held key or no credential at all.
+
+In-process (tests/in_process.py); a real `compactgate serve` shows the 401 comes before the body.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import pytest
 from gateway import auth as auth_module
 from gateway.auth import Authenticator, Identity, presented_key
 from gateway.config import parse_config
-from tests.conftest import GatewayProcess, GatewayStarter
+from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 ALPHA = "sk-gw-alpha-0123456789"
 BETA = "sk-gw-beta-9876543210"
@@ -36,7 +39,7 @@ def sha256(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def auth_config(fake: FakeUpstream) -> dict[str, Any]:
+def auth_config(fake: FakeUpstream | LocalUpstream) -> dict[str, Any]:
     def model(name: str, **upstream: Any) -> dict[str, Any]:
         return {
             "name": name,
@@ -66,11 +69,16 @@ def gateway(
         yield gw
 
 
-def client(gw: GatewayProcess, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0, timeout=20)
+@pytest.fixture
+async def app(start_app: AppStarter, local_upstream: LocalUpstream) -> AppGateway:
+    return await start_app(auth_config(local_upstream), env={"UPSTREAM_KEY": UPSTREAM_KEY})
 
 
-def upstream_headers(fake: FakeUpstream) -> dict[str, str]:
+def client(gw: AppGateway, key: str) -> openai.AsyncOpenAI:
+    return gw.openai(api_key=key, timeout=20)
+
+
+def upstream_headers(fake: LocalUpstream) -> dict[str, str]:
     [recorded] = fake.requests()
     return {k.lower(): v for k, v in recorded["headers"]}
 
@@ -86,149 +94,142 @@ def assert_openai_error(response: httpx.Response, status: int, code: str) -> dic
 # -- end to end --------------------------------------------------------------------------------
 
 
-def test_no_key_or_a_wrong_key_is_401_and_nothing_goes_upstream(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_no_key_or_a_wrong_key_is_401_and_nothing_goes_upstream(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
     body = {"model": "m", "messages": SMALL}
-    no_key = httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=20)
+    no_key = await app.http.post(f"{app.base_url}/chat/completions", json=body)
     error = assert_openai_error(no_key, 401, "invalid_api_key")
     assert error["type"] == "authentication_error"
     for wrong in (f"Basic {ALPHA}", "Bearer", f"Bearer {ALPHA}x", f"Bearer {sha256(ALPHA)}"):
-        response = httpx.post(
-            f"{gateway.base_url}/chat/completions",
-            json=body,
-            headers={"authorization": wrong},
-            timeout=20,
+        response = await app.http.post(
+            f"{app.base_url}/chat/completions", json=body, headers={"authorization": wrong}
         )
         assert_openai_error(response, 401, "invalid_api_key")
     with pytest.raises(openai.AuthenticationError) as info:
-        client(gateway, "sk-not-a-gateway-key").chat.completions.create(model="m", messages=SMALL)
+        await client(app, "sk-not-a-gateway-key").chat.completions.create(model="m", messages=SMALL)
     assert info.value.status_code == 401
-    assert fake_upstream.requests() == []
+    assert local_upstream.requests() == []
 
 
-def test_a_good_key_works_and_is_never_forwarded(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_a_good_key_works_and_is_never_forwarded(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    reply = client(gateway, ALPHA).chat.completions.create(model="m", messages=SMALL)
+    reply = await client(app, ALPHA).chat.completions.create(model="m", messages=SMALL)
     assert reply.choices[0].message.content
-    headers = upstream_headers(fake_upstream)
+    headers = upstream_headers(local_upstream)
     assert "authorization" not in headers and "api-key" not in headers
-    assert ALPHA not in str(fake_upstream.requests())
+    assert ALPHA not in str(local_upstream.requests())
 
-    fake_upstream.reset()
-    client(gateway, BETA).chat.completions.create(model="held", messages=SMALL)
-    assert upstream_headers(fake_upstream)["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    local_upstream.reset()
+    await client(app, BETA).chat.completions.create(model="held", messages=SMALL)
+    assert upstream_headers(local_upstream)["authorization"] == f"Bearer {UPSTREAM_KEY}"
 
-    fake_upstream.reset()  # Azure's header works too, and is not forwarded either
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
+    local_upstream.reset()  # Azure's header works too, and is not forwarded either
+    response = await app.http.post(
+        f"{app.base_url}/chat/completions",
         json={"model": "m", "messages": SMALL},
         headers={"api-key": BETA},
-        timeout=20,
     )
     assert response.status_code == 200
-    assert BETA not in str(fake_upstream.requests())
+    assert BETA not in str(local_upstream.requests())
 
 
-def test_a_model_outside_the_keys_globs_is_403(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_a_model_outside_the_keys_globs_is_403(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    alpha = client(gateway, ALPHA)
+    alpha = client(app, ALPHA)
     for model in ("held", "claude-3", "M"):  # configured, unknown, and case matters
         with pytest.raises(openai.PermissionDeniedError) as info:
-            alpha.chat.completions.create(model=model, messages=SMALL)
+            await alpha.chat.completions.create(model=model, messages=SMALL)
         assert info.value.status_code == 403
         assert info.value.body["code"] == "model_not_allowed"
         assert info.value.body["param"] == "model"
-    assert fake_upstream.requests() == []
-    assert alpha.chat.completions.create(model="gpt-4o-mini", messages=SMALL).choices  # glob
-    assert client(gateway, BETA).chat.completions.create(model="held", messages=SMALL).choices
+    assert local_upstream.requests() == []
+    assert (await alpha.chat.completions.create(model="gpt-4o-mini", messages=SMALL)).choices
+    beta = client(app, BETA)
+    assert (await beta.chat.completions.create(model="held", messages=SMALL)).choices
 
 
-def test_models_list_shows_only_what_the_key_may_use(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
-) -> None:
-    assert [m.id for m in client(gateway, ALPHA).models.list().data] == ["m"]
-    assert [m.id for m in client(gateway, BETA).models.list().data] == ["m", "held"]
+async def test_models_list_shows_only_what_the_key_may_use(app: AppGateway) -> None:
+    assert [m.id for m in (await client(app, ALPHA).models.list()).data] == ["m"]
+    assert [m.id for m in (await client(app, BETA).models.list()).data] == ["m", "held"]
     with pytest.raises(openai.AuthenticationError):
-        client(gateway, "sk-wrong").models.list()
+        await client(app, "sk-wrong").models.list()
 
 
-def test_passthrough_needs_a_key_and_never_forwards_it(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_passthrough_needs_a_key_and_never_forwards_it(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
     with pytest.raises(openai.AuthenticationError):
-        client(gateway, "sk-wrong").embeddings.create(model="m", input="hello")
-    assert httpx.get(f"{gateway.base_url}/files/abc", timeout=20).status_code == 401
-    assert fake_upstream.requests() == []
-    assert client(gateway, ALPHA).embeddings.create(model="m", input="hello").data
-    assert "authorization" not in upstream_headers(fake_upstream)
+        await client(app, "sk-wrong").embeddings.create(model="m", input="hello")
+    assert (await app.http.get(f"{app.base_url}/files/abc")).status_code == 401
+    assert local_upstream.requests() == []
+    assert (await client(app, ALPHA).embeddings.create(model="m", input="hello")).data
+    assert "authorization" not in upstream_headers(local_upstream)
     with pytest.raises(openai.PermissionDeniedError):
-        client(gateway, ALPHA).embeddings.create(model="held", input="hello")
+        await client(app, ALPHA).embeddings.create(model="held", input="hello")
 
 
-def test_plan_needs_a_key(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
+async def test_plan_needs_a_key(app: AppGateway) -> None:
     body = {"model": "m", "messages": SMALL}
     assert_openai_error(
-        httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, timeout=20),
+        await app.http.post(f"{app.base_url}/compactgate/plan", json=body),
         401,
         "invalid_api_key",
     )
-    ok = httpx.post(
-        f"{gateway.base_url}/compactgate/plan",
+    ok = await app.http.post(
+        f"{app.base_url}/compactgate/plan",
         json=body,
         headers={"authorization": f"Bearer {ALPHA}"},
-        timeout=20,
     )
     assert ok.status_code == 200 and ok.json()["model"] == "m"
-    denied = httpx.post(
-        f"{gateway.base_url}/compactgate/plan",
+    denied = await app.http.post(
+        f"{app.base_url}/compactgate/plan",
         json={**body, "model": "held"},
         headers={"authorization": f"Bearer {ALPHA}"},
-        timeout=20,
     )
     assert_openai_error(denied, 403, "model_not_allowed")
 
 
-def test_plan_with_an_admin_token_and_keys_takes_each_in_its_own_header(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_plan_with_an_admin_token_and_keys_takes_each_in_its_own_header(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     """The plan endpoint is an admin surface that acts for a tenant: the caller's key goes in
     `Authorization`, the admin token in `x-compactgate-admin-token`; neither stands in for the
     other, and the admin token never reaches the upstream or the log."""
     admin = "admin-s3cret-token"
-    config = auth_config(fake_upstream)
-    gw = start_gateway(
+    config = auth_config(local_upstream)
+    gw = await start_app(
         {**config, "server": {"admin_token": admin}}, env={"UPSTREAM_KEY": UPSTREAM_KEY}
     )
     plan_url = f"{gw.base_url}/compactgate/plan"
     body = {"model": "m", "messages": SMALL}
 
-    def plan(**headers: str) -> httpx.Response:
-        return httpx.post(plan_url, json=body, headers=headers, timeout=20)
+    async def plan(**headers: str) -> httpx.Response:
+        return await gw.http.post(plan_url, json=body, headers=headers)
 
     key = {"authorization": f"Bearer {ALPHA}"}
     token = {"x-compactgate-admin-token": admin}
-    assert_openai_error(plan(**key), 401, "invalid_admin_token")
-    assert_openai_error(plan(**token), 401, "invalid_api_key")
+    assert_openai_error(await plan(**key), 401, "invalid_admin_token")
+    assert_openai_error(await plan(**token), 401, "invalid_api_key")
     assert_openai_error(
-        plan(**key, **{"x-compactgate-admin-token": "wrong"}), 401, "invalid_admin_token"
+        await plan(**key, **{"x-compactgate-admin-token": "wrong"}), 401, "invalid_admin_token"
     )
-    both = plan(**key, **token)
+    both = await plan(**key, **token)
     assert both.status_code == 200, both.text
     assert both.json()["model"] == "m"
     # the other admin surfaces take either header, as before
     for headers in (token, {"authorization": f"Bearer {admin}"}):
-        assert httpx.get(f"{gw.url}/metrics", headers=headers, timeout=20).status_code == 200
-    assert_openai_error(httpx.get(f"{gw.url}/metrics", timeout=20), 401, "invalid_admin_token")
+        assert (await gw.http.get(f"{gw.url}/metrics", headers=headers)).status_code == 200
+    assert_openai_error(await gw.http.get(f"{gw.url}/metrics"), 401, "invalid_admin_token")
     # a client that sends the admin header on the proxy path does not leak it upstream
-    chat = httpx.post(
-        f"{gw.base_url}/chat/completions", json=body, headers={**key, **token}, timeout=20
+    chat = await gw.http.post(
+        f"{gw.base_url}/chat/completions", json=body, headers={**key, **token}
     )
     assert chat.status_code == 200, chat.text
-    assert "x-compactgate-admin-token" not in upstream_headers(fake_upstream)
-    assert admin not in gw.output()
+    assert "x-compactgate-admin-token" not in upstream_headers(local_upstream)
+    assert admin not in gw.logs()
 
 
 def test_401_comes_before_the_body_is_read(

@@ -93,6 +93,7 @@ def test_a_refused_limit_is_logged_and_start_up_goes_on(
     assert "could not set the soft limit from 1024 to 100000" in caplog.text
 
 
+@pytest.mark.slow
 def test_serve_with_an_admin_port_and_several_workers(
     start_process: Starter, tmp_path: Path
 ) -> None:

@@ -165,6 +165,7 @@ def test_a_trickled_head_gets_408_and_the_connection_is_closed(
     assert len(client.responses()) == 1
 
 
+@pytest.mark.slow
 def test_the_second_request_of_a_keep_alive_connection_has_its_own_deadline(
     connect: Callable[[], Client],
 ) -> None:
@@ -186,6 +187,7 @@ def test_a_connection_that_sends_nothing_is_closed_silently(connect: Callable[[]
     assert DEADLINE - 0.05 <= client.closed_after < DEADLINE + 1.0
 
 
+@pytest.mark.slow
 def test_a_head_in_pieces_within_the_deadline_is_served(connect: Callable[[], Client]) -> None:
     client = connect()
     head = request()
@@ -198,6 +200,7 @@ def test_a_head_in_pieces_within_the_deadline_is_served(connect: Callable[[], Cl
     assert client.responses() == [(200, b"done\n")]
 
 
+@pytest.mark.slow
 def test_a_response_in_progress_is_finished_before_a_slow_pipelined_head_closes_it(
     connect: Callable[[], Client],
 ) -> None:
@@ -213,6 +216,7 @@ def test_a_response_in_progress_is_finished_before_a_slow_pipelined_head_closes_
     assert [status for status, _ in after] in ([], [408])
 
 
+@pytest.mark.slow
 def test_the_deadline_counts_from_the_start_of_the_head_in_progress() -> None:
     """Heads that complete in time cost no timer each; a later head gets its own full time."""
     expired: list[float] = []

@@ -1,14 +1,18 @@
-"""End to end (issue 2): a real `compactgate serve`, the fake upstream, the official openai client.
+"""The proxy (issue 2): the gateway, the fake upstream and the official openai client.
 
 What a user would notice: with no compaction needed, the client cannot tell the gateway from
 the upstream; the upstream receives exactly what the client sent; every bad input is a clear
 OpenAI error with nothing sent upstream; a client that hangs up cancels the upstream call.
+
+Most of it runs in-process (tests/in_process.py, a gateway app per test); a stream relayed over
+the wire and a client hanging up mid-stream need a real `compactgate serve`, shared by the module.
 """
 
 from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -16,8 +20,10 @@ import openai
 import orjson
 import pytest
 
-from tests.conftest import GatewayProcess, GatewayStarter, free_port
+from tests.conftest import GatewayProcess, free_port
 from tests.fake_upstream import FakeUpstream
+from tests.gateway_process import gateway_process
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 SMALL = [
     {"role": "system", "content": "You are terse."},
@@ -25,7 +31,7 @@ SMALL = [
 ]
 
 
-def config_for(fake: FakeUpstream, **model: Any) -> dict[str, Any]:
+def config_for(fake: FakeUpstream | LocalUpstream, **model: Any) -> dict[str, Any]:
     entry = {
         "name": "m",
         "upstream": {"base_url": fake.base_url},
@@ -35,29 +41,45 @@ def config_for(fake: FakeUpstream, **model: Any) -> dict[str, Any]:
     return {"server": {"max_body_bytes": 200_000}, "models": [entry]}
 
 
+@pytest.fixture(scope="module")
+def gateway(
+    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """The real process, for what only the wire shows."""
+    with gateway_process(
+        config_for(fake_upstream_server), tmp_path_factory.mktemp("proxy")
+    ) as process:
+        yield process
+
+
 @pytest.fixture
-def gateway(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> GatewayProcess:
-    return start_gateway(config_for(fake_upstream))
+async def app(start_app: AppStarter, local_upstream: LocalUpstream) -> AppGateway:
+    return await start_app(config_for(local_upstream))
 
 
 def client(base_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=base_url, api_key="sk-client", max_retries=0, timeout=20)
 
 
+def direct_client(upstream: LocalUpstream) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=upstream.base_url, api_key="sk-client", max_retries=0, timeout=20
+    )
+
+
 def without_volatile(value: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in ("id", "created")}
 
 
-def test_non_streaming_response_is_what_the_upstream_returned(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_non_streaming_response_is_what_the_upstream_returned(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    fake_upstream.script(
+    local_upstream.script(
         [{"kind": "ok", "content": "hi there"}, {"kind": "ok", "content": "hi there"}]
     )
-    direct = client(fake_upstream.base_url).chat.completions.create(model="m", messages=SMALL)
-    via = client(gateway.base_url).chat.completions.with_raw_response.create(
-        model="m", messages=SMALL
-    )
+    async with direct_client(local_upstream) as upstream_client:
+        direct = await upstream_client.chat.completions.create(model="m", messages=SMALL)
+    via = await app.openai().chat.completions.with_raw_response.create(model="m", messages=SMALL)
     assert without_volatile(via.parse().model_dump()) == without_volatile(direct.model_dump())
     assert via.headers["x-compactgate-steps"] == "none"
     assert via.headers["x-compactgate-retries"] == "0"
@@ -100,37 +122,36 @@ def test_streaming_chunks_are_relayed_unchanged(
     assert text  # the official client parses the relayed stream
 
 
-def test_upstream_receives_the_clients_exact_bytes(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_upstream_receives_the_clients_exact_bytes(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
     raw = (
         b'{"model":"m","messages":[{"role":"user","content":"x\\u00e9 \xf0\x9f\x98\x80"}],'
         b'"temperature":0.25,"x_unknown_field":{"nested":[1,2,{"a":null}]},"logit_bias":{"50256":-100}}'
     )
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
+    response = await app.http.post(
+        f"{app.base_url}/chat/completions",
         content=raw,
         headers={
             "content-type": "application/json",
             "authorization": "Bearer sk-abc",
             "x-custom": "kept",
         },
-        timeout=20,
     )
     assert response.status_code == 200
-    [recorded] = fake_upstream.chat_requests()
+    [recorded] = local_upstream.chat_requests()
     assert base64.b64decode(recorded["body_b64"]) == raw
     headers = {k.lower(): v for k, v in recorded["headers"]}
     assert headers["authorization"] == "Bearer sk-abc"
     assert headers["x-custom"] == "kept"
 
 
-def test_rename_and_extension_change_only_those_fields(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_rename_and_extension_change_only_those_fields(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = start_gateway(
+    gw = await start_app(
         config_for(
-            fake_upstream, upstream={"base_url": fake_upstream.base_url, "model": "real-name"}
+            local_upstream, upstream={"base_url": local_upstream.base_url, "model": "real-name"}
         )
     )
     messages = [{"role": "user", "content": "hello", "compactgate": {"pin": True}}]
@@ -140,8 +161,8 @@ def test_rename_and_extension_change_only_those_fields(
         "seed": 7,
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
     }
-    assert httpx.post(f"{gw.base_url}/chat/completions", json=body, timeout=20).status_code == 200
-    [recorded] = fake_upstream.chat_requests()
+    assert (await gw.http.post(f"{gw.base_url}/chat/completions", json=body)).status_code == 200
+    [recorded] = local_upstream.chat_requests()
     assert recorded["json"] == {
         **body,
         "model": "real-name",
@@ -149,25 +170,25 @@ def test_rename_and_extension_change_only_those_fields(
     }
 
 
-def test_gateway_held_key_replaces_the_client_key(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_gateway_held_key_replaces_the_client_key(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = start_gateway(
+    gw = await start_app(
         config_for(
-            fake_upstream, upstream={"base_url": fake_upstream.base_url, "api_key": "${GW_KEY}"}
+            local_upstream, upstream={"base_url": local_upstream.base_url, "api_key": "${GW_KEY}"}
         ),
         env={"GW_KEY": "sk-gateway"},
     )
-    client(gw.base_url).chat.completions.create(model="m", messages=SMALL)
-    [recorded] = fake_upstream.chat_requests()
+    await gw.openai().chat.completions.create(model="m", messages=SMALL)
+    [recorded] = local_upstream.chat_requests()
     assert (
         dict((k.lower(), v) for k, v in recorded["headers"])["authorization"] == "Bearer sk-gateway"
     )
-    assert "sk-gateway" not in gw.output()
+    assert "sk-gateway" not in gw.logs()
 
 
-def test_upstream_errors_keep_their_status_and_body(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_upstream_errors_keep_their_status_and_body(
+    app: AppGateway, local_upstream: LocalUpstream
 ) -> None:
     body = {
         "error": {
@@ -177,15 +198,15 @@ def test_upstream_errors_keep_their_status_and_body(
             "code": "invalid_api_key",
         }
     }
-    fake_upstream.script([{"kind": "error", "status": 401, "body": body}])
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions", json={"model": "m", "messages": SMALL}, timeout=20
+    local_upstream.script([{"kind": "error", "status": 401, "body": body}])
+    response = await app.http.post(
+        f"{app.base_url}/chat/completions", json={"model": "m", "messages": SMALL}
     )
     assert response.status_code == 401
     assert response.json() == body
     with pytest.raises(openai.AuthenticationError):
-        fake_upstream.script([{"kind": "error", "status": 401, "body": body}])
-        client(gateway.base_url).chat.completions.create(model="m", messages=SMALL)
+        local_upstream.script([{"kind": "error", "status": 401, "body": body}])
+        await app.openai().chat.completions.create(model="m", messages=SMALL)
 
 
 @pytest.mark.parametrize(
@@ -231,19 +252,18 @@ def test_upstream_errors_keep_their_status_and_body(
         "too-large",
     ],
 )
-def test_bad_input_is_a_clear_error_and_nothing_goes_upstream(
-    gateway: GatewayProcess,
-    fake_upstream: FakeUpstream,
+async def test_bad_input_is_a_clear_error_and_nothing_goes_upstream(
+    app: AppGateway,
+    local_upstream: LocalUpstream,
     raw: bytes,
     status: int,
     param: str | None,
     code: str | None,
 ) -> None:
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
+    response = await app.http.post(
+        f"{app.base_url}/chat/completions",
         content=raw,
         headers={"content-type": "application/json"},
-        timeout=20,
     )
     assert response.status_code == status
     error = response.json()["error"]
@@ -252,16 +272,14 @@ def test_bad_input_is_a_clear_error_and_nothing_goes_upstream(
     assert error["param"] == param
     if code is not None:
         assert error["code"] == code
-    assert fake_upstream.chat_requests() == []
+    assert local_upstream.chat_requests() == []
     # the worker keeps serving
-    assert client(gateway.base_url).chat.completions.create(model="m", messages=SMALL).choices
+    assert (await app.openai().chat.completions.create(model="m", messages=SMALL)).choices
 
 
-def test_upstream_unreachable_is_502(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
-) -> None:
+async def test_upstream_unreachable_is_502(start_app: AppStarter) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    gw = start_gateway(
+    gw = await start_app(
         {
             "models": [
                 {
@@ -274,21 +292,22 @@ def test_upstream_unreachable_is_502(
         }
     )
     with pytest.raises(openai.APIStatusError) as info:
-        client(gw.base_url).chat.completions.create(model="m", messages=SMALL)
+        await gw.openai().chat.completions.create(model="m", messages=SMALL)
     assert info.value.status_code == 502
     assert info.value.body["code"] == "upstream_unreachable"
 
 
-def test_upstream_timeout_is_504(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+@pytest.mark.slow
+async def test_upstream_timeout_is_504(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    config = config_for(fake_upstream)
+    config = config_for(local_upstream)
     config["server"] = {"upstream_timeout_s": 1, "first_byte_timeout_s": 1}
-    gw = start_gateway(config)
-    fake_upstream.script([{"kind": "hang_before_headers", "seconds": 5}])
+    gw = await start_app(config)
+    local_upstream.script([{"kind": "hang_before_headers", "seconds": 5}])
     started = time.monotonic()
     with pytest.raises(openai.APIStatusError) as info:
-        client(gw.base_url).chat.completions.create(model="m", messages=SMALL)
+        await gw.openai().chat.completions.create(model="m", messages=SMALL)
     assert info.value.status_code == 504
     assert info.value.body["code"] == "upstream_timeout"
     assert time.monotonic() - started < 4
@@ -313,22 +332,22 @@ def test_client_disconnect_mid_stream_cancels_the_upstream_request(
     assert client(gateway.base_url).chat.completions.create(model="m", messages=SMALL).choices
 
 
-def test_models_list_and_passthrough(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    models = client(gateway.base_url).models.list()
+async def test_models_list_and_passthrough(app: AppGateway, local_upstream: LocalUpstream) -> None:
+    models = await app.openai().models.list()
     assert [m.id for m in models.data] == ["m"]
-    embedding = client(gateway.base_url).embeddings.create(model="m", input="hello")
+    embedding = await app.openai().embeddings.create(model="m", input="hello")
     assert embedding.data[0].embedding
-    response = httpx.get(f"{gateway.base_url}/files/abc?purpose=x", timeout=20)
+    response = await app.http.get(f"{app.base_url}/files/abc?purpose=x")
     assert response.status_code == 200
-    recorded = fake_upstream.requests()[-1]
+    recorded = local_upstream.requests()[-1]
     assert recorded["path"] == "/v1/files/abc" and recorded["query"] == "purpose=x"
 
 
-def test_health_and_metrics(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    client(gateway.base_url).chat.completions.create(model="m", messages=SMALL)
-    assert httpx.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
-    assert httpx.get(f"{gateway.url}/readyz").status_code == 200
-    text = httpx.get(f"{gateway.url}/metrics").text
+async def test_health_and_metrics(app: AppGateway) -> None:
+    await app.openai().chat.completions.create(model="m", messages=SMALL)
+    assert (await app.http.get(f"{app.url}/healthz")).json() == {"status": "ok"}
+    assert (await app.http.get(f"{app.url}/readyz")).status_code == 200
+    text = (await app.http.get(f"{app.url}/metrics")).text
     assert 'compactgate_requests_total{model="m",status="200"} 1.0' in text
     assert "compactgate_request_duration_seconds_bucket" in text
     assert "compactgate_upstream_duration_seconds_bucket" in text

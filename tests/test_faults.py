@@ -206,6 +206,7 @@ def test_refused_connection_is_retried_then_502(gateway: GatewayProcess, stream:
     assert seen.seconds < 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_hang_before_headers_is_504_within_the_first_byte_timeout(
     gateway: GatewayProcess, fake_upstream: FakeUpstream, stream: bool
@@ -218,6 +219,7 @@ def test_hang_before_headers_is_504_within_the_first_byte_timeout(
     assert fake_upstream.wait_idle()["inflight"] == 0  # and the hung upstream call was dropped
 
 
+@pytest.mark.slow
 def test_hang_mid_stream_ends_the_stream_with_an_error_event(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:
@@ -230,6 +232,7 @@ def test_hang_mid_stream_ends_the_stream_with_an_error_event(
     assert fake_upstream.wait_idle()["inflight"] == 0
 
 
+@pytest.mark.slow
 def test_hang_mid_body_is_504_within_the_total_timeout(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:
@@ -268,6 +271,7 @@ def test_500_until_attempts_run_out_relays_the_upstream_error(
     assert len(fake_upstream.chat_requests()) == 3  # max_attempts
 
 
+@pytest.mark.slow
 def test_429_retry_after_is_honoured(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
     limited = {
         "kind": "error",
@@ -327,6 +331,7 @@ def test_an_empty_200_is_never_relayed_silently(
     assert len(fake_upstream.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_the_openai_client_sees_each_outcome_once(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:

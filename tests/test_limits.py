@@ -60,6 +60,7 @@ async def read_stream(api: openai.AsyncOpenAI) -> str:
     return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
 
+@pytest.mark.slow
 async def test_beyond_the_limit_is_429_with_retry_after_and_other_tenants_are_not_affected(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:

@@ -4,9 +4,12 @@ at the fake upstream (no network). The client must get OpenAI-shaped answers, st
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.conftest import GatewayStarter
 from tests.fake_upstream import FakeUpstream
+
+pytestmark = pytest.mark.slow  # a gateway process that imports litellm (seconds)
 
 
 def config(fake: FakeUpstream) -> dict[str, object]:

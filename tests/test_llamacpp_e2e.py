@@ -38,6 +38,8 @@ from tests.conftest import (
     start_process,
 )
 
+pytestmark = pytest.mark.e2e  # llama.cpp's server, a real process
+
 # Every test that runs the model: slow (still run by CI), skipped only without the extra.
 real_model = [
     pytest.mark.slow,

@@ -21,6 +21,11 @@ from benchmarks import soak
 from tests.conftest import start_process
 from tests.gateway_process import gateway_process
 
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+]  # a gateway and an upstream process, minutes of load
+
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[soak.Target]:

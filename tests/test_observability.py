@@ -1,7 +1,12 @@
-"""What operators see (issue 8 items 1-5, R5.1-R5.4): shadow mode, the event log, admin gates."""
+"""What operators see (issue 8 items 1-5, R5.1-R5.4): shadow mode, the event log, admin gates.
+
+In-process (tests/in_process.py) where the app alone shows it; a real `compactgate serve` for a
+second port, the process's own output, and the page in a browser.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -13,6 +18,7 @@ import pytest
 
 from tests.conftest import GatewayStarter, free_port
 from tests.fake_upstream import FakeUpstream
+from tests.in_process import AppStarter, LocalUpstream
 
 
 def long_history(turns: int = 20) -> list[dict[str, Any]]:
@@ -26,7 +32,7 @@ def long_history(turns: int = 20) -> list[dict[str, Any]]:
     return messages
 
 
-def model(fake: FakeUpstream, **extra: Any) -> dict[str, Any]:
+def model(fake: FakeUpstream | LocalUpstream, **extra: Any) -> dict[str, Any]:
     return {
         "name": "m",
         "upstream": {"base_url": fake.base_url},
@@ -51,56 +57,65 @@ def log_lines(log: Path, count: int) -> list[str]:
         time.sleep(0.05)
 
 
-def test_shadow_mode_forwards_the_original_and_reports_what_it_would_do(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+async def log_lines_async(log: Path, count: int) -> list[str]:
+    """log_lines, letting the app in this event loop run meanwhile."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        await asyncio.sleep(0.05)
+
+
+async def test_shadow_mode_forwards_the_original_and_reports_what_it_would_do(
+    start_app: AppStarter, local_upstream: LocalUpstream, tmp_path: Path
 ) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway(
+    gw = await start_app(
         {
             "mode": "observe",
             "events": {"path": str(log)},
-            "models": [model(fake_upstream)],
+            "models": [model(local_upstream)],
             "policies": POLICIES,
         }
     )
     raw = json.dumps({"model": "m", "messages": long_history()}).encode()
-    response = httpx.post(
+    response = await gw.http.post(
         f"{gw.base_url}/chat/completions",
         content=raw,
         headers={"content-type": "application/json"},
-        timeout=20,
     )
     assert response.status_code == 200
     assert response.headers["x-compactgate-would-steps"] == "fifo"
     before = int(response.headers["x-compactgate-would-tokens-before"])
     assert int(response.headers["x-compactgate-would-tokens-after"]) < before
     assert "x-compactgate-steps" not in response.headers
-    [recorded] = fake_upstream.chat_requests()
+    [recorded] = local_upstream.chat_requests()
     assert base64.b64decode(recorded["body_b64"]) == raw  # untouched
-    [event] = [json.loads(line) for line in log_lines(log, 1)]
+    [event] = [json.loads(line) for line in await log_lines_async(log, 1)]
     assert event["mode"] == "observe" and event["steps"][0]["type"] == "fifo"
-    metrics = httpx.get(f"{gw.url}/metrics").text
+    metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert "compactgate_tokens_saved_total" not in metrics.replace(
         "# HELP compactgate_tokens_saved_total", ""
     ).replace("# TYPE compactgate_tokens_saved_total", "")  # nothing was saved in shadow mode
 
 
-def test_event_log_has_one_line_per_compacted_request_with_phases_and_reward(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+async def test_event_log_has_one_line_per_compacted_request_with_phases_and_reward(
+    start_app: AppStarter, local_upstream: LocalUpstream, tmp_path: Path
 ) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway(
-        {"events": {"path": str(log)}, "models": [model(fake_upstream)], "policies": POLICIES}
+    gw = await start_app(
+        {"events": {"path": str(log)}, "models": [model(local_upstream)], "policies": POLICIES}
     )
     small = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    assert httpx.post(f"{gw.base_url}/chat/completions", json=small, timeout=20).status_code == 200
+    assert (await gw.http.post(f"{gw.base_url}/chat/completions", json=small)).status_code == 200
     big = {"model": "m", "messages": long_history()}
-    response = httpx.post(
-        f"{gw.base_url}/chat/completions", json=big, headers={"x-request-id": "req-42"}, timeout=20
+    response = await gw.http.post(
+        f"{gw.base_url}/chat/completions", json=big, headers={"x-request-id": "req-42"}
     )
     assert response.headers["x-compactgate-steps"] == "fifo"
-    lines = log_lines(log, 1)
-    time.sleep(0.3)  # nothing more arrives for the small request
+    lines = await log_lines_async(log, 1)
+    await asyncio.sleep(0.3)  # nothing more arrives for the small request
     lines = log.read_text().splitlines()
     assert len(lines) == 1  # the small request was not compacted: no event
     event = json.loads(lines[0])
@@ -110,62 +125,60 @@ def test_event_log_has_one_line_per_compacted_request_with_phases_and_reward(
     assert event["messages_removed"] > 0 and event["retries"] == 0
     assert 1.0 < event["reward"] <= 2.0
     assert "messages" not in event  # content only with log_content: true
-    feed = httpx.get(f"{gw.base_url}/compactgate/events").json()
+    feed = (await gw.http.get(f"{gw.base_url}/compactgate/events")).json()
     assert feed["events"][-1]["request_id"] == "req-42"
     assert feed["totals"]["requests"] == 2 and feed["totals"]["compacted"] == 1
     assert feed["totals"]["tokens_saved"] == event["tokens_before"] - event["tokens_after"]
 
 
-def test_event_log_content_only_when_asked(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+async def test_event_log_content_only_when_asked(
+    start_app: AppStarter, local_upstream: LocalUpstream, tmp_path: Path
 ) -> None:
     log = tmp_path / "events.jsonl"
-    gw = start_gateway(
+    gw = await start_app(
         {
             "events": {"path": str(log), "log_content": True},
-            "models": [model(fake_upstream)],
+            "models": [model(local_upstream)],
             "policies": POLICIES,
         }
     )
-    httpx.post(
-        f"{gw.base_url}/chat/completions",
-        json={"model": "m", "messages": long_history()},
-        timeout=20,
+    await gw.http.post(
+        f"{gw.base_url}/chat/completions", json={"model": "m", "messages": long_history()}
     )
-    event = json.loads(log_lines(log, 1)[0])
+    event = json.loads((await log_lines_async(log, 1))[0])
     assert event["messages"][-1] == {"role": "user", "content": "and now?"}
 
 
-def test_admin_token_guards_admin_surfaces_only(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_admin_token_guards_admin_surfaces_only(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = start_gateway(
+    gw = await start_app(
         {
             "server": {"admin_token": "s3cret"},
-            "models": [model(fake_upstream)],
+            "models": [model(local_upstream)],
             "policies": POLICIES,
         }
     )
+    http = gw.http
     for path in ("/metrics", "/ui", "/v1/compactgate/events"):
-        refused = httpx.get(gw.url + path)
+        refused = await http.get(gw.url + path)
         assert refused.status_code == 401 and refused.json()["error"]["message"]
         assert (
-            httpx.get(gw.url + path, headers={"authorization": "Bearer s3cret"}).status_code == 200
-        )
-    assert httpx.get(gw.url + "/ui?token=s3cret").status_code == 200
-    assert httpx.get(gw.url + "/ui?token=wrong").status_code == 401
+            await http.get(gw.url + path, headers={"authorization": "Bearer s3cret"})
+        ).status_code == 200
+    assert (await http.get(gw.url + "/ui?token=s3cret")).status_code == 200
+    assert (await http.get(gw.url + "/ui?token=wrong")).status_code == 401
     plan = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    assert httpx.post(gw.base_url + "/compactgate/plan", json=plan).status_code == 401
-    assert httpx.get(gw.url + "/healthz").status_code == 200
+    assert (await http.post(gw.base_url + "/compactgate/plan", json=plan)).status_code == 401
+    assert (await http.get(gw.url + "/healthz")).status_code == 200
     # the proxy itself does not need the admin token
-    chat = httpx.post(
+    chat = await http.post(
         gw.base_url + "/chat/completions",
         json=plan,
         headers={"authorization": "Bearer sk-user"},
-        timeout=20,
     )
     assert chat.status_code == 200
-    assert "s3cret" not in gw.output()
+    assert "s3cret" not in gw.logs()
 
 
 def test_admin_port_separates_admin_surfaces(

@@ -3,6 +3,8 @@
 `/v1/compactgate/plan` and `compactgate plan` must report OpenAI's own count for OpenAI models
 and show what each step did; estimates for a heuristic tokenizer must converge on what the
 upstream reports; injected stream usage must be invisible to the client.
+
+The endpoint and the proxy run in-process (tests/in_process.py); `compactgate plan` is the CLI.
 """
 
 from __future__ import annotations
@@ -13,17 +15,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import orjson
+import pytest
 
 from gateway.calibration import TOLERANCE, Calibration
 from gateway.config import parse_config
 from gateway.metrics import Metrics
 from gateway.routing import Router
 from gateway.tokenizers import CharsTokenizer
-from tests.conftest import REPO_ROOT, GatewayStarter
+from tests.conftest import REPO_ROOT
 from tests.fake_upstream import FakeUpstream
+from tests.in_process import AppStarter, LocalUpstream
 
 # OpenAI cookbook "How to count tokens with tiktoken": this example is 124 prompt tokens for
 # gpt-4o (o200k_base) and 129 for gpt-4 (cl100k_base), as the API reports.
@@ -82,22 +84,22 @@ def agent_history(turns: int, size: int = 600) -> list[dict[str, Any]]:
     return messages
 
 
-def test_plan_reports_openai_counts_for_openai_models(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_plan_reports_openai_counts_for_openai_models(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = start_gateway(
+    gw = await start_app(
         {
             "models": [
-                {"name": "gpt-4o", "upstream": {"base_url": fake_upstream.base_url}},
-                {"name": "gpt-4", "upstream": {"base_url": fake_upstream.base_url}},
+                {"name": "gpt-4o", "upstream": {"base_url": local_upstream.base_url}},
+                {"name": "gpt-4", "upstream": {"base_url": local_upstream.base_url}},
             ]
         }
     )
     for model, expected in (("gpt-4o", 124), ("gpt-4", 129)):
-        plan = httpx.post(
-            f"{gw.base_url}/compactgate/plan",
-            json={"model": model, "messages": COOKBOOK},
-            timeout=20,
+        plan = (
+            await gw.http.post(
+                f"{gw.base_url}/compactgate/plan", json={"model": model, "messages": COOKBOOK}
+            )
         ).json()
         assert plan["tokens_before"] == expected == plan["tokens_after"]
         assert plan["context_window"] == {"gpt-4o": 128000, "gpt-4": 8192}[model]
@@ -105,18 +107,18 @@ def test_plan_reports_openai_counts_for_openai_models(
         assert plan["counts_by_role"] == {"system": 5, "user": 1}
         assert plan["steps"] == []
         assert plan["messages"] == COOKBOOK
-    assert fake_upstream.chat_requests() == []  # a plan never calls the upstream
+    assert local_upstream.chat_requests() == []  # a plan never calls the upstream
 
 
-def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = start_gateway(
+    gw = await start_app(
         {
             "models": [
                 {
                     "name": "m",
-                    "upstream": {"base_url": fake_upstream.base_url},
+                    "upstream": {"base_url": local_upstream.base_url},
                     "context_window": 4000,
                     "max_output_tokens": 200,
                     "tokenizer": "chars:4",
@@ -126,10 +128,10 @@ def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
             "policies": {"p": {"steps": [{"type": "fifo"}]}},
         }
     )
-    plan = httpx.post(
-        f"{gw.base_url}/compactgate/plan",
-        json={"model": "m", "messages": agent_history(20)},
-        timeout=20,
+    plan = (
+        await gw.http.post(
+            f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": agent_history(20)}
+        )
     ).json()
     assert plan["budget"] < plan["tokens_before"]
     assert plan["tokens_after"] <= plan["budget"] and plan["fits"]
@@ -142,15 +144,14 @@ def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
     regions = plan["tokens_by_region"]
     assert regions["system"] > 0 and regions["history"] > regions["system"]
     # the real request is compacted the same way
-    response = httpx.post(
-        f"{gw.base_url}/chat/completions",
-        json={"model": "m", "messages": agent_history(20)},
-        timeout=20,
+    response = await gw.http.post(
+        f"{gw.base_url}/chat/completions", json={"model": "m", "messages": agent_history(20)}
     )
     assert response.headers["x-compactgate-steps"] == "fifo"
-    assert fake_upstream.chat_requests()[-1]["json"]["messages"] == sent
+    assert local_upstream.chat_requests()[-1]["json"]["messages"] == sent
 
 
+@pytest.mark.slow
 def test_plan_cli_table_and_json(tmp_path: Path, fake_upstream: FakeUpstream) -> None:
     body = tmp_path / "request.json"
     body.write_text(json.dumps({"model": "gpt-4o", "messages": COOKBOOK}))
@@ -180,34 +181,34 @@ def test_plan_cli_table_and_json(tmp_path: Path, fake_upstream: FakeUpstream) ->
     assert failed.returncode == 1 and "messages" in failed.stderr
 
 
-def test_calibration_converges_on_an_upstream_with_a_different_tokenizer(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_calibration_converges_on_an_upstream_with_a_different_tokenizer(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     # The fake reports usage as chars/2.6 of its JSON view; the gateway starts from chars:4.
-    fake_upstream.configure({"usage_tokenizer": "chars:2.6"})
-    gw = start_gateway(
+    local_upstream.configure({"usage_tokenizer": "chars:2.6"})
+    gw = await start_app(
         {
             "models": [
                 {
                     "name": "m",
-                    "upstream": {"base_url": fake_upstream.base_url},
+                    "upstream": {"base_url": local_upstream.base_url},
                     "context_window": 1_000_000,
                     "tokenizer": "chars:4",
                 }
             ]
         }
     )
-    client = openai.OpenAI(base_url=gw.base_url, api_key="k", max_retries=0)
+    client = gw.openai(api_key="k")
     errors = []
     for i in range(40):
         messages = agent_history(1 + i % 4, size=50 + 17 * i)
-        raw = client.chat.completions.with_raw_response.create(model="m", messages=messages)
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=messages)
         reported = raw.parse().usage.prompt_tokens
         estimated = int(raw.headers["x-compactgate-tokens-after"])
         errors.append(abs(estimated - reported) / reported)
     assert errors[0] > 0.2  # uncalibrated, the heuristic is far off
     assert max(errors[-10:]) < 0.03, errors[-10:]
-    metrics = httpx.get(f"{gw.url}/metrics").text
+    metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert 'compactgate_estimate_error_ratio_count{model="m"} 40.0' in metrics
 
 
@@ -236,17 +237,17 @@ def test_calibration_settles_and_then_leaves_the_counts_alone() -> None:
     assert len(changes) <= 12 and changes[-1] < 40, changes  # settled early, then left alone
 
 
-def test_injected_stream_usage_is_invisible_to_the_client(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_injected_stream_usage_is_invisible_to_the_client(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    fake_upstream.configure({"usage_tokenizer": "chars:2"})
-    gw = start_gateway(
+    local_upstream.configure({"usage_tokenizer": "chars:2"})
+    gw = await start_app(
         {
             "server": {"stream_usage": "inject"},
             "models": [
                 {
                     "name": "m",
-                    "upstream": {"base_url": fake_upstream.base_url},
+                    "upstream": {"base_url": local_upstream.base_url},
                     "context_window": 100_000,
                     "tokenizer": "chars:4",
                 }
@@ -255,37 +256,34 @@ def test_injected_stream_usage_is_invisible_to_the_client(
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 200}], "stream": True}
     for _ in range(3):
-        with httpx.stream(
-            "POST", f"{gw.base_url}/chat/completions", json=body, timeout=20
-        ) as response:
-            raw = b"".join(response.iter_bytes())
+        async with gw.http.stream("POST", f"{gw.base_url}/chat/completions", json=body) as response:
+            raw = b"".join([chunk async for chunk in response.aiter_bytes()])
         assert b'"usage"' not in raw
         assert raw.endswith(b"data: [DONE]\n\n")
-    sent = fake_upstream.chat_requests()[-1]["json"]
+    sent = local_upstream.chat_requests()[-1]["json"]
     assert sent["stream_options"] == {"include_usage": True}
-    metrics = httpx.get(f"{gw.url}/metrics").text
+    metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert 'compactgate_estimate_error_ratio_count{model="m"} 3.0' in metrics
     # a client that asks for usage gets it, untouched
-    with httpx.stream(
+    async with gw.http.stream(
         "POST",
         f"{gw.base_url}/chat/completions",
         json={**body, "stream_options": {"include_usage": True}},
-        timeout=20,
     ) as response:
-        assert b'"prompt_tokens"' in b"".join(response.iter_bytes())
+        assert b'"prompt_tokens"' in b"".join([chunk async for chunk in response.aiter_bytes()])
 
 
-def test_pin_rules_keep_matching_messages(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_pin_rules_keep_matching_messages(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     messages = agent_history(20)
     messages[1] = {"role": "user", "content": "TODO: never forget the deploy window is Friday"}
-    gw = start_gateway(
+    gw = await start_app(
         {
             "models": [
                 {
                     "name": "m",
-                    "upstream": {"base_url": fake_upstream.base_url},
+                    "upstream": {"base_url": local_upstream.base_url},
                     "context_window": 4000,
                     "max_output_tokens": 200,
                     "tokenizer": "chars:4",
@@ -303,8 +301,10 @@ def test_pin_rules_keep_matching_messages(
             },
         }
     )
-    plan = httpx.post(
-        f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": messages}, timeout=20
+    plan = (
+        await gw.http.post(
+            f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": messages}
+        )
     ).json()
     assert plan["steps"][0]["messages_removed"] > 0
     sent = plan["messages"]
@@ -316,24 +316,23 @@ def test_pin_rules_keep_matching_messages(
     assert not any(m.get("tool_call_id") == "c2" for m in sent)
 
 
-def test_max_tokens_that_leave_no_room_are_refused_or_clamped(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_max_tokens_that_leave_no_room_are_refused_or_clamped(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     model = {
         "name": "m",
-        "upstream": {"base_url": fake_upstream.base_url},
+        "upstream": {"base_url": local_upstream.base_url},
         "context_window": 4000,
         "tokenizer": "chars:4",
     }
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5000}
-    strict = start_gateway({"models": [model]})
-    refused = httpx.post(f"{strict.base_url}/chat/completions", json=body, timeout=20)
+    strict = await start_app({"models": [model]})
+    refused = await strict.http.post(f"{strict.base_url}/chat/completions", json=body)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
-    assert fake_upstream.chat_requests() == []
-    clamping = start_gateway({"server": {"clamp_max_tokens": True}, "models": [model]})
+    assert local_upstream.chat_requests() == []
+    clamping = await start_app({"server": {"clamp_max_tokens": True}, "models": [model]})
     assert (
-        httpx.post(f"{clamping.base_url}/chat/completions", json=body, timeout=20).status_code
-        == 200
-    )
-    [sent] = fake_upstream.chat_requests()
+        await clamping.http.post(f"{clamping.base_url}/chat/completions", json=body)
+    ).status_code == 200
+    [sent] = local_upstream.chat_requests()
     assert sent["json"]["max_tokens"] == 1000 and sent["json"]["messages"] == body["messages"]

@@ -16,9 +16,12 @@ import time
 from typing import Any
 
 import openai
+import pytest
 
 from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_upstream import FakeUpstream
+
+pytestmark = pytest.mark.slow  # signals a real process and waits for it to finish
 
 SMALL = [{"role": "user", "content": "Say hi."}]
 

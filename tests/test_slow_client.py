@@ -24,6 +24,8 @@ from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
 
+pytestmark = pytest.mark.slow  # clients trickle for seconds by design
+
 TIMEOUT_S = 2.0
 HEAD_TIMEOUT_S = 2.0
 SMALL = [{"role": "user", "content": "Say hi."}]

@@ -262,6 +262,7 @@ async def test_precompute_predicts_the_summary_the_crossing_request_asks_for() -
     await gateway.summaries.close()
 
 
+@pytest.mark.slow
 async def test_a_precomputation_leaves_a_summary_being_made_to_the_one_making_it() -> None:
     """The next response's precomputation, finding its predicted summary being made, returns at
     once: it neither holds a slot for the summary's duration nor asks for it again."""

@@ -1,16 +1,21 @@
-"""Summaries end to end (issue 5): real gateway processes, the fake upstream, a real Redis.
+"""Summaries through the gateway (issue 5): the fake upstream, real gateway processes, real Redis.
 
 A summarisation call is told apart from the client's own calls by what only the summariser
 sends: its system prompt, no tools. Windows are small (4 096 tokens, `chars:4`) so that a few
 dozen messages cross the thresholds.
+
+What one gateway does with one conversation runs in-process (tests/in_process.py); replicas
+sharing Redis, shutdown, and the precomputation's timing against an agent's pace run against
+real `compactgate serve` processes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +26,10 @@ import pytest
 from gateway.summarizer import APPEND_NOTE, SYSTEM_PROMPT
 from tests.conftest import GatewayProcess, GatewayStarter, Starter
 from tests.fake_upstream import FakeUpstream
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.redis_server import RedisServer, start_redis
+
+Upstream = FakeUpstream | LocalUpstream
 
 WINDOW = 4096
 TRIGGER = int((WINDOW - 256) * 0.8)  # about where compaction's threshold is (max_tokens 256)
@@ -40,7 +48,7 @@ TOOLS = [
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def model(fake: FakeUpstream, name: str = "m", policy: str = "summ") -> dict[str, Any]:
+def model(fake: Upstream, name: str = "m", policy: str = "summ") -> dict[str, Any]:
     return {
         "name": name,
         "upstream": {"base_url": fake.base_url},
@@ -52,7 +60,7 @@ def model(fake: FakeUpstream, name: str = "m", policy: str = "summ") -> dict[str
 
 
 def config_for(
-    fake: FakeUpstream,
+    fake: Upstream,
     steps: list[dict[str, Any]] | None = None,
     store: str = "memory://",
     models: list[dict[str, Any]] | None = None,
@@ -81,6 +89,13 @@ def chat_history(turns: int, size: int = 560, tag: str = "") -> list[dict[str, A
     return messages
 
 
+def chat_body(messages: list[dict[str, Any]], tools: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 256}
+    if tools:
+        body["tools"] = TOOLS
+    return body
+
+
 def post(
     gateway: GatewayProcess,
     messages: list[dict[str, Any]],
@@ -88,15 +103,28 @@ def post(
     tools: bool = False,
     timeout: float = 30,
 ) -> tuple[httpx.Response, float]:
-    body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 256}
-    if tools:
-        body["tools"] = TOOLS
     started = time.perf_counter()
     response = httpx.post(
         f"{gateway.base_url}/chat/completions",
-        json=body,
+        json=chat_body(messages, tools),
         headers={"authorization": f"Bearer {key}"},
         timeout=timeout,
+    )
+    return response, time.perf_counter() - started
+
+
+async def app_post(
+    gateway: AppGateway,
+    messages: list[dict[str, Any]],
+    key: str = "sk-tenant-a",
+    tools: bool = False,
+) -> tuple[httpx.Response, float]:
+    """post, to a gateway app in this event loop."""
+    started = time.perf_counter()
+    response = await gateway.http.post(
+        f"{gateway.base_url}/chat/completions",
+        json=chat_body(messages, tools),
+        headers={"authorization": f"Bearer {key}"},
     )
     return response, time.perf_counter() - started
 
@@ -110,11 +138,11 @@ def is_summary_call(record: dict[str, Any]) -> bool:
     return messages[0].get("content") == SYSTEM_PROMPT
 
 
-def summary_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
+def summary_calls(fake: Upstream) -> list[dict[str, Any]]:
     return [r for r in fake.chat_requests() if is_summary_call(r)]
 
 
-def client_calls(fake: FakeUpstream) -> list[dict[str, Any]]:
+def client_calls(fake: Upstream) -> list[dict[str, Any]]:
     return [r for r in fake.chat_requests() if not is_summary_call(r)]
 
 
@@ -126,12 +154,19 @@ def authorization(record: dict[str, Any]) -> str:
     return {k.lower(): v for k, v in record["headers"]}.get("authorization", "")
 
 
-def metric(gateway: GatewayProcess, name: str, labels: str = "") -> float:
-    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+def metric_in(text: str, name: str, labels: str = "") -> float:
     for line in text.splitlines():
         if line.startswith(f"{name}{{{labels}}}" if labels else f"{name} "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def metric(gateway: GatewayProcess, name: str, labels: str = "") -> float:
+    return metric_in(httpx.get(f"{gateway.url}/metrics", timeout=10).text, name, labels)
+
+
+async def app_metric(gateway: AppGateway, name: str, labels: str = "") -> float:
+    return metric_in((await gateway.http.get(f"{gateway.url}/metrics")).text, name, labels)
 
 
 def wait_until(condition: Any, timeout: float = 10.0) -> None:
@@ -140,6 +175,15 @@ def wait_until(condition: Any, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], timeout: float = 10.0) -> None:
+    """wait_until, letting the app in this event loop run meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
 
 
 def summary_script(text: str, **extra: Any) -> dict[str, Any]:
@@ -162,19 +206,19 @@ def redis_server(start_process_session: Starter) -> RedisServer:
         ({"type": "summarize_old", "summary_length": 200}, "system"),
     ],
 )
-def test_each_summarising_step_works_through_the_gateway(
-    start_gateway: GatewayStarter,
-    fake_upstream: FakeUpstream,
+async def test_each_summarising_step_works_through_the_gateway(
+    start_app: AppStarter,
+    local_upstream: LocalUpstream,
     step: dict[str, Any],
     placement_role: str,
 ) -> None:
-    gateway = start_gateway(config_for(fake_upstream, [step, {"type": "fifo"}]))
-    fake_upstream.script([summary_script(f"SUMMARY-OF-{step['type']}")])
+    gateway = await start_app(config_for(local_upstream, [step, {"type": "fifo"}]))
+    local_upstream.script([summary_script(f"SUMMARY-OF-{step['type']}")])
     history = chat_history(16)
-    response, _ = post(gateway, history)  # over the limit: the summary is needed now
+    response, _ = await app_post(gateway, history)  # over the limit: the summary is needed now
     assert response.status_code == 200
     assert response.headers["x-compactgate-steps"].split(",")[0] == step["type"]
-    [sent] = client_calls(fake_upstream)
+    [sent] = client_calls(local_upstream)
     placed = [m for m in body_of(sent)["messages"] if f"SUMMARY-OF-{step['type']}" in str(m)]
     assert placed and placed[0]["role"] == placement_role
     # A history seen for the first time is summarised one compaction event after the other
@@ -183,25 +227,26 @@ def test_each_summarising_step_works_through_the_gateway(
     body = {"model": "m", "messages": history, "max_tokens": 256}
     auth = {"authorization": "Bearer sk-tenant-a"}
     url = f"{gateway.base_url}/compactgate/plan"
-    plan = httpx.post(url, json=body, headers=auth, timeout=10).json()
+    plan = (await gateway.http.post(url, json=body, headers=auth)).json()
     links = plan["steps"][0]["summary_links"]
     ok = 'outcome="ok"'
-    wait_until(
-        lambda: (
-            metric(gateway, "compactgate_summarizer_calls_total", ok)
-            == len(summary_calls(fake_upstream))
-        )
-    )
-    calls = summary_calls(fake_upstream)
+
+    async def every_call_made() -> bool:
+        made = await app_metric(gateway, "compactgate_summarizer_calls_total", ok)
+        return made == len(summary_calls(local_upstream))
+
+    await eventually(every_call_made)
+    calls = summary_calls(local_upstream)
     assert 1 <= len(calls) <= links
     assert all("tools" not in body_of(c) for c in calls)
     assert all(authorization(c) == "Bearer sk-tenant-a" for c in calls)
-    assert metric(gateway, "compactgate_summary_cache_total", 'result="miss"') >= 1
+    assert await app_metric(gateway, "compactgate_summary_cache_total", 'result="miss"') >= 1
 
 
 # -- shared between replicas -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_second_replica_serves_the_first_ones_summary(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, redis_server: RedisServer
 ) -> None:
@@ -222,6 +267,7 @@ def test_second_replica_serves_the_first_ones_summary(
     assert metric(second, "compactgate_summarizer_calls_total", 'outcome="ok"') == 0
 
 
+@pytest.mark.slow
 def test_replicas_racing_on_one_conversation_summarise_once(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, redis_server: RedisServer
 ) -> None:
@@ -240,19 +286,19 @@ def test_replicas_racing_on_one_conversation_summarise_once(
 # -- racing requests in one process ----------------------------------------------------------
 
 
-def test_racing_identical_requests_cause_one_summarisation(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+@pytest.mark.slow
+async def test_racing_identical_requests_cause_one_summarisation(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gateway = start_gateway(config_for(fake_upstream))
-    fake_upstream.script([summary_script("ONCE", kind="hang_before_headers", seconds=1)])
+    gateway = await start_app(config_for(local_upstream))
+    local_upstream.script([summary_script("ONCE", kind="hang_before_headers", seconds=1)])
     messages = chat_history(16)
-    with ThreadPoolExecutor(5) as pool:
-        results = list(pool.map(lambda _: post(gateway, messages)[0], range(5)))
+    results = [r for r, _ in await asyncio.gather(*(app_post(gateway, messages) for _ in range(5)))]
     assert all(r.status_code == 200 for r in results)
     assert all(r.headers["x-compactgate-steps"].startswith("compaction") for r in results)
-    assert len(summary_calls(fake_upstream)) == 1
-    assert len(client_calls(fake_upstream)) == 5
-    assert metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1
+    assert len(summary_calls(local_upstream)) == 1
+    assert len(client_calls(local_upstream)) == 5
+    assert await app_metric(gateway, "compactgate_summarizer_calls_total", 'outcome="ok"') == 1
 
 
 # -- ahead of need ---------------------------------------------------------------------------
@@ -293,6 +339,7 @@ def precompute_config(main: FakeUpstream, summarizer: FakeUpstream) -> dict[str,
     return config_for(main, steps, models=models, precompute=True)
 
 
+@pytest.mark.slow
 def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -322,6 +369,7 @@ def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
     assert metric(gateway, "compactgate_summary_cache_total", 'result="hit"') >= 1
 
 
+@pytest.mark.slow
 def test_a_precomputation_runs_while_the_next_request_is_at_the_upstream(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -352,6 +400,7 @@ def test_a_precomputation_runs_while_the_next_request_is_at_the_upstream(
     assert index > 0 and len(summary_upstream.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -382,6 +431,7 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
     assert len(summary_upstream.chat_requests()) == 1
 
 
+@pytest.mark.slow
 def test_an_outgrown_summary_is_used_at_once_while_its_next_link_is_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -417,6 +467,7 @@ def test_an_outgrown_summary_is_used_at_once_while_its_next_link_is_made(
     assert body_of(sent)["messages"][-6:] == messages[-6:]  # the newest messages verbatim
 
 
+@pytest.mark.slow
 def test_shutdown_cancels_a_precomputation_in_flight(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
@@ -438,25 +489,26 @@ def test_shutdown_cancels_a_precomputation_in_flight(
 # -- failures --------------------------------------------------------------------------------
 
 
-def test_summariser_failure_falls_back_to_the_next_step_and_is_not_cached(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_summariser_failure_falls_back_to_the_next_step_and_is_not_cached(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gateway = start_gateway(config_for(fake_upstream))
-    fake_upstream.script([{"kind": "error", "status": 400, "body": {"error": {"message": "no"}}}])
+    gateway = await start_app(config_for(local_upstream))
+    local_upstream.script([{"kind": "error", "status": 400, "body": {"error": {"message": "no"}}}])
     messages = chat_history(16)
-    response, _ = post(gateway, messages)
+    response, _ = await app_post(gateway, messages)
     assert response.status_code == 200
     assert response.headers["x-compactgate-steps"] == "fifo"  # R4.13: through the next step
-    assert metric(gateway, "compactgate_summarizer_calls_total", 'outcome="error"') == 1
+    assert await app_metric(gateway, "compactgate_summarizer_calls_total", 'outcome="error"') == 1
 
-    fake_upstream.reset()
-    fake_upstream.script([summary_script("SECOND-TRY")])
-    response, _ = post(gateway, messages)
+    local_upstream.reset()
+    local_upstream.script([summary_script("SECOND-TRY")])
+    response, _ = await app_post(gateway, messages)
     assert response.headers["x-compactgate-steps"].startswith("compaction")
-    assert len(summary_calls(fake_upstream)) == 1  # the failure was not cached
-    assert "SECOND-TRY" in forwarded_text(client_calls(fake_upstream)[0])
+    assert len(summary_calls(local_upstream)) == 1  # the failure was not cached
+    assert "SECOND-TRY" in forwarded_text(client_calls(local_upstream)[0])
 
 
+@pytest.mark.slow
 def test_slow_summary_is_waited_for_at_most_wait_s_and_then_used(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:
@@ -489,32 +541,32 @@ def test_redis_outage_degrades_to_no_cache(
 # -- tenants ---------------------------------------------------------------------------------
 
 
-def test_one_tenants_summary_is_never_used_for_another(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+async def test_one_tenants_summary_is_never_used_for_another(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gateway = start_gateway(config_for(fake_upstream))
+    gateway = await start_app(config_for(local_upstream))
     messages = chat_history(16)
-    fake_upstream.script([summary_script("ALPHA")])
-    post(gateway, messages, key="sk-tenant-a")
-    fake_upstream.script([summary_script("BRAVO")])
-    response, _ = post(gateway, messages, key="sk-tenant-b")
+    local_upstream.script([summary_script("ALPHA")])
+    await app_post(gateway, messages, key="sk-tenant-a")
+    local_upstream.script([summary_script("BRAVO")])
+    response, _ = await app_post(gateway, messages, key="sk-tenant-b")
     assert response.headers["x-compactgate-steps"].startswith("compaction")
-    calls = summary_calls(fake_upstream)
+    calls = summary_calls(local_upstream)
     assert [authorization(c) for c in calls] == ["Bearer sk-tenant-a", "Bearer sk-tenant-b"]
-    sent_b = client_calls(fake_upstream)[-1]
+    sent_b = client_calls(local_upstream)[-1]
     assert "BRAVO" in forwarded_text(sent_b) and "ALPHA" not in forwarded_text(sent_b)
 
-    post(gateway, messages, key="sk-tenant-a")
-    assert len(summary_calls(fake_upstream)) == 2  # A's own summary, from the cache
-    sent_a = client_calls(fake_upstream)[-1]
+    await app_post(gateway, messages, key="sk-tenant-a")
+    assert len(summary_calls(local_upstream)) == 2  # A's own summary, from the cache
+    sent_a = client_calls(local_upstream)[-1]
     assert "ALPHA" in forwarded_text(sent_a) and "BRAVO" not in forwarded_text(sent_a)
 
 
 # -- append_summaries ------------------------------------------------------------------------
 
 
-def test_appended_summaries_keep_the_forwarded_prefix(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
+async def test_appended_summaries_keep_the_forwarded_prefix(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     """Issue 5 item 3: with `append_summaries`, the second event's summary is asked for the new
     messages only and appended, so the forwarded summary begins with the first event's text."""
@@ -527,30 +579,39 @@ def test_appended_summaries_keep_the_forwarded_prefix(
         },
         {"type": "fifo"},
     ]
-    models = [model(fake_upstream), model(summary_upstream, name="summarizer", policy="default")]
-    gateway = start_gateway(config_for(fake_upstream, steps, models=models))
-    summary_upstream.script([summary_script("FIRST-PART"), summary_script("SECOND-PART")])
-    summaries: list[str] = []
-    for turns in range(2, 40):
-        response, _ = post(gateway, chat_history(turns, size=200))
-        assert response.status_code == 200
-        placed = [
-            str(m["content"])
-            for m in body_of(client_calls(fake_upstream)[-1])["messages"]
-            if "FIRST-PART" in str(m.get("content"))
+    async with LocalUpstream.serve() as summary_upstream:
+        models = [
+            model(local_upstream),
+            model(summary_upstream, name="summarizer", policy="default"),
         ]
-        if placed and placed[0] not in summaries:
-            summaries.append(placed[0])
-        if len(summaries) == 2:
-            break
-        if len(summary_upstream.chat_requests()) == 2:  # an outgrown summary is used meanwhile
-            wait_until(lambda: summary_upstream.inflight()["completed"] == 2)
+        gateway = await start_app(config_for(local_upstream, steps, models=models))
+        summary_upstream.script([summary_script("FIRST-PART"), summary_script("SECOND-PART")])
+        summaries: list[str] = []
+        for turns in range(2, 40):
+            response, _ = await app_post(gateway, chat_history(turns, size=200))
+            assert response.status_code == 200
+            placed = [
+                str(m["content"])
+                for m in body_of(client_calls(local_upstream)[-1])["messages"]
+                if "FIRST-PART" in str(m.get("content"))
+            ]
+            if placed and placed[0] not in summaries:
+                summaries.append(placed[0])
+            if len(summaries) == 2:
+                break
+            if len(summary_upstream.chat_requests()) == 2:  # an outgrown summary is used meanwhile
+
+                async def second_done() -> bool:
+                    return summary_upstream.inflight()["completed"] == 2
+
+                await eventually(second_done)
+        later_requests = summary_upstream.chat_requests()
     assert len(summaries) == 2, summaries
     first, second = summaries
     assert first == "[Earlier conversation summary: FIRST-PART]"
     assert second == "[Earlier conversation summary: FIRST-PART\n\nSECOND-PART]"
     assert second.startswith(first[:-1])  # the frozen text, up to the template's closing bracket
-    _, later = summary_upstream.chat_requests()
+    _, later = later_requests
     prompt = str(body_of(later)["messages"][-1]["content"])
     assert APPEND_NOTE in prompt and "<previous_summary>\nFIRST-PART\n</previous_summary>" in prompt
     assert "Question 0:" not in prompt  # the first event's messages are not sent again

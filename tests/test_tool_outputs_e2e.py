@@ -3,6 +3,9 @@
 A fake upstream plays a model that calls `tool_output_cache` / `tool_output_cache_grep` on a
 ref; the client (official openai SDK) must only ever see the final answer, and the model must
 have been given the real, line-numbered text.
+
+In-process (tests/in_process.py, a gateway app per test), but for two replica processes sharing a
+real Redis.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 
 from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_upstream import FakeUpstream
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 LOG_LINES = [
     f"2026-11-21 12:{i // 60:02d}:{i % 60:02d} INFO worker-{i % 7} handled job {i}"
@@ -59,43 +63,64 @@ CLIENT_TOOLS = [
 ]
 
 
+def config_for(upstream: FakeUpstream | LocalUpstream, **extra: Any) -> dict[str, Any]:
+    return {
+        **extra,
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": upstream.base_url},
+                "context_window": 6000,
+                "max_output_tokens": 300,
+                "tokenizer": "chars:4",
+                "policy": "p",
+            }
+        ],
+        "policies": {
+            "p": {
+                "steps": [
+                    {"type": "tool_output_cache", "context_budget_tokens": 500},
+                    {"type": "fifo"},
+                ]
+            }
+        },
+    }
+
+
 @pytest.fixture
-def gateway(start_gateway: GatewayStarter, fake_upstream: FakeUpstream) -> GatewayProcess:
-    return start_gateway(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": fake_upstream.base_url},
-                    "context_window": 6000,
-                    "max_output_tokens": 300,
-                    "tokenizer": "chars:4",
-                    "policy": "p",
-                }
-            ],
-            "policies": {
-                "p": {
-                    "steps": [
-                        {"type": "tool_output_cache", "context_budget_tokens": 500},
-                        {"type": "fifo"},
-                    ]
-                }
-            },
-        }
-    )
+async def gateway(start_app: AppStarter, local_upstream: LocalUpstream) -> AppGateway:
+    return await start_app(config_for(local_upstream))
 
 
-def masked_ref(gw: GatewayProcess, key: str = "sk-tenant-a") -> str:
-    """The ref the gateway gives the big log, read from the plan (same tenant, same process)."""
-    plan = httpx.post(
-        f"{gw.base_url}/compactgate/plan",
-        json={"model": "m", "messages": history(), "tools": CLIENT_TOOLS},
-        headers={"authorization": f"Bearer {key}"},
-        timeout=20,
-    ).json()
+def ref_in(plan: dict[str, Any]) -> str:
     [tool] = [m for m in plan["messages"] if m.get("tool_call_id") == "call_0"]
     assert tool["content"].startswith("[tool output")
     return tool["content"].split("ref=")[1].split("]")[0].split(":")[0]
+
+
+def plan_body() -> dict[str, Any]:
+    return {"model": "m", "messages": history(), "tools": CLIENT_TOOLS}
+
+
+async def masked_ref(gw: AppGateway, key: str = "sk-tenant-a") -> str:
+    """The ref the gateway gives the big log, read from the plan (same tenant, same process)."""
+    plan = await gw.http.post(
+        f"{gw.base_url}/compactgate/plan",
+        json=plan_body(),
+        headers={"authorization": f"Bearer {key}"},
+    )
+    return ref_in(plan.json())
+
+
+def masked_ref_of_process(gw: GatewayProcess, key: str = "sk-tenant-a") -> str:
+    """masked_ref, from a gateway process."""
+    plan = httpx.post(
+        f"{gw.base_url}/compactgate/plan",
+        json=plan_body(),
+        headers={"authorization": f"Bearer {key}"},
+        timeout=20,
+    )
+    return ref_in(plan.json())
 
 
 def internal_call(name: str, **arguments: Any) -> dict[str, Any]:
@@ -109,6 +134,10 @@ def client(gw: GatewayProcess, key: str = "sk-tenant-a") -> openai.OpenAI:
     return openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0, timeout=30)
 
 
+def app_client(gw: AppGateway, key: str = "sk-tenant-a") -> openai.AsyncOpenAI:
+    return gw.openai(api_key=key, timeout=30)
+
+
 def tool_results(request: dict[str, Any]) -> list[str]:
     return [
         m["content"]
@@ -117,17 +146,17 @@ def tool_results(request: dict[str, Any]) -> list[str]:
     ]
 
 
-def test_model_reads_a_masked_output_and_client_sees_only_the_answer(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_model_reads_a_masked_output_and_client_sees_only_the_answer(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    ref = masked_ref(gateway)
-    fake_upstream.script(
+    ref = await masked_ref(gateway)
+    local_upstream.script(
         [
             internal_call("tool_output_cache", ref_id=ref, offset=120, limit=5),
             {"kind": "ok", "content": "worker-4: disk full"},
         ]
     )
-    raw = client(gateway).chat.completions.with_raw_response.create(
+    raw = await app_client(gateway).chat.completions.with_raw_response.create(
         model="m", messages=history(), tools=CLIENT_TOOLS
     )
     answer = raw.parse()
@@ -135,7 +164,7 @@ def test_model_reads_a_masked_output_and_client_sees_only_the_answer(
     assert not answer.choices[0].message.tool_calls
     assert raw.headers["x-compactgate-internal-rounds"] == "1"
     assert "tool_output_cache" in raw.headers["x-compactgate-steps"]
-    first, second = fake_upstream.chat_requests()
+    first, second = local_upstream.chat_requests()
     names = [t["function"]["name"] for t in first["json"]["tools"]]
     assert names == ["read_log", "tool_output_cache", "tool_output_cache_grep"]
     assert any(
@@ -151,9 +180,9 @@ def test_model_reads_a_masked_output_and_client_sees_only_the_answer(
     assert answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens
 
 
-def test_grep_finds_a_known_line(gateway: GatewayProcess, fake_upstream: FakeUpstream) -> None:
-    ref = masked_ref(gateway)
-    fake_upstream.script(
+async def test_grep_finds_a_known_line(gateway: AppGateway, local_upstream: LocalUpstream) -> None:
+    ref = await masked_ref(gateway)
+    local_upstream.script(
         [
             internal_call(
                 "tool_output_cache_grep", ref_id=ref, pattern="ERROR|disk full", context=1
@@ -161,14 +190,11 @@ def test_grep_finds_a_known_line(gateway: GatewayProcess, fake_upstream: FakeUps
             {"kind": "ok", "content": "found it"},
         ]
     )
-    assert (
-        client(gateway)
-        .chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)
-        .choices[0]
-        .message.content
-        == "found it"
+    answer = await app_client(gateway).chat.completions.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS
     )
-    [result] = tool_results(fake_upstream.chat_requests()[1])
+    assert answer.choices[0].message.content == "found it"
+    [result] = tool_results(local_upstream.chat_requests()[1])
     assert "1 matching lines of 400" in result
     assert (
         f"   124\t{LOG_LINES[123]}" in result
@@ -177,33 +203,33 @@ def test_grep_finds_a_known_line(gateway: GatewayProcess, fake_upstream: FakeUps
     )
 
 
-def test_streaming_holds_back_internal_calls(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_streaming_holds_back_internal_calls(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    ref = masked_ref(gateway)
-    fake_upstream.script(
+    ref = await masked_ref(gateway)
+    local_upstream.script(
         [
             internal_call("tool_output_cache", ref_id=ref, limit=3),
             {"kind": "ok", "content": "streamed final answer"},
         ]
     )
-    stream = client(gateway).chat.completions.create(
+    stream = await app_client(gateway).chat.completions.create(
         model="m", messages=history(), tools=CLIENT_TOOLS, stream=True
     )
     text, calls = "", []
-    for chunk in stream:
+    async for chunk in stream:
         if chunk.choices:
             text += chunk.choices[0].delta.content or ""
             calls += chunk.choices[0].delta.tool_calls or []
     assert text == "streamed final answer" and calls == []
-    assert "lines 1-3 of 400" in tool_results(fake_upstream.chat_requests()[1])[0]
+    assert "lines 1-3 of 400" in tool_results(local_upstream.chat_requests()[1])[0]
 
 
-def test_streaming_client_tool_call_is_relayed_at_once(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_streaming_client_tool_call_is_relayed_at_once(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    masked_ref(gateway)
-    fake_upstream.script(
+    await masked_ref(gateway)
+    local_upstream.script(
         [
             {
                 "kind": "tool_calls",
@@ -213,24 +239,24 @@ def test_streaming_client_tool_call_is_relayed_at_once(
             }
         ]
     )
-    stream = client(gateway).chat.completions.create(
+    stream = await app_client(gateway).chat.completions.create(
         model="m", messages=history(), tools=CLIENT_TOOLS, stream=True
     )
     names = [
         c.function.name
-        for chunk in stream
+        async for chunk in stream
         if chunk.choices
         for c in (chunk.choices[0].delta.tool_calls or [])
         if c.function and c.function.name
     ]
     assert names == ["read_log"]
-    assert len(fake_upstream.chat_requests()) == 1
+    assert len(local_upstream.chat_requests()) == 1
 
 
-def test_bad_refs_offsets_and_patterns_are_explained_to_the_model(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_bad_refs_offsets_and_patterns_are_explained_to_the_model(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    ref = masked_ref(gateway)
+    ref = await masked_ref(gateway)
     cases = [
         (internal_call("tool_output_cache", ref_id="ref_doesnotexist"), "unknown ref_id"),
         (internal_call("tool_output_cache", ref_id=ref, offset=9999), "past the end"),
@@ -252,92 +278,72 @@ def test_bad_refs_offsets_and_patterns_are_explained_to_the_model(
         ),
     ]
     for call, expected in cases:
-        fake_upstream.reset()
-        fake_upstream.script([call, {"kind": "ok", "content": "ok"}])
-        assert (
-            client(gateway)
-            .chat.completions.create(model="m", messages=history(), tools=CLIENT_TOOLS)
-            .choices[0]
-            .message.content
-            == "ok"
+        local_upstream.reset()
+        local_upstream.script([call, {"kind": "ok", "content": "ok"}])
+        answer = await app_client(gateway).chat.completions.create(
+            model="m", messages=history(), tools=CLIENT_TOOLS
         )
-        [result] = tool_results(fake_upstream.chat_requests()[1])
+        assert answer.choices[0].message.content == "ok"
+        [result] = tool_results(local_upstream.chat_requests()[1])
         assert expected in result, result
 
 
-def test_a_ref_of_tenant_a_is_unknown_to_tenant_b(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_a_ref_of_tenant_a_is_unknown_to_tenant_b(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    ref_a = masked_ref(gateway, "sk-tenant-a")
-    client(gateway, "sk-tenant-a").chat.completions.create(
+    ref_a = await masked_ref(gateway, "sk-tenant-a")
+    await app_client(gateway, "sk-tenant-a").chat.completions.create(
         model="m", messages=history(), tools=CLIENT_TOOLS
     )  # stores it
-    fake_upstream.reset()
-    fake_upstream.script(
+    local_upstream.reset()
+    local_upstream.script(
         [internal_call("tool_output_cache", ref_id=ref_a), {"kind": "ok", "content": "b"}]
     )
-    client(gateway, "sk-tenant-b").chat.completions.create(
+    await app_client(gateway, "sk-tenant-b").chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}, *history()[1:]], tools=CLIENT_TOOLS
     )
-    [result] = tool_results(fake_upstream.chat_requests()[1])
+    [result] = tool_results(local_upstream.chat_requests()[1])
     assert "unknown ref_id" in result and "disk full" not in result
-    assert masked_ref(gateway, "sk-tenant-b") != ref_a  # refs are per tenant too
+    assert await masked_ref(gateway, "sk-tenant-b") != ref_a  # refs are per tenant too
 
 
-def test_rounds_are_bounded_and_leftover_internal_calls_are_hidden(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_rounds_are_bounded_and_leftover_internal_calls_are_hidden(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    ref = masked_ref(gateway)
-    fake_upstream.script([internal_call("tool_output_cache", ref_id=ref, limit=1)] * 6)
-    answer = client(gateway).chat.completions.with_raw_response.create(
+    ref = await masked_ref(gateway)
+    local_upstream.script([internal_call("tool_output_cache", ref_id=ref, limit=1)] * 6)
+    answer = await app_client(gateway).chat.completions.with_raw_response.create(
         model="m", messages=history(), tools=CLIENT_TOOLS
     )
     assert answer.headers["x-compactgate-internal-rounds"] == "4"
-    assert len(fake_upstream.chat_requests()) == 5
+    assert len(local_upstream.chat_requests()) == 5
     assert not answer.parse().choices[0].message.tool_calls
 
 
-def test_no_expansion_tools_when_nothing_was_masked(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream
+async def test_no_expansion_tools_when_nothing_was_masked(
+    gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:
-    client(gateway).chat.completions.create(
+    await app_client(gateway).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], tools=CLIENT_TOOLS
     )
-    [sent] = fake_upstream.chat_requests()
+    [sent] = local_upstream.chat_requests()
     assert [t["function"]["name"] for t in sent["json"]["tools"]] == ["read_log"]
     assert json.dumps(sent["json"]).count("tool_output_cache") == 0
 
 
+@pytest.mark.slow
 def test_with_redis_a_ref_stored_by_one_replica_expands_through_another(
     start_gateway: GatewayStarter, start_process: Any, fake_upstream: FakeUpstream
 ) -> None:
     from tests.redis_server import start_redis
 
     redis = start_redis(start_process)
-    config = {
-        "store": redis.url,
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": fake_upstream.base_url},
-                "context_window": 6000,
-                "max_output_tokens": 300,
-                "tokenizer": "chars:4",
-                "policy": "p",
-            }
-        ],
-        "policies": {
-            "p": {
-                "steps": [
-                    {"type": "tool_output_cache", "context_budget_tokens": 500},
-                    {"type": "fifo"},
-                ]
-            }
-        },
-    }
+    config = config_for(fake_upstream, store=redis.url)
     replica_a, replica_b = start_gateway(config), start_gateway(config)
-    ref = masked_ref(replica_a)
-    assert masked_ref(replica_b) == ref  # same secret on both: the forwarded prefix is identical
+    ref = masked_ref_of_process(replica_a)
+    assert (
+        masked_ref_of_process(replica_b) == ref
+    )  # same secret on both: the forwarded prefix is identical
     client(replica_a).chat.completions.create(
         model="m", messages=history(), tools=CLIENT_TOOLS
     )  # A stores it
