@@ -716,7 +716,7 @@ class Endpoint:
         changed = [s for s in prepared.steps if s.changed]
         recovery = chain.recovery if chain is not None else None
         success = 0 < exchange.status < 400
-        phases = ["detection", *(s.type for s in changed)]
+        phases = ["detection", *dict.fromkeys(s.type for s in changed)]  # each step once
         phases += ["recovery"] if recovery else []
         phases += ["success"] if success else ["failure"]
         would_fail = bool(exchange.retries) or (
@@ -788,6 +788,7 @@ class CountTokens(Endpoint):
             identity.tenant,
             window=gw.effective_window(route),
             observe=route.mode == "observe",
+            remember=False,
         )
         self.note(exchange, prepared)
         tokens = prepared.sent_tokens
@@ -981,7 +982,7 @@ async def plan(request: Request) -> Response:
             f"The model `{parsed.model}` is not served by this gateway.", param="model"
         )
     prepared = await gw.pipeline.prepare(
-        parsed, route, identity.tenant, window=gw.effective_window(route)
+        parsed, route, identity.tenant, window=gw.effective_window(route), remember=False
     )
     return JSONResponse(plan_report(prepared, gw.effective_window(route)))
 

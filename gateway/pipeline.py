@@ -38,6 +38,7 @@ from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .expansion import offer
+from .held import HeldResults
 from .metrics import Metrics
 from .prefix import Counted, PrefixCounts
 from .routing import Route
@@ -137,6 +138,7 @@ class Pipeline:
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
         self._prefix = PrefixCounts()
+        self._held = HeldResults()  # each conversation's latest compaction event
         self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._memo = Memo()  # per-text results of the steps, reused across requests
         self._metrics = metrics
@@ -257,11 +259,14 @@ class Pipeline:
         force: bool = False,
         observe: bool = False,
         headers: Sequence[tuple[bytes, bytes]] | None = None,
+        remember: bool = True,
     ) -> Prepared:
         """Decide what to send for `request` against `window` (the effective context window).
 
         `headers` are the client's request headers; summaries missing from the store are
         computed with its credential. Without them only stored summaries are used (plan).
+        `remember`: hold a compaction event's result for the conversation's next requests
+        (`held`); a question about a request (plan, count_tokens) reads what is held only.
         """
         await self._learn_counts(request, route, headers)
         counted = self.counts(request, route, tenant)
@@ -277,13 +282,20 @@ class Pipeline:
             if budget.limit <= 0:
                 budget = self._too_small(request, budget, tools_tokens)
                 request = request.with_max_output(budget.reserved_output)  # what is forwarded
-            chain = await self._run(
-                conversation, budget, route, tenant, force, headers, request.api
-            )
-            if chain.error is not None:
-                raise ContextLengthExceededError(chain.error, param="messages")
-            if chain.changed and not self._valid(conversation, chain):
-                chain = None
+            scope = f"{tenant}|{route.name}"
+            chain = None if force else self._held.extend(scope, conversation, budget)
+            if chain is not None and check(conversation, chain.conversation):
+                chain = None  # cannot happen while the client only appends; an event then
+            if chain is None:
+                chain, complete = await self._run(
+                    conversation, budget, route, tenant, force, headers, request.api
+                )
+                if chain.error is not None:
+                    raise ContextLengthExceededError(chain.error, param="messages")
+                if chain.changed and not self._valid(conversation, chain):
+                    chain = None
+                if remember and complete and chain is not None and chain.changed:
+                    self._held.remember(scope, conversation, budget, chain)
         result = chain.conversation if chain is not None and chain.changed else conversation
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
@@ -446,7 +458,9 @@ class Pipeline:
         force: bool,
         headers: Sequence[tuple[bytes, bytes]] | None = None,
         api: str = "chat",
-    ) -> ChainResult:
+    ) -> tuple[ChainResult, bool]:
+        """The chain's result, and whether it is complete: every summary it asked for was
+        there (a result made without one is not held: the next request tries again)."""
         make_source = self._summary_source
         summaries = make_source(route, tenant) if make_source is not None else DictSummaries()
         env = self.env(route, tenant, summaries)
@@ -463,7 +477,7 @@ class Pipeline:
                 # messages); else wait for them, at most `summaries.wait_s`.
                 early = self._without_fallbacks(conversation, budget, route, env, force, result)
                 if early is not None:
-                    return early
+                    return early, False
                 waited = await self._fetch(
                     missing, route, tenant, SummaryAsk(ask.headers, True, api)
                 )
@@ -473,7 +487,10 @@ class Pipeline:
                 summaries.answers[key] = answers.get(key) or SummaryAnswer("failed")
             summaries.missing.clear()
             result = run_chain(conversation, budget, route.policy, env, force=force)
-        return result
+        complete = not result.pending and all(
+            answer.status == "ready" for answer in summaries.answers.values()
+        )
+        return result, complete
 
     def _without_fallbacks(
         self,

@@ -53,7 +53,7 @@ async def _plan(body: bytes, config: Config, api: str | None) -> dict[str, Any]:
         )
     window = gateway.effective_window(route)
     prepared = await gateway.pipeline.prepare(
-        request, route, "plan:" + str(os.getuid()), window=window
+        request, route, "plan:" + str(os.getuid()), window=window, remember=False
     )
     return plan_report(prepared, window)
 

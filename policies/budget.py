@@ -41,6 +41,22 @@ class Budget:
     def target(self) -> int:
         return int(self.limit * self.target_ratio)
 
+    def at_event(self) -> Budget:
+        """A budget one band lower: its trigger is this target, its target as far below.
+
+        For a compaction event that the steps' first pass left between target and trigger (say
+        masking was not enough): a second pass with this budget takes it to the target, and its
+        stable cuts keep the same width of band, so they still only move now and then.
+        """
+        band = max(0.0, self.trigger_ratio - self.target_ratio)
+        return Budget(
+            context_window=self.context_window,
+            reserved_output=self.reserved_output,
+            fixed_tokens=self.fixed_tokens,
+            trigger_ratio=self.target_ratio,
+            target_ratio=max(0.0, self.target_ratio - band),
+        )
+
     def tighter(self, context_window: int) -> Budget:
         """The same budget against a smaller window (reactive path: the upstream told us)."""
         return Budget(

@@ -1,10 +1,15 @@
 """The policy chain (004 `hybrid`): run the configured steps until the request fits.
 
 Rule: nothing happens while the messages are at or under `budget.trigger` (unless the reactive
-path forces a pass). Past it, the steps run in order, each compacting toward `budget.target`,
-and the chain stops as soon as the messages are back under the trigger; at most
-`max_iterations` passes. If the result is still over `budget.limit`, the `emergency` step runs,
-and if even that cannot fit, the policy's recovery mode decides (R4.10).
+path forces a pass). Past it, a compaction event: the steps run in order, each compacting toward
+`budget.target`, and the chain stops as soon as the messages are back under the trigger; at most
+`max_iterations` passes. An event ends at or under the target: when the first pass stopped
+between target and trigger (masking alone could not get further), a second pass runs the steps
+that ask for no summary against `Budget.at_event()`, so the later steps cut too (a summarised
+range stays where the first pass put it, the one the precomputation predicted). The room that
+leaves lets the conversation grow by appending until the next event, which keeps the provider's
+prefix cache warm. If the result is still over `budget.limit`, the `emergency` step runs, and if
+even that cannot fit, the policy's recovery mode decides (R4.10).
 
 Every step that ran is reported with its tokens before and after and what it removed: the
 headers, the plan endpoint, the metrics and the event log are all built from these reports.
@@ -13,11 +18,12 @@ headers, the plan endpoint, the metrics and the event log are all built from the
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .budget import Budget
 from .conversation import Conversation
+from .rollup import SummarisingConfig
 from .step import Env, Step, StepResult, StoredOutput
 from .summaries import SummaryRequest
 
@@ -104,6 +110,7 @@ class _Run:
         self.reports: list[StepReport] = []
         self.stored: list[StoredOutput] = []
         self.pending: list[SummaryRequest] = []
+        self.note: Mapping[str, Any] = {}  # added to every report (which pass it ran in)
 
     def apply(self, step: Step) -> StepResult:
         before = self.conversation.tokens
@@ -120,7 +127,7 @@ class _Run:
                 messages_replaced=result.replaced,
                 messages_added=result.added,
                 summary_used=result.summary_used,
-                detail=result.detail,
+                detail={**result.detail, **self.note} if self.note else result.detail,
             )
         )
         return result
@@ -148,17 +155,14 @@ def run_chain(
         )
 
     run = _Run(conversation, budget, env)
-    goal = budget.trigger
-    for _ in range(max(1, policy.max_iterations)):
-        progressed = False
-        for step in policy.steps:
-            if run.conversation.tokens <= goal and not (force and not run.reports):
-                break
-            before = run.conversation
-            run.apply(step)
-            progressed = progressed or run.conversation != before
-        if run.conversation.tokens <= goal or not progressed:
-            break
+    _passes(run, policy, budget.trigger, force)
+    cheap = tuple(
+        s for s in policy.steps if not isinstance(getattr(s, "config", None), SummarisingConfig)
+    )
+    if run.conversation.tokens > budget.target and cheap:
+        run.budget, run.note = budget.at_event(), {"to_target": True}
+        _passes(run, replace(policy, steps=cheap), budget.target, False)
+        run.budget, run.note = budget, {}
 
     recovery: str | None = None
     error: str | None = None
@@ -199,6 +203,21 @@ def run_chain(
         stored=tuple(run.stored),
         pending=tuple(run.pending),
     )
+
+
+def _passes(run: _Run, policy: Policy, goal: int, force: bool) -> None:
+    """Run the steps in order until the messages are at or under `goal` (at least one step when
+    forced), at most `max_iterations` times over."""
+    for _ in range(max(1, policy.max_iterations)):
+        progressed = False
+        for step in policy.steps:
+            if run.conversation.tokens <= goal and not (force and not run.reports):
+                break
+            before = run.conversation
+            run.apply(step)
+            progressed = progressed or run.conversation != before
+        if run.conversation.tokens <= goal or not progressed:
+            break
 
 
 @dataclass(frozen=True, slots=True)

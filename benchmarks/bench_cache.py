@@ -1,0 +1,279 @@
+"""Prefix stability over a long agent session: how often a forwarded request extends the last.
+
+Run: `python -m benchmarks.bench_cache [--turns 200] [--windows 8192,32768,131072]`. A few
+seconds per API and chain; no network (the gateway's pipeline in this process decides what each
+request would forward, exactly as a request through the server does).
+
+A deterministic agent works for `--turns` requests: a task, then tool calls whose outputs are
+about 3 000 characters of log or code, a new user message every eighth step. The same session
+is sent as Chat Completions, Responses and Anthropic Messages, each request the whole history
+so far (as agents do). For every API, chain and window it prints:
+
+* `extends`: the share of requests whose forwarded conversation starts, byte for byte, with the
+  whole previous forwarded conversation (and whose other fields are unchanged): the provider's
+  prefix cache covers all of the previous request. Compared item by item (for Messages, block by
+  block: a block appended to the last turn, as a user's text after a tool result, extends it);
+* `events`: requests that did not extend the previous one (a compaction event), and turns per
+  event;
+* `max/limit`: the largest forwarded conversation as a share of the budget (never over 1).
+
+Provider caches hit on the longest shared prefix, so an event still reuses what it left alone;
+`extends` counts only whole hits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.wire import CHAT, MESSAGES, RESPONSES
+
+WIRES = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
+CHAINS: dict[str, list[dict[str, Any]] | None] = {
+    "default": None,
+    "tool_output_cache,fifo": [{"type": "tool_output_cache"}, {"type": "fifo"}],
+    "agent (example)": [
+        {"type": "tool_output_cache"},
+        {"type": "content_type_chunking"},
+        {"type": "fifo", "keep_last_turns": 1},
+        {"type": "sliding_window", "keep_last_turns": 1},
+    ],
+    "sliding_window": [{"type": "sliding_window"}],
+}
+SYSTEM = "You are a coding agent. Use the shell tool to inspect and change the repository."
+TOOL = {
+    "name": "shell",
+    "description": "Run a shell command in the repository.",
+    "parameters": {
+        "type": "object",
+        "properties": {"cmd": {"type": "string"}},
+        "required": ["cmd"],
+    },
+}
+WORDS = "build test error module import value config handler request cache token window".split()
+
+
+def session(turns: int, seed: int = 7) -> list[dict[str, Any]]:
+    """The session as neutral steps: user text, or (call id, command, output)."""
+    rng = random.Random(seed)
+    steps: list[dict[str, Any]] = [{"user": "Fix the failing tests in the gateway package."}]
+    for n in range(1, turns):
+        if n % 8 == 0:
+            steps.append(
+                {"user": f"Now look at part {n // 8}: " + " ".join(rng.choices(WORDS, k=20))}
+            )
+            continue
+        lines = []
+        while sum(len(line) + 1 for line in lines) < 3000:
+            lines.append(
+                f"{rng.choice(WORDS)}/{rng.choice(WORDS)}.py:{rng.randint(1, 900)}: "
+                + " ".join(rng.choices(WORDS, k=rng.randint(4, 12)))
+            )
+        steps.append(
+            {
+                "call": f"call_{n}",
+                "cmd": f"grep -rn {rng.choice(WORDS)} .",
+                "output": "\n".join(lines),
+            }
+        )
+    return steps
+
+
+def body(api: str, steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The request an agent sends after `steps`, in `api`'s format."""
+    if api == "chat":
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+        for step in steps:
+            if "user" in step:
+                messages.append({"role": "user", "content": step["user"]})
+                continue
+            call = {
+                "id": step["call"],
+                "type": "function",
+                "function": {
+                    "name": "shell",
+                    "arguments": orjson.dumps({"cmd": step["cmd"]}).decode(),
+                },
+            }
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            messages.append(
+                {"role": "tool", "tool_call_id": step["call"], "content": step["output"]}
+            )
+        return {
+            "model": "m",
+            "messages": messages,
+            "tools": [{"type": "function", "function": TOOL}],
+            "max_completion_tokens": 1024,
+        }
+    if api == "responses":
+        items: list[dict[str, Any]] = []
+        for step in steps:
+            if "user" in step:
+                items.append(
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": step["user"]}],
+                    }
+                )
+                continue
+            arguments = orjson.dumps({"cmd": step["cmd"]}).decode()
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": step["call"],
+                    "name": "shell",
+                    "arguments": arguments,
+                }
+            )
+            items.append(
+                {"type": "function_call_output", "call_id": step["call"], "output": step["output"]}
+            )
+        return {
+            "model": "m",
+            "instructions": SYSTEM,
+            "input": items,
+            "tools": [{"type": "function", **TOOL}],
+            "max_output_tokens": 1024,
+            "store": False,
+        }
+    turns: list[dict[str, Any]] = []
+    for step in steps:
+        if "user" in step:
+            block: dict[str, Any] = {"type": "text", "text": step["user"]}
+        else:
+            call = {
+                "type": "tool_use",
+                "id": step["call"],
+                "name": "shell",
+                "input": {"cmd": step["cmd"]},
+            }
+            turns.append({"role": "assistant", "content": [call]})
+            block = {"type": "tool_result", "tool_use_id": step["call"], "content": step["output"]}
+        if turns and turns[-1]["role"] == "user":
+            turns[-1]["content"].append(block)
+        else:
+            turns.append({"role": "user", "content": [block]})
+    tool = {
+        "name": TOOL["name"],
+        "description": TOOL["description"],
+        "input_schema": TOOL["parameters"],
+    }
+    return {"model": "m", "system": SYSTEM, "messages": turns, "tools": [tool], "max_tokens": 1024}
+
+
+CONVERSATION = {"chat": "messages", "responses": "input", "messages": "messages"}
+
+
+def gateway(window: int, steps: list[dict[str, Any]] | None) -> Gateway:
+    policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": 0.6}
+    if steps is not None:
+        policy["steps"] = steps
+    config = {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": "http://127.0.0.1:9/v1"},
+                "tokenizer": "chars:4",
+                "context_window": window,
+                "policy": "p",
+            }
+        ],
+        "policies": {"p": policy},
+    }
+    return Gateway(parse_config(config))
+
+
+def _pieces(api: str, conversation: list[dict[str, Any]]) -> list[bytes]:
+    """The forwarded conversation as the pieces a prefix cache sees in order: items, or for
+    Messages each content block with its turn's role (a block appended to the last turn, as a
+    user's text after a tool result, extends the prefix)."""
+    if api != "messages":
+        return [orjson.dumps(item) for item in conversation]
+    pieces = []
+    for turn in conversation:
+        content = turn["content"]
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        pieces.extend(orjson.dumps([turn["role"], block]) for block in blocks)
+    return pieces
+
+
+async def run(
+    api: str, window: int, chain: list[dict[str, Any]] | None, steps: list[dict[str, Any]]
+) -> dict[str, float]:
+    gw = gateway(window, chain)
+    route = gw.router.resolve("m")
+    assert route is not None
+    key = CONVERSATION[api]
+    previous: tuple[list[bytes], dict[str, Any]] | None = None
+    extends = events = compacted = 0
+    largest = 0.0
+    for end in range(1, len(steps) + 1):
+        request = WIRES[api].parse(orjson.dumps(body(api, steps[:end])), 1 << 30)
+        prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+        sent = orjson.loads(prepared.body)
+        items = _pieces(api, sent.pop(key))
+        sent.pop("tools", None)  # the gateway may add its expansion tools once it masks
+        compacted += prepared.changed_steps != []
+        if prepared.budget is not None:
+            largest = max(
+                largest,
+                (prepared.tokens_after - prepared.tokens_by_region["tools"])
+                / (prepared.budget.limit + 1),
+            )
+        if previous is not None:
+            before, fields = previous
+            if items[: len(before)] == before and fields == sent:
+                extends += 1
+            else:
+                events += 1
+        previous = (items, sent)
+    total = len(steps) - 1
+    return {
+        "extends": extends / total,
+        "events": events,
+        "compacted": compacted,
+        "largest": largest,
+    }
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--windows", default="8192,32768,131072")
+    parser.add_argument("--apis", default="chat,responses,messages")
+    parser.add_argument("--chains", default=",".join(CHAINS))
+    args = parser.parse_args(argv)
+    steps = session(args.turns)
+    chains = [c for c in CHAINS if c in args.chains]
+    print(
+        f"{args.turns}-request agent session, tool outputs ~3000 characters, "
+        "trigger 0.8, target 0.6"
+    )
+    print(
+        f"{'window':>7} {'api':<10} {'chain':<24} {'extends':>8} {'events':>7} "
+        f"{'turns/event':>11} {'compacted':>9} {'max/limit':>9}"
+    )
+    for window in (int(w) for w in args.windows.split(",")):
+        for api in args.apis.split(","):
+            for chain in chains:
+                r = await run(api, window, CHAINS[chain], steps)
+                per = (args.turns - 1) / r["events"] if r["events"] else float("inf")
+                print(
+                    f"{window:>7} {api:<10} {chain:<24} {r['extends']:>8.1%} {r['events']:>7.0f} "
+                    f"{per:>11.1f} {r['compacted']:>9.0f} {r['largest']:>9.2f}"
+                )
+                sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))

@@ -1,0 +1,159 @@
+"""Between compaction events a conversation's forwarded requests only append (the provider's
+prompt cache keeps hitting), and an event ends at or under the target.
+
+In process: a `Gateway`'s pipeline decides what each request of a long agent session forwards
+(`benchmarks.bench_cache` prints the same measure for more windows and chains); one test sends a
+session through the app to the fake upstream and checks what the upstream received.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks.bench_cache import CONVERSATION, WIRES, _pieces, body, gateway, session
+from tests.in_process import AppStarter, LocalUpstream
+
+TOOL_CACHE_FIFO = [{"type": "tool_output_cache"}, {"type": "fifo"}]
+
+
+async def forwarded(gw: Any, api: str, steps: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    route = gw.router.resolve("m")
+    request = WIRES[api].parse(orjson.dumps(body(api, steps)), 1 << 30)
+    prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+    return prepared, orjson.loads(prepared.body)
+
+
+def pairs_broken(api: str, sent: dict[str, Any]) -> list[str]:
+    """Tool results whose call is not before them (what every provider refuses)."""
+    broken = []
+    if api == "chat":
+        calls: set[str] = set()
+        for message in sent["messages"]:
+            calls.update(c["id"] for c in message.get("tool_calls") or [])
+            if message["role"] == "tool" and message["tool_call_id"] not in calls:
+                broken.append(message["tool_call_id"])
+    elif api == "responses":
+        calls = set()
+        for item in sent["input"]:
+            if item.get("type") == "function_call":
+                calls.add(item["call_id"])
+            if item.get("type") == "function_call_output" and item["call_id"] not in calls:
+                broken.append(item["call_id"])
+    else:
+        previous: set[str] = set()
+        for turn in sent["messages"]:
+            blocks = turn["content"] if isinstance(turn["content"], list) else []
+            for block in blocks:
+                if block.get("type") == "tool_result" and block["tool_use_id"] not in previous:
+                    broken.append(block["tool_use_id"])
+            previous = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+    return broken
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+async def test_an_agent_session_appends_between_events(api: str) -> None:
+    """Over 120 requests of 3 000-character tool outputs in a 32k window, a request that does
+    not extend the previous forwarded one byte for byte only comes when appending would have
+    passed the trigger; nine in ten requests extend it, and every request fits."""
+    gw = gateway(32_768, TOOL_CACHE_FIFO)
+    steps = session(120)
+    previous: list[bytes] | None = None
+    extended = events = 0
+    for end in range(1, len(steps) + 1):
+        prepared, sent = await forwarded(gw, api, steps[:end])
+        pieces = _pieces(api, sent[CONVERSATION[api]])
+        budget = prepared.budget
+        assert prepared.tokens_after <= budget.limit + prepared.tokens_by_region["tools"] + 10
+        assert pairs_broken(api, sent) == []
+        if previous is not None:
+            if pieces[: len(previous)] == previous:
+                extended += 1
+            else:
+                events += 1
+                # An event is due: the held request plus what the client appended is over the
+                # trigger, and the event ends at or under the target.
+                assert prepared.chain is not None and prepared.chain.triggered
+                assert prepared.chain.tokens_after <= budget.target
+        previous = pieces
+    assert events >= 3  # the session did outgrow the window, more than once
+    assert extended / (len(steps) - 1) >= 0.9, (extended, events)
+
+
+async def test_an_event_ends_at_the_target_when_masking_alone_cannot() -> None:
+    """With `tool_output_cache, fifo`, masking old outputs leaves a long session between target
+    and trigger (placeholders and calls add up); `fifo` then drops old Turns down to the target,
+    so the next requests have room to append."""
+    gw = gateway(8192, TOOL_CACHE_FIFO)
+    prepared, _ = await forwarded(gw, "chat", session(90))
+    assert prepared.chain is not None
+    masked_only = next(r for r in prepared.chain.steps if r.type == "tool_output_cache")
+    assert masked_only.tokens_after > prepared.budget.target  # masking was not enough
+    assert prepared.chain.tokens_after <= prepared.budget.target
+    assert "fifo" in prepared.changed_steps
+
+
+@settings(max_examples=25, deadline=None)
+@given(edit=st.integers(min_value=0, max_value=200), api=st.sampled_from(sorted(WIRES)))
+async def test_an_edited_history_is_never_answered_from_the_held_request(
+    edit: int, api: str
+) -> None:
+    """A client that rewrites an earlier message (an agent's own pruning, an edit) gets its new
+    history compacted, not the held result of the old one."""
+    gw = gateway(8192, TOOL_CACHE_FIFO)
+    steps = session(40)
+    await forwarded(gw, api, steps[:39])  # an event: held for the conversation
+    changed = [dict(s) for s in steps]
+    index = 1 + edit % 38
+    mark = f"EDITED-{edit}"
+    if "user" in changed[index]:
+        changed[index]["user"] = mark + changed[index]["user"]
+    else:
+        changed[index]["cmd"] = mark + changed[index]["cmd"]
+    prepared, sent = await forwarded(gw, api, changed)
+    fresh = gateway(8192, TOOL_CACHE_FIFO)
+    fresh.pipeline.ref_secret = gw.pipeline.ref_secret  # the same refs for the same outputs
+    original, _ = await forwarded(fresh, api, changed)
+    assert prepared.body == original.body  # as if the gateway had never seen the old history
+    assert pairs_broken(api, sent) == []
+
+
+async def test_the_upstream_receives_appended_requests(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Through the app: what reaches the upstream between events is the previous forwarded
+    request with the new messages after it."""
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "tokenizer": "tiktoken:o200k_base",  # exact: never recalibrated midway
+                    "context_window": 16_384,
+                    "policy": "p",
+                }
+            ],
+            "policies": {"p": {"steps": TOOL_CACHE_FIFO}},
+        }
+    )
+    steps = session(60)
+    received: list[list[Any]] = []
+    for end in range(1, len(steps) + 1):
+        local_upstream.reset()
+        response = await gw.http.post(
+            f"{gw.base_url}/chat/completions", json=body("chat", steps[:end])
+        )
+        assert response.status_code == 200, response.text
+        [sent] = local_upstream.chat_requests()
+        received.append(sent["json"]["messages"])
+    events = sum(
+        1 for before, after in itertools.pairwise(received) if after[: len(before)] != before
+    )
+    compacted = sum(1 for sent in received if any("ref=" in str(m.get("content")) for m in sent))
+    assert compacted >= 20 and 2 <= events <= 8, (compacted, events)
