@@ -50,6 +50,7 @@ from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
+from .costs import Accountant, Priced
 from .errors import (
     ContextLengthExceededError,
     GatewayError,
@@ -115,6 +116,8 @@ class Exchange:
     internal_rounds: int = 0  # expansion-tool rounds the gateway answered itself
     priority_preserved: float = 1.0
     usage: Usage | None = None  # what the upstream reported for the answer
+    tenant: str = ""
+    priced: Priced | None = None  # what the answer cost, and would have without compaction
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -170,8 +173,14 @@ class Gateway:
         self.store = open_store(config.store, self.metrics)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
+        self.costs = Accountant(self.metrics)
         summarizer = Summarizer(
-            self.upstream, self.router, self.metrics, config.summaries, self.effective_window
+            self.upstream,
+            self.router,
+            self.metrics,
+            config.summaries,
+            self.effective_window,
+            on_usage=self.costs.own,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(
@@ -311,6 +320,7 @@ class Endpoint:
         try:
             server = gw.config.server
             identity = gw.authenticate(scope)  # 401 before the body is even read
+            exchange.tenant = identity.tenant
             body = await read_body(
                 receive, scope, server.max_body_bytes, server.body_read_timeout_s
             )
@@ -515,9 +525,10 @@ class Endpoint:
                 relay_headers = resolved.headers or relay_headers
             self.note(exchange, prepared)
             exchange.status = status
+            usage = None if "content-encoding" in response.headers else self.wire.usage(data)
+            self.account(prepared, exchange, usage)  # known before the headers: they say it
             await send_bytes(send, status, data, [*relay_headers, *self.headers(exchange)], None)
-            if "content-encoding" not in response.headers:
-                self.calibrate(route, prepared, exchange, self.wire.usage(data))
+            self.calibrate(route, prepared, exchange, usage)
             return RELAYED
         finally:
             exchange.upstream_seconds += time.perf_counter() - started
@@ -634,6 +645,7 @@ class Endpoint:
                 exchange.internal_rounds = rounds.count
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if tap is not None:
+            self.account(prepared, exchange, tap.usage)
             self.calibrate(prepared.route, prepared, exchange, tap.usage)
 
     def calibrate(
@@ -646,6 +658,20 @@ class Endpoint:
             self.gw.calibration.observe(
                 route, prepared.sent_tokens, usage.input, prepared.correction
             )
+
+    def account(self, prepared: Prepared, exchange: Exchange, usage: Usage | None) -> None:
+        """Price an answered request (`costs`): both arms, into the metrics and the exchange."""
+        if usage is None or not 200 <= exchange.status < 300:
+            return  # a failed request saves nothing
+        exchange.priced = self.gw.costs.request(
+            prepared.route,
+            exchange.tenant,
+            usage,
+            prepared.tokens_before,
+            prepared.tokens_after,
+            prepared.uids,
+            compacted=not prepared.observe and prepared.tokens_after < prepared.tokens_before,
+        )
 
     def note(self, exchange: Exchange, prepared: Prepared) -> None:
         exchange.prepared = prepared
@@ -666,6 +692,7 @@ class Endpoint:
             (prefix + b"retries", str(exchange.retries).encode()),
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
+            *_cost_headers(exchange.priced),
         ]
 
     def record(self, exchange: Exchange) -> None:
@@ -743,6 +770,7 @@ class Endpoint:
                 "would_have_failed": would_fail,
                 "phases": phases,
                 "total_ms": round(total * 1000, 2),
+                **_cost_fields(exchange.priced),
                 "reward": round(
                     reward(
                         success,
@@ -808,6 +836,32 @@ class CountTokens(Endpoint):
         exchange.status = 200
         body = orjson.dumps({"input_tokens": tokens})
         await send_bytes(send, 200, body, self.headers(exchange), b"application/json")
+
+
+def _cost_fields(priced: Priced | None) -> dict[str, Any]:
+    """The event log's view of `costs`: None where the price is not known."""
+    if priced is None:
+        return {"cost_usd": None, "counterfactual_usd": None, "saved_usd": None}
+    actual = None if priced.actual.partial else round(priced.actual.total, 8)
+    counterfactual = priced.counterfactual
+    known = counterfactual is not None and not counterfactual.partial
+    return {
+        "cost_usd": actual,
+        "counterfactual_usd": round(counterfactual.total, 8) if known else None,  # type: ignore[union-attr]
+        "saved_usd": None if priced.saved is None else round(priced.saved, 8),
+    }
+
+
+def _cost_headers(priced: Priced | None) -> list[tuple[bytes, bytes]]:
+    """What the answer cost and what the client's own request would have, in USD (only where
+    the usage was known before the headers went out: answers that are not streamed)."""
+    if priced is None or priced.actual.partial:
+        return []
+    headers = [(b"x-compactgate-cost-usd", f"{priced.actual.total:.6f}".encode())]
+    if priced.counterfactual is not None and not priced.counterfactual.partial:
+        value = f"{priced.counterfactual.total:.6f}".encode()
+        headers.append((b"x-compactgate-counterfactual-cost-usd", value))
+    return headers
 
 
 async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[bytes]:

@@ -114,6 +114,29 @@ class RetryConfig(_Strict):
     max_delay_seconds: float = Field(10.0, ge=0)
 
 
+class PricingConfig(_Strict):
+    """Prices for cost accounting, USD per million tokens; unset tiers come from the price
+    map bundled with litellm, looked up by `model` (default: the upstream model name)."""
+
+    model: str | None = Field(None, description="Name to look up in the bundled price map")
+    input: float | None = Field(None, ge=0)
+    output: float | None = Field(None, ge=0)
+    cache_read: float | None = Field(None, ge=0)
+    cache_write_5m: float | None = Field(None, ge=0)
+    cache_write_1h: float | None = Field(None, ge=0)
+    reasoning: float | None = Field(None, ge=0)
+
+    def per_million(self) -> dict[str, float | None]:
+        return {
+            "input": self.input,
+            "output": self.output,
+            "cache_read": self.cache_read,
+            "cache_write_5m": self.cache_write_5m,
+            "cache_write_1h": self.cache_write_1h,
+            "reasoning": self.reasoning,
+        }
+
+
 class ModelConfig(_Strict):
     name: str = Field(
         min_length=1, description="What clients send as `model`; globs like gpt-4o* work"
@@ -135,6 +158,7 @@ class ModelConfig(_Strict):
         ),
     )
     retry: RetryConfig = Field(default_factory=RetryConfig)
+    pricing: PricingConfig | None = None
 
     @field_validator("tokenizer")
     @classmethod

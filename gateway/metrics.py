@@ -146,6 +146,37 @@ class Metrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
+        # Cost accounting (`costs`): USD by arm (what was billed, what the client's own request
+        # would have cost) and component (input, cache_read, cache_write, output; the actual
+        # arm also `summaries`, the gateway's own summariser calls).
+        self.cost_usd = Counter(
+            "compactgate_cost_usd",
+            "USD billed (arm=actual) and what the uncompacted requests would have cost "
+            "(arm=counterfactual), by component",
+            ["arm", "component"],
+            registry=r,
+        )
+        self.net_saved_usd = Gauge(
+            "compactgate_net_saved_usd_total",
+            "Counterfactual minus actual minus the gateway's own LLM spend, in USD (may be "
+            "negative)",
+            registry=r,
+            multiprocess_mode="sum",
+        )
+        self.billed_tokens = Counter(
+            "compactgate_billed_tokens",
+            "Tokens the upstream billed for answered requests, by tier (input is the uncached "
+            "part; output excludes reasoning)",
+            ["tier"],
+            registry=r,
+        )
+        self.cost_partial = Counter(
+            "compactgate_cost_partial",
+            "Requests or summariser calls whose usage had a tier with no known price (their "
+            "cost is not in compactgate_cost_usd_total)",
+            ["arm"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "compactgate_inflight_requests",
             "Requests being served",

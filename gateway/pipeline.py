@@ -98,6 +98,9 @@ class Prepared:
     expandable: bool = False  # masked tool outputs: the expansion tools were added
     # The client's messages as the chain saw them (with counts and uids); None when no chain ran.
     conversation: Conversation | None = None
+    # The uid of each client message (equal uids: equal messages, `prefix`): which conversation
+    # it is and whether it only appended to the last request (cost accounting's cache model).
+    uids: tuple[int | None, ...] = ()
 
     @property
     def stored(self) -> tuple[StoredOutput, ...]:
@@ -274,7 +277,9 @@ class Pipeline:
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
-            return self._unchanged(request, route, counts, tools_tokens, budget, observe)
+            return self._unchanged(
+                request, route, counts, tools_tokens, budget, observe, tuple(counted.uids)
+            )
         conversation = self.conversation(request, route, counted)
         tokens_before = conversation.tokens
         chain: ChainResult | None = None
@@ -348,6 +353,7 @@ class Pipeline:
             injected_usage=inject,
             expandable=expandable,
             conversation=conversation,
+            uids=tuple(counted.uids),
             priority_preserved=len(important & kept) / len(important) if important else 1.0,
         )
 
@@ -371,6 +377,7 @@ class Pipeline:
         tools_tokens: int,
         budget: Budget | None,
         observe: bool,
+        uids: tuple[int | None, ...] = (),
     ) -> Prepared:
         """The fast path: forward the client's own bytes (or a rename of them)."""
         rename = route.upstream_model if route.renamed else None
@@ -409,6 +416,7 @@ class Pipeline:
             api=request.api,
             correction=_correction(route),
             injected_usage=inject,
+            uids=uids,
         )
 
     async def _learn_counts(

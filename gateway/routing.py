@@ -17,7 +17,7 @@ from policies import Policy
 from policies.registry import build_step, parse_step_config
 
 from . import litellm_upstream, model_registry
-from .config import Config, ModelConfig, PolicyConfig, RetryConfig, UpstreamConfig
+from .config import Config, ModelConfig, PolicyConfig, PricingConfig, RetryConfig, UpstreamConfig
 from .tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
 from .tokens import CountCache, MessageCounter
 
@@ -44,6 +44,7 @@ class Route:
     max_retries: int  # emergency retries after a context-window error
     stateful_truncation: bool  # set truncation: auto where the history is held upstream
     retry: RetryConfig  # 429/5xx/connection retries
+    pricing: PricingConfig | None = None  # cost accounting's prices (else the price map's)
 
     @property
     def chat_url(self) -> str | None:
@@ -155,6 +156,7 @@ class Router:
             max_retries=model.max_retries,
             stateful_truncation=model.stateful_truncation,
             retry=model.retry,
+            pricing=model.pricing,
         )
 
 

@@ -51,6 +51,7 @@ from .retry import send_with_retries
 from .routing import Route, Router
 from .upstream import UpstreamClient, forward_headers
 from .wire import WIRES, Wire
+from .wire.base import Usage
 
 # What of the client's headers a summary call carries: its credential, nothing else.
 CREDENTIAL_HEADERS = frozenset(
@@ -207,7 +208,9 @@ class Summarizer:
         metrics: Metrics,
         config: SummariesConfig,
         window_of: Callable[[Route], int | None] | None = None,
+        on_usage: Callable[[Route, Usage], None] | None = None,
     ) -> None:
+        self._on_usage = on_usage  # the gateway's own spend (cost accounting)
         self._upstream = upstream
         self._router = router
         self._metrics = metrics
@@ -454,6 +457,9 @@ class Summarizer:
         except orjson.JSONDecodeError:
             document = None
         text = target.wire.answer_text(document) if isinstance(document, dict) else None
+        usage = target.wire.usage_of(document) if isinstance(document, dict) else None
+        if usage is not None and self._on_usage is not None:
+            self._on_usage(route, usage)
         if text is None:
             raise SummarizerError(f"the summary model's answer is not a {target.wire.name} answer")
         return text

@@ -157,3 +157,76 @@ async def test_the_upstream_receives_appended_requests(
     )
     compacted = sum(1 for sent in received if any("ref=" in str(m.get("content")) for m in sent))
     assert compacted >= 20 and 2 <= events <= 8, (compacted, events)
+
+
+CACHE_KEYS = {
+    "chat": {"prompt_cache_key": "conv-7", "user": "u-1", "metadata": {"k": "v"}},
+    "responses": {"prompt_cache_key": "conv-7", "user": "u-1", "metadata": {"k": "v"}},
+    "messages": {"metadata": {"user_id": "u-1"}},
+}
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+async def test_cache_keys_tools_and_system_survive_every_compaction(api: str) -> None:
+    """The fields providers key their prompt cache on, the tool definitions and the system
+    prompt reach the upstream byte for byte, however much the history was compacted (the
+    expansion tools and their note, once offered, come after the client's own)."""
+    gw = gateway(8192, TOOL_CACHE_FIFO)
+    steps = session(60)
+    compacted = 0
+    for end in (20, 35, 50, 60):
+        client = {**body(api, steps[:end]), **CACHE_KEYS[api]}
+        if api == "messages":
+            client["system"] = [
+                {
+                    "type": "text",
+                    "text": "You are a coding agent.",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ]
+        route = gw.router.resolve("m")
+        request = WIRES[api].parse(orjson.dumps(client), 1 << 30)
+        prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+        sent = orjson.loads(prepared.body)
+        compacted += bool(prepared.changed_steps)
+        for key, value in CACHE_KEYS[api].items():
+            assert sent[key] == value
+        own_tools = [orjson.dumps(t) for t in client["tools"]]
+        assert [orjson.dumps(t) for t in sent["tools"][: len(own_tools)]] == own_tools
+        head = {"chat": "messages", "responses": "instructions", "messages": "system"}[api]
+        if api == "chat":
+            assert sent["messages"][0] == client["messages"][0]
+        elif isinstance(client[head], list):  # a note on the expansion tools may follow
+            own = [orjson.dumps(b) for b in client[head]]
+            assert [orjson.dumps(b) for b in sent[head][: len(own)]] == own
+        else:
+            assert sent[head].startswith(client[head])
+    assert compacted >= 3
+
+
+async def test_session_headers_reach_the_upstream(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Codex sends `session_id` (and OpenAI-compatible servers route caches by it); it goes
+    upstream unchanged on a compacted request."""
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "tokenizer": "chars:4",
+                    "context_window": 8192,
+                }
+            ]
+        }
+    )
+    response = await gw.http.post(
+        f"{gw.base_url}/chat/completions",
+        json=body("chat", session(40)),
+        headers={"session_id": "s-123", "x-session-affinity": "a-9"},
+    )
+    assert response.status_code == 200 and response.headers["x-compactgate-steps"] != "none"
+    [sent] = local_upstream.chat_requests()
+    headers = {k.lower(): v for k, v in sent["headers"]}
+    assert headers["session_id"] == "s-123" and headers["x-session-affinity"] == "a-9"
