@@ -941,18 +941,50 @@ def _retry_window(
 
 
 async def list_models(request: Request) -> Response:
+    """The configured models, with the context window each is compacted to, in the fields
+    agents and SDKs read (`context_window`, OpenRouter's `context_length`, vLLM's
+    `max_model_len`, `max_input_tokens`/`max_output_tokens`); in Anthropic's list shape when the
+    client sends `anthropic-version`."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
-    routes = gw.router.routes()
-    if routes:
-        created = int(time.time())
-        data = [
-            {"id": r.name, "object": "model", "created": created, "owned_by": "compactgate"}
-            for r in routes
-            if identity.may_use(r.name)
+    routes = [r for r in gw.router.routes() if identity.may_use(r.name)]
+    if not gw.router.routes():
+        return await passthrough(request)
+    created = int(time.time())
+    data = []
+    for route in routes:
+        window = gw.effective_window(route)
+        entry: dict[str, Any] = {
+            "id": route.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "compactgate",
+        }
+        if window is not None:
+            entry.update(context_window=window, context_length=window, max_model_len=window)
+            entry["max_input_tokens"] = window - (route.max_output_tokens or 0)
+        if route.max_output_tokens is not None:
+            entry["max_output_tokens"] = route.max_output_tokens
+        data.append(entry)
+    if "anthropic-version" in request.headers:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+        anthropic = [
+            {
+                "type": "model",
+                "id": e["id"],
+                "display_name": e["id"],
+                "created_at": stamp,
+                **{k: e[k] for k in ("max_input_tokens", "max_output_tokens") if k in e},
+                **({"context_window": e["context_window"]} if "context_window" in e else {}),
+            }
+            for e in data
         ]
-        return JSONResponse({"object": "list", "data": data})
-    return await passthrough(request)
+        first = anthropic[0]["id"] if anthropic else None
+        last = anthropic[-1]["id"] if anthropic else None
+        return JSONResponse(
+            {"data": anthropic, "has_more": False, "first_id": first, "last_id": last}
+        )
+    return JSONResponse({"object": "list", "data": data})
 
 
 async def _read_limited(gw: Gateway, request: Request) -> bytes | None:

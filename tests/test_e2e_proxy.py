@@ -343,6 +343,25 @@ async def test_models_list_and_passthrough(app: AppGateway, local_upstream: Loca
     assert recorded["path"] == "/v1/files/abc" and recorded["query"] == "purpose=x"
 
 
+async def test_models_report_the_window_they_are_compacted_to(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """An agent that sizes its own compaction from the model list sees the gateway's window
+    (a window learned from an upstream error included), in the OpenAI and Anthropic shapes."""
+    app = await start_app(config_for(local_upstream, max_output_tokens=4000))
+    [model] = (await app.openai().models.list()).data
+    extra = model.model_extra or {}
+    assert extra["context_window"] == extra["context_length"] == extra["max_model_len"] == 100_000
+    assert extra["max_input_tokens"] == 96_000 and extra["max_output_tokens"] == 4000
+    anthropic_list = (
+        await app.http.get(f"{app.base_url}/models", headers={"anthropic-version": "2023-06-01"})
+    ).json()
+    assert anthropic_list["has_more"] is False and anthropic_list["first_id"] == "m"
+    [entry] = anthropic_list["data"]
+    assert entry["type"] == "model" and entry["max_input_tokens"] == 96_000
+    assert entry["created_at"].endswith("Z")
+
+
 async def test_health_and_metrics(app: AppGateway) -> None:
     await app.openai().chat.completions.create(model="m", messages=SMALL)
     assert (await app.http.get(f"{app.url}/healthz")).json() == {"status": "ok"}
