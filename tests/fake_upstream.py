@@ -31,6 +31,9 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     slow_stream          chunks, interval; content in `chunks` pieces, `interval` s apart
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
 
+`/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
+formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`.
+
 Non-streaming requests get the same behaviours: "chunks" are then halves of the JSON body.
 The global `context_limit` is checked before the script; a request it rejects consumes nothing.
 Prompt size is the fake's own tokenizer: characters of the JSON of messages and tools divided by
@@ -62,6 +65,7 @@ from gateway.echo_upstream import (
     sse,
     stream_frames,
 )
+from tests.fake_agent_apis import add_routes
 
 JSON = dict[str, Any]
 STYLES = (
@@ -486,6 +490,7 @@ def make_app(state: State) -> web.Application:
     app = web.Application(middlewares=[recorder], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    add_routes(app, state)  # /v1/responses, /v1/messages (+ count_tokens)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     app.router.add_get("/_fake/requests", control_requests)
     app.router.add_post("/_fake/reset", control_reset)

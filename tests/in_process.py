@@ -47,7 +47,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import httpx2  # the HTTP client the anthropic SDK is built on
 import openai
 import pytest
 from aiohttp import web
@@ -121,7 +123,7 @@ class AppGateway:
         self.transport = httpx.ASGITransport(app=app)
         self.http = httpx.AsyncClient(transport=self.transport, base_url=ORIGIN, timeout=60)
         self._logs = logs
-        self._sdk_clients: list[openai.AsyncOpenAI] = []
+        self._sdk_clients: list[Any] = []
 
     def openai(self, api_key: str = "sk-client", **options: Any) -> openai.AsyncOpenAI:
         """The official SDK on this gateway (no retries of its own); closed with the app."""
@@ -131,6 +133,20 @@ class AppGateway:
             max_retries=options.pop("max_retries", 0),
             timeout=options.pop("timeout", 60),
             http_client=httpx.AsyncClient(transport=self.transport),
+            **options,
+        )
+        self._sdk_clients.append(client)
+        return client
+
+    def anthropic(self, api_key: str = "sk-client", **options: Any) -> anthropic.AsyncAnthropic:
+        """The official anthropic SDK on this gateway (its base URL has no /v1, as Claude
+        Code's `ANTHROPIC_BASE_URL`); closed with the app."""
+        client = anthropic.AsyncAnthropic(
+            base_url=self.url,
+            api_key=api_key,
+            max_retries=options.pop("max_retries", 0),
+            timeout=options.pop("timeout", 60),
+            http_client=httpx2.AsyncClient(transport=httpx2.ASGITransport(app=self.app)),
             **options,
         )
         self._sdk_clients.append(client)

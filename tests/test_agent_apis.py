@@ -1,0 +1,397 @@
+"""The Responses and Messages APIs through the gateway, driven by the official SDKs.
+
+In process: the app and the fake upstream (`tests.fake_agent_apis`), which speaks both APIs'
+real wire formats and answers 400, as the providers do, to a request that breaks their pairing,
+reasoning or signature rules. A tool session that outgrows the window must finish with every
+request accepted; the gateway's own errors come in each API's shape; streams are relayed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tests.fake_agent_apis import (
+    messages_body,
+    messages_problem,
+    prompt_tokens,
+    responses_body,
+    responses_problem,
+)
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
+
+WINDOW = 6000
+SHELL_RESPONSES = {
+    "type": "function",
+    "name": "shell",
+    "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
+SHELL_MESSAGES = {
+    "name": "shell",
+    "description": "Run a shell command.",
+    "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+}
+
+
+def output(step: int) -> str:
+    """A tool output of about 700 tokens (chars:4)."""
+    return "\n".join(f"src/module_{step}.py:{n}: value = compute({n}, {step})" for n in range(70))
+
+
+def config(upstream: LocalUpstream, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": upstream.base_url},
+                "tokenizer": "chars:4",
+                "context_window": WINDOW,
+                "max_output_tokens": 500,
+                "policy": "p",
+            }
+        ],
+        "policies": {"p": {"steps": steps or [{"type": "tool_output_cache"}, {"type": "fifo"}]}},
+    }
+
+
+def sizes(upstream: LocalUpstream, path: str) -> list[int]:
+    return [
+        prompt_tokens(r["json"], 4.0)
+        for r in upstream.requests()
+        if r["path"] == path and r["json"]
+    ]
+
+
+# -- Responses -------------------------------------------------------------------------------
+
+
+async def responses_session(
+    gw: AppGateway, upstream: LocalUpstream, steps: int, stream: bool
+) -> tuple[Any, list[str]]:
+    client = gw.openai()
+    items: list[Any] = [{"role": "user", "content": "Find and fix the failing test."}]
+    seen_steps: list[str] = []
+    for step in range(steps):
+        upstream.script(
+            [
+                {
+                    "kind": "tool_calls",
+                    "reasoning": True,
+                    "tool_calls": [
+                        {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
+                    ],
+                }
+            ]
+        )
+        kwargs = {
+            "model": "m",
+            "instructions": "You are a coding agent.",
+            "input": items,
+            "tools": [SHELL_RESPONSES],
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+        }
+        if stream:
+            async with client.responses.stream(**kwargs) as events:
+                response = await events.get_final_response()
+        else:
+            raw = await client.responses.with_raw_response.create(**kwargs)
+            seen_steps.append(raw.headers["x-compactgate-steps"])
+            response = raw.parse()
+        items += [item.model_dump(exclude_none=True) for item in response.output]
+        call = next(item for item in response.output if item.type == "function_call")
+        items.append(
+            {"type": "function_call_output", "call_id": call.call_id, "output": output(step)}
+        )
+    upstream.script([{"kind": "ok", "content": "Fixed: module_3 divided by zero."}])
+    final = await client.responses.create(
+        model="m",
+        instructions="You are a coding agent.",
+        input=items,
+        tools=[SHELL_RESPONSES],
+        store=False,
+    )
+    return final, seen_steps
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_responses_tool_session_outgrowing_the_window_finishes(
+    start_app: AppStarter, local_upstream: LocalUpstream, stream: bool
+) -> None:
+    """Twenty tool rounds of ~700 tokens through a 6k window: every request the upstream gets
+    keeps each reasoning item with its call and each output with its call (it would refuse
+    them otherwise), fits, and the session ends with the model's answer."""
+    gw = await start_app(config(local_upstream))
+    local_upstream.configure({"context_limit": WINDOW})
+    final, seen = await responses_session(gw, local_upstream, 20, stream)
+    assert final.output_text == "Fixed: module_3 divided by zero."
+    sent = sizes(local_upstream, "/v1/responses")
+    assert len(sent) >= 21 and max(sent) <= WINDOW
+    last = [r for r in local_upstream.requests() if r["path"] == "/v1/responses"][-1]["json"]
+    outputs = [i for i in last["input"] if i.get("type") == "function_call_output"]
+    assert any("ref=" in str(i["output"]) for i in outputs)  # old outputs masked
+    if not stream:
+        assert "tool_output_cache" in ",".join(seen)
+
+
+async def test_responses_context_error_is_recovered_and_errors_have_openais_shape(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(config(local_upstream))
+    client = gw.openai()
+    history = [
+        {"role": "user", "content": "question " + "word " * 1500},
+        {"role": "assistant", "content": "answer " + "word " * 1500},
+        {"role": "user", "content": "and now?"},
+    ]
+    # The upstream's window is smaller than the gateway thinks: its real error, then the retry.
+    local_upstream.script([{"kind": "context_limit", "limit": 2000}])
+    reply = await client.responses.create(model="m", input=history)
+    assert reply.output_text == "fake answer"
+    # A stream whose first event is the context error is retried the same way.
+    local_upstream.script([{"kind": "stream_error_event"}])
+    async with client.responses.stream(model="m", input=history) as events:
+        assert (await events.get_final_response()).output_text == "fake answer"
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.responses.create(model="no-such-model", input="hi")
+    assert "no-such-model" in missing.value.message
+    bad = await gw.http.post(
+        f"{gw.base_url}/responses",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert bad.status_code == 400 and set(bad.json()["error"]) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
+
+
+async def test_responses_expansion_is_answered_by_the_gateway(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Once outputs are masked, the model may read one back: the gateway answers that call
+    itself and the client sees only the final answer, streamed or not."""
+    gw = await start_app(config(local_upstream))
+    client = gw.openai()
+    items: list[Any] = [{"role": "user", "content": "Investigate."}]
+    for step in range(12):
+        items.append(
+            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"}
+        )
+        items.append(
+            {"type": "function_call_output", "call_id": f"c{step}", "output": output(step)}
+        )
+    for stream in (False, True):
+        local_upstream.script([{"kind": "expand"}, {"kind": "ok", "content": "Read it: done."}])
+        kwargs = {"model": "m", "input": items, "tools": [SHELL_RESPONSES], "store": False}
+        if stream:
+            async with client.responses.stream(**kwargs) as events:
+                final = await events.get_final_response()
+        else:
+            final = await client.responses.create(**kwargs)
+        assert final.output_text == "Read it: done."
+        assert all(item.type != "function_call" for item in final.output)
+        second = [r for r in local_upstream.requests() if r["path"] == "/v1/responses"][-1]["json"]
+        answered = [i for i in second["input"] if i.get("type") == "function_call_output"][-1]
+        assert "module_" in str(answered["output"])  # the gateway read the masked output back
+
+
+# -- Messages -------------------------------------------------------------------------------
+
+
+async def messages_session(
+    gw: AppGateway, upstream: LocalUpstream, steps: int, stream: bool
+) -> Any:
+    client = gw.anthropic()
+    messages: list[Any] = [{"role": "user", "content": "Find and fix the failing test."}]
+    for step in range(steps):
+        upstream.script(
+            [
+                {
+                    "kind": "tool_calls",
+                    "reasoning": True,
+                    "tool_calls": [
+                        {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
+                    ],
+                }
+            ]
+        )
+        kwargs = {
+            "model": "m",
+            "max_tokens": 400,
+            "system": [
+                {
+                    "type": "text",
+                    "text": "You are a coding agent.",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
+            "messages": messages,
+            "tools": [SHELL_MESSAGES],
+        }
+        if stream:
+            async with client.messages.stream(**kwargs) as events:
+                reply = await events.get_final_message()
+        else:
+            reply = await client.messages.create(**kwargs)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [b.model_dump(exclude_none=True) for b in reply.content],
+            }
+        )
+        use = next(b for b in reply.content if b.type == "tool_use")
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": output(step)}
+                ],
+            }
+        )
+    upstream.script([{"kind": "ok", "content": "Fixed."}])
+    return await client.messages.create(
+        model="m", max_tokens=400, messages=messages, tools=[SHELL_MESSAGES]
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_messages_tool_session_outgrowing_the_window_finishes(
+    start_app: AppStarter, local_upstream: LocalUpstream, stream: bool
+) -> None:
+    """Twenty tool rounds with thinking through a 6k window: every tool_use keeps its
+    tool_result, every thinking block its signature (the fake refuses otherwise), and the
+    session ends with the model's answer."""
+    gw = await start_app(config(local_upstream))
+    local_upstream.configure({"context_limit": WINDOW})
+    final = await messages_session(gw, local_upstream, 20, stream)
+    assert final.content[0].text == "Fixed."
+    sent = sizes(local_upstream, "/v1/messages")
+    assert len(sent) >= 21 and max(sent) <= WINDOW
+
+
+async def test_messages_errors_headers_and_count_tokens(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(config(local_upstream))
+    client = gw.anthropic()
+    history = [
+        {"role": "user", "content": "question " + "word " * 1500},
+        {"role": "assistant", "content": "answer " + "word " * 1500},
+        {"role": "user", "content": "and now?"},
+    ]
+    local_upstream.script([{"kind": "context_limit", "limit": 2000}])
+    raw = await client.messages.with_raw_response.create(
+        model="m",
+        max_tokens=300,
+        messages=history,
+        extra_headers={"anthropic-beta": "context-management-2025-06-27"},
+    )
+    assert (await raw.parse()).content[0].text == "fake answer"
+    assert raw.headers["request-id"] == "req_fake"  # relayed from the upstream
+    sent = [r for r in local_upstream.requests() if r["path"] == "/v1/messages"][-1]
+    headers = {k.lower(): v for k, v in sent["headers"]}
+    assert headers["anthropic-beta"] == "context-management-2025-06-27"
+    assert headers["anthropic-version"] == raw.http_request.headers["anthropic-version"]
+    local_upstream.script([{"kind": "stream_error_event"}])
+    async with client.messages.stream(model="m", max_tokens=300, messages=history) as events:
+        assert (await events.get_final_message()).content[0].text == "fake answer"
+    counted = await client.messages.count_tokens(model="m", messages=history)
+    assert counted.input_tokens < prompt_tokens({"messages": history}, 4.0)  # after compaction
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await client.messages.create(model="no-such-model", max_tokens=10, messages=history[-1:])
+    assert missing.value.body["type"] == "error"
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        await client.messages.create(model="m", max_tokens=10, messages="not a list")  # type: ignore[arg-type]
+    assert bad.value.body["error"]["type"] == "invalid_request_error"
+
+
+async def test_messages_expansion_is_answered_by_the_gateway(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(config(local_upstream))
+    client = gw.anthropic()
+    messages: list[Any] = [{"role": "user", "content": "Investigate."}]
+    for step in range(12):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": f"toolu_{step}", "name": "shell", "input": {}}
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": f"toolu_{step}", "content": output(step)}
+                ],
+            }
+        )
+    for stream in (False, True):
+        local_upstream.script([{"kind": "expand"}, {"kind": "ok", "content": "Read it: done."}])
+        kwargs = {"model": "m", "max_tokens": 300, "messages": messages, "tools": [SHELL_MESSAGES]}
+        if stream:
+            async with client.messages.stream(**kwargs) as events:
+                final = await events.get_final_message()
+        else:
+            final = await client.messages.create(**kwargs)
+        assert [b.type for b in final.content] == ["text"] and final.content[
+            0
+        ].text == "Read it: done."
+        second = [r for r in local_upstream.requests() if r["path"] == "/v1/messages"][-1]["json"]
+        last = second["messages"][-1]["content"]
+        assert any(
+            b.get("type") == "tool_result" and "module_" in str(b.get("content")) for b in last
+        )
+
+
+# -- the stand-in's rules (what makes the sessions above able to fail) ---------------------------
+
+
+def test_the_fake_refuses_what_openai_refuses() -> None:
+    body = responses_body(
+        {}, {"kind": "tool_calls", "reasoning": True, "tool_calls": [{"name": "a"}]}, 5
+    )
+    reasoning, call = body["output"]
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "x"}
+    assert responses_problem({"input": [reasoning, call, output]}) is None
+    assert "without its required 'reasoning'" in responses_problem({"input": [call, output]})
+    assert "No tool call found" in responses_problem({"input": [output]})
+    changed = {**reasoning, "encrypted_content": reasoning["encrypted_content"] + "x"}
+    assert "could not be verified" in responses_problem({"input": [changed, call, output]})
+
+
+def test_the_fake_refuses_what_anthropic_refuses() -> None:
+    body = messages_body(
+        {}, {"kind": "tool_calls", "reasoning": True, "tool_calls": [{"name": "a"}]}, 5
+    )
+    use = body["content"][-1]
+    result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "x"}],
+    }
+    turns = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": body["content"]},
+        result,
+    ]
+    assert messages_problem({"messages": turns}) is None
+    assert "without `tool_result`" in messages_problem(
+        {"messages": [*turns[:2], {"role": "user", "content": "?"}]}
+    )
+    assert "unexpected `tool_use_id`" in messages_problem({"messages": [turns[0], result]})
+    thinking = {**body["content"][0], "thinking": "edited"}
+    edited = [turns[0], {"role": "assistant", "content": [thinking, use]}, result]
+    assert "Invalid `signature`" in messages_problem({"messages": edited})
+    marked = [
+        {"type": "text", "text": str(n), "cache_control": {"type": "ephemeral"}} for n in range(5)
+    ]
+    assert "maximum of 4" in messages_problem({"messages": [{"role": "user", "content": marked}]})

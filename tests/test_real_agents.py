@@ -1,0 +1,199 @@
+"""The real coding agents through a real gateway process, against the fake upstream.
+
+Codex CLI (`codex exec`, Responses API over SSE) and Claude Code (`claude -p`, Anthropic
+Messages, always streamed) run a multi-step shell-tool session whose history outgrows the
+window. The fake upstream scripts the model's tool calls, the agent runs them for real and sends
+their output back; the fake refuses, as the providers do, any request that breaks their pairing,
+reasoning or signature rules. The session must finish with the model's last answer.
+
+The agents come from `agents/package-lock.json` (`scripts/install-agents`); without them these
+tests are skipped, unless `COMPACTGATE_REQUIRE_AGENTS` is set (CI), when they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import GatewayStarter
+from tests.fake_agent_apis import prompt_tokens
+from tests.fake_upstream import FakeUpstream
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BIN = Path(__file__).resolve().parent.parent / "agents" / "node_modules" / ".bin"
+STEPS = 8
+FINAL = "All eight files inspected; nothing left to fix."
+
+
+def agent(name: str) -> Path:
+    path = BIN / name
+    if not path.exists():
+        message = f"{path} is missing: run scripts/install-agents"
+        if os.environ.get("COMPACTGATE_REQUIRE_AGENTS"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def gateway_config(fake: FakeUpstream, window: int) -> dict[str, Any]:
+    return {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": fake.base_url},
+                "tokenizer": "chars:4",
+                "context_window": window,
+                "max_output_tokens": 2000,
+            }
+        ]
+    }
+
+
+def test_codex_finishes_a_tool_session_that_outgrows_the_window(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    codex = agent("codex")
+    window = 24_000
+    gateway = start_gateway(gateway_config(fake_upstream, window))
+    fake_upstream.configure({"context_limit": window})
+    # Each step prints ~9 KB (about 2 300 tokens): eight of them are twice what fits beside
+    # Codex's own instructions and tools (about 9 000 tokens).
+    calls = [
+        {
+            "kind": "tool_calls",
+            "reasoning": True,
+            "tool_calls": [
+                {
+                    "name": "exec_command",
+                    "arguments": {"cmd": f"seq {step}000 {step}999 | head -1600"},
+                }
+            ],
+        }
+        for step in range(1, STEPS + 1)
+    ]
+    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "m"\nmodel_provider = "gateway"\n'
+        "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n"
+        "[model_providers.gateway]\n"
+        f'name = "CompactGate"\nbase_url = "{gateway.base_url}"\n'
+        'env_key = "GATEWAY_KEY"\nwire_api = "responses"\n'
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "sk-codex", "NO_COLOR": "1"}
+    run = subprocess.run(
+        [
+            str(codex),
+            "exec",
+            "--skip-git-repo-check",
+            "--sandbox",
+            "danger-full-access",
+            "--json",
+            "Inspect the numbered files and report.",
+        ],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    texts = [json.dumps(e) for e in events]
+    assert any(FINAL in text for text in texts), run.stdout[-3000:]
+    commands = [e for e in events if "command_execution" in json.dumps(e)]
+    assert commands  # the agent really ran the tool calls
+    sizes = [
+        prompt_tokens(r["json"], 4.0)
+        for r in fake_upstream.requests()
+        if r["path"] == "/v1/responses" and r["json"]
+    ]
+    assert len(sizes) >= STEPS + 1
+    refused = gateway.output().count("status=400")
+    assert refused == 0, gateway.output()[-3000:]
+    # The history outgrew the window: what reached the upstream was compacted to fit it.
+    assert max(sizes) <= window * 1.1
+    assert "steps=tool_output_cache" in gateway.output() or "steps=fifo" in gateway.output()
+
+
+def test_claude_code_finishes_a_tool_session_that_outgrows_the_window(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    claude = agent("claude")
+    window = 40_000
+    gateway = start_gateway(gateway_config(fake_upstream, window))
+    fake_upstream.configure({"context_limit": window})
+    # Claude Code's own system prompt and tools are about 24 000 tokens; each step prints
+    # ~15 KB (about 4 000 tokens) and brings a thinking block whose signature must come back.
+    calls = [
+        {
+            "kind": "tool_calls",
+            "reasoning": True,
+            "tool_calls": [
+                {
+                    "name": "Bash",
+                    "arguments": {
+                        "command": f"seq {step}0000 {step}9999 | head -2600",
+                        "description": f"list part {step}",
+                    },
+                }
+            ],
+        }
+        for step in range(1, STEPS + 1)
+    ]
+    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),  # its settings and session files stay in the test's directory
+        "ANTHROPIC_BASE_URL": gateway.url,
+        "ANTHROPIC_API_KEY": "sk-claude",
+        "ANTHROPIC_SMALL_FAST_MODEL": "m",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    run = subprocess.run(
+        [
+            str(claude),
+            "-p",
+            "Inspect the numbered parts and report.",
+            "--model",
+            "m",
+            "--output-format",
+            "json",
+            "--allowedTools",
+            "Bash",
+        ],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    result = json.loads(run.stdout)
+    assert result["is_error"] is False and result["result"] == FINAL, run.stdout[-2000:]
+    assert result["num_turns"] >= STEPS + 1  # every tool call was run and answered
+    sizes = [
+        prompt_tokens(r["json"], 4.0)
+        for r in fake_upstream.requests()
+        if r["path"] == "/v1/messages" and r["json"]
+    ]
+    assert len(sizes) >= STEPS + 1
+    assert gateway.output().count("status=400") == 0, gateway.output()[-3000:]
+    assert max(sizes) <= window * 1.1
+    assert "api=messages" in gateway.output() and "steps=none" in gateway.output()
+    assert any(step in gateway.output() for step in ("steps=tool_output_cache", "steps=fifo"))
