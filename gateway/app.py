@@ -50,6 +50,7 @@ from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
+from .context_management import Applied, apply_to, with_report
 from .costs import Accountant, Priced
 from .errors import (
     ContextLengthExceededError,
@@ -118,6 +119,7 @@ class Exchange:
     usage: Usage | None = None  # what the upstream reported for the answer
     tenant: str = ""
     priced: Priced | None = None  # what the answer cost, and would have without compaction
+    edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -326,6 +328,7 @@ class Endpoint:
             )
             request = self.wire.parse(body, server.max_messages)
             route = self.route(identity, request)
+            request, exchange.edits = apply_to(request, route, server.max_messages)
             exchange.model = gw.metrics.model_label(route.name)
             exchange.stateful = request.stateful
             watcher.start()
@@ -527,6 +530,8 @@ class Endpoint:
             exchange.status = status
             usage = None if "content-encoding" in response.headers else self.wire.usage(data)
             self.account(prepared, exchange, usage)  # known before the headers: they say it
+            if status == 200:
+                data = with_report(data, exchange.edits)
             await send_bytes(send, status, data, [*relay_headers, *self.headers(exchange)], None)
             self.calibrate(route, prepared, exchange, usage)
             return RELAYED

@@ -159,6 +159,13 @@ class ModelConfig(_Strict):
     )
     retry: RetryConfig = Field(default_factory=RetryConfig)
     pricing: PricingConfig | None = None
+    context_management: Literal["native", "emulate", "strip"] = Field(
+        "native",
+        description=(
+            "Anthropic's context_management field: forwarded (native), applied by the gateway "
+            "(emulate) or removed (strip) for upstreams that reject it"
+        ),
+    )
 
     @field_validator("tokenizer")
     @classmethod

@@ -45,6 +45,7 @@ class Route:
     stateful_truncation: bool  # set truncation: auto where the history is held upstream
     retry: RetryConfig  # 429/5xx/connection retries
     pricing: PricingConfig | None = None  # cost accounting's prices (else the price map's)
+    context_management: str = "native"  # Messages' context_management: native|emulate|strip
 
     @property
     def chat_url(self) -> str | None:
@@ -157,6 +158,7 @@ class Router:
             stateful_truncation=model.stateful_truncation,
             retry=model.retry,
             pricing=model.pricing,
+            context_management=model.context_management,
         )
 
 

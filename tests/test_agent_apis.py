@@ -395,3 +395,89 @@ def test_the_fake_refuses_what_anthropic_refuses() -> None:
         {"type": "text", "text": str(n), "cache_control": {"type": "ephemeral"}} for n in range(5)
     ]
     assert "maximum of 4" in messages_problem({"messages": [{"role": "user", "content": marked}]})
+
+
+# -- context_management -------------------------------------------------------------------------
+
+
+def managed_history() -> list[Any]:
+    """Four tool rounds, each with a (fake-issued) thinking block and a ~700-token result."""
+    messages: list[Any] = [{"role": "user", "content": "Go."}]
+    for step in range(4):
+        body = messages_body(
+            {}, {"kind": "tool_calls", "reasoning": True, "tool_calls": [{"name": "shell"}]}, 5
+        )
+        use = body["content"][-1]
+        messages.append({"role": "assistant", "content": body["content"]})
+        result = {"type": "tool_result", "tool_use_id": use["id"], "content": output(step)}
+        messages.append({"role": "user", "content": [result]})
+    return messages
+
+
+@pytest.mark.parametrize("mode", ["native", "strip", "emulate"])
+async def test_context_management_is_forwarded_stripped_or_emulated(
+    start_app: AppStarter, local_upstream: LocalUpstream, mode: str
+) -> None:
+    settings = config(local_upstream)
+    settings["models"][0].update(context_window=100_000, context_management=mode)
+    gw = await start_app(settings)
+    edits = [
+        {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}},
+        {
+            "type": "clear_tool_uses_20250919",
+            "trigger": {"type": "input_tokens", "value": 1000},
+            "keep": {"type": "tool_uses", "value": 1},
+        },
+    ]
+    response = await gw.http.post(
+        f"{gw.url}/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 100,
+            "messages": managed_history(),
+            "context_management": {"edits": edits},
+        },
+        headers={"anthropic-beta": "context-management-2025-06-27"},
+    )
+    assert response.status_code == 200, response.text
+    sent = local_upstream.requests()[-1]["json"]
+    if mode == "native":
+        assert sent["context_management"] == {"edits": edits}
+        assert "context_management" not in response.json()
+        return
+    assert "context_management" not in sent
+    results = [
+        b["content"]
+        for m in sent["messages"]
+        if m["role"] == "user"
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    thinking = [
+        b
+        for m in sent["messages"]
+        if m["role"] == "assistant"
+        for b in m["content"]
+        if b.get("type") == "thinking"
+    ]
+    if mode == "strip":
+        assert len(thinking) == 4 and all("module_" in r for r in results)
+        assert "context_management" not in response.json()
+        return
+    last_turn = [m for m in sent["messages"] if m["role"] == "assistant"][-1]
+    assert len(thinking) == 1 and thinking[0] in last_turn["content"]  # the latest turn's kept
+    assert [("module_" in r) for r in results] == [False, False, False, True]
+    applied = {e["type"]: e for e in response.json()["context_management"]["applied_edits"]}
+    assert applied["clear_tool_uses_20250919"]["cleared_tool_uses"] == 3
+    assert applied["clear_tool_uses_20250919"]["cleared_input_tokens"] > 1500
+    assert applied["clear_thinking_20251015"]["cleared_thinking_turns"] == 3
+    bad = await gw.http.post(
+        f"{gw.url}/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 10,
+            "messages": managed_history(),
+            "context_management": {"edits": "all"},
+        },
+    )
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
