@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
 from . import admin, litellm_upstream
+from .agent_compaction import CompactionPoints, recognise
 from .asgi import (
     ClientDisconnected,
     DisconnectWatcher,
@@ -120,6 +121,7 @@ class Exchange:
     tenant: str = ""
     priced: Priced | None = None  # what the answer cost, and would have without compaction
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
+    agent_compaction: str | None = None  # the agent whose own compaction request this is
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -176,6 +178,7 @@ class Gateway:
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         self.costs = Accountant(self.metrics)
+        self.compaction_points = CompactionPoints()  # where each tenant's agents compact
         summarizer = Summarizer(
             self.upstream,
             self.router,
@@ -417,6 +420,11 @@ class Endpoint:
             headers=None if observe else scope["headers"],
         )
         gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
+        agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
+        if agent is not None:  # the agent compacting its own history: forwarded, counted
+            exchange.agent_compaction = agent.name
+            gw.compaction_points.seen(tenant, agent.name, prepared.tokens_before)
+            gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
         url = upstream_url(route, self.wire)
         headers = upstream_headers(scope["headers"], route, self.wire)
         retries = Retries(route.max_retries)
@@ -698,6 +706,7 @@ class Endpoint:
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
             *_cost_headers(exchange.priced),
+            *_agent_headers(exchange.agent_compaction),
         ]
 
     def record(self, exchange: Exchange) -> None:
@@ -774,6 +783,7 @@ class Endpoint:
                 "context_errors": exchange.context_errors,
                 "would_have_failed": would_fail,
                 "phases": phases,
+                "agent_compaction": exchange.agent_compaction,
                 "total_ms": round(total * 1000, 2),
                 **_cost_fields(exchange.priced),
                 "reward": round(
@@ -841,6 +851,13 @@ class CountTokens(Endpoint):
         exchange.status = 200
         body = orjson.dumps({"input_tokens": tokens})
         await send_bytes(send, 200, body, self.headers(exchange), b"application/json")
+
+
+def _agent_headers(agent: str | None) -> list[tuple[bytes, bytes]]:
+    """Which agent's own compaction request this was, and what the gateway did with it."""
+    if agent is None:
+        return []
+    return [(b"x-compactgate-agent-compaction", f"{agent}; forwarded".encode())]
 
 
 def _cost_fields(priced: Priced | None) -> dict[str, Any]:

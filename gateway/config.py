@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.pinning import PinRule
 from policies.registry import STEPS
 
+from .agent_compaction import DEFAULT_SIGNATURES, Signature
+
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
@@ -307,6 +309,15 @@ class ToolOutputsConfig(_Strict):
     )
 
 
+class AgentCompactionConfig(_Strict):
+    """How the gateway tells an agent's own compaction request from an ordinary turn."""
+
+    signatures: list[Signature] = Field(
+        default_factory=lambda: list(DEFAULT_SIGNATURES),
+        description="Matched on the latest user message; defaults: Codex CLI, Claude Code",
+    )
+
+
 class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     store: str = Field("memory://", description="memory:// or redis://host:port/db")
@@ -318,6 +329,7 @@ class Config(_Strict):
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     summaries: SummariesConfig = Field(default_factory=SummariesConfig)
     tool_outputs: ToolOutputsConfig = Field(default_factory=ToolOutputsConfig)
+    agent_compaction: AgentCompactionConfig = Field(default_factory=AgentCompactionConfig)
 
     @field_validator("store")
     @classmethod

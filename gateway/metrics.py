@@ -177,6 +177,12 @@ class Metrics:
             ["arm"],
             registry=r,
         )
+        self.agent_compactions = Counter(
+            "compactgate_agent_compactions",
+            "Coding agents' own compaction requests, by agent and what the gateway did",
+            ["agent", "outcome"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "compactgate_inflight_requests",
             "Requests being served",

@@ -1,0 +1,117 @@
+"""Recognising the agents' own compaction requests, from requests captured from the real agents.
+
+The fixtures under `tests/fixtures/agents/` were captured from Codex CLI 0.169.0 (its
+auto-compaction past `model_auto_compact_token_limit`) and Claude Code 2.1.331 (`/compact`) through
+the gateway; the agents' own instructions and tool descriptions are replaced by a note of their
+size, the rest is as sent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.agent_compaction import DEFAULT_SIGNATURES, Signature, recognise
+from gateway.config import parse_config
+from gateway.wire import MESSAGES, RESPONSES
+from tests.in_process import AppStarter, LocalUpstream
+from tests.wire_strategies import messages_bodies, responses_bodies
+
+FIXTURES = Path(__file__).parent / "fixtures" / "agents"
+WIRES = {"responses": RESPONSES, "messages": MESSAGES}
+
+
+def fixture(name: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+
+
+def parsed(api: str, body: dict[str, Any]) -> Any:
+    return WIRES[api].parse(orjson.dumps(body), 100_000)
+
+
+@pytest.mark.parametrize("signature", DEFAULT_SIGNATURES, ids=lambda s: s.name)
+def test_every_default_signature_recognises_the_request_it_was_written_from(
+    signature: Signature,
+) -> None:
+    assert signature.fixture is not None
+    request = parsed(signature.api or "responses", fixture(Path(signature.fixture).name))
+    assert recognise(request.api, request.messages) == signature
+
+
+@pytest.mark.parametrize(
+    ("api", "name"),
+    [
+        ("responses", "codex_tool_request.json"),
+        ("responses", "codex_after_compaction_request.json"),
+        ("messages", "claude_tool_request.json"),
+    ],
+)
+def test_the_same_agents_ordinary_turns_are_not_compactions(api: str, name: str) -> None:
+    """Codex's turn after its compaction carries the summary in a user message; an ordinary
+    turn's latest user message is the task or a tool result."""
+    request = parsed(api, fixture(name))
+    assert recognise(request.api, request.messages) is None
+
+
+def test_a_compaction_prompt_further_up_the_history_is_not_a_new_request() -> None:
+    body = fixture("codex_compaction_request.json")
+    body["input"].append({"type": "message", "role": "user", "content": "Continue."})
+    request = parsed("responses", body)
+    assert recognise(request.api, request.messages) is None
+
+
+def test_a_signature_names_its_api() -> None:
+    """Claude Code's wording sent on the Responses API is not Claude Code compacting."""
+    text = fixture("claude_compact_request.json")["messages"][-1]["content"][-1]["text"]
+    request = parsed("responses", {"model": "m", "input": [{"role": "user", "content": text}]})
+    assert recognise(request.api, request.messages) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=st.one_of(responses_bodies(), messages_bodies()))
+def test_generated_agent_sessions_are_never_taken_for_compactions(body: dict[str, Any]) -> None:
+    api = "responses" if "input" in body else "messages"
+    request = parsed(api, body)
+    assert recognise(request.api, request.messages) is None
+
+
+def test_signatures_are_configurable() -> None:
+    config = parse_config(
+        {
+            "agent_compaction": {
+                "signatures": [
+                    {"name": "opencode", "starts_with": "Provide a detailed summary for"}
+                ]
+            }
+        }
+    )
+    [signature] = config.agent_compaction.signatures
+    request = parsed(
+        "responses",
+        {"model": "m", "input": [{"role": "user", "content": "Provide a detailed summary for X"}]},
+    )
+    assert recognise(request.api, request.messages, config.agent_compaction.signatures) == signature
+    assert recognise(request.api, request.messages) is None  # not one of the defaults
+
+
+async def test_an_agents_compaction_is_forwarded_and_said_so(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(
+        {"models": [{"name": "m", "upstream": {"base_url": local_upstream.base_url}}]}
+    )
+    body = {**fixture("codex_compaction_request.json"), "stream": False}
+    response = await gw.http.post(f"{gw.base_url}/responses", json=body)
+    assert response.status_code == 200
+    assert response.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
+    ordinary = {**fixture("codex_tool_request.json"), "stream": False}
+    response = await gw.http.post(f"{gw.base_url}/responses", json=ordinary)
+    assert "x-compactgate-agent-compaction" not in response.headers
+    metrics = (await gw.http.get(f"{gw.url}/metrics")).text
+    assert 'compactgate_agent_compactions_total{agent="codex",outcome="forwarded"} 1.0' in metrics
