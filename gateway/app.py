@@ -49,6 +49,7 @@ from .asgi import (
 )
 from .auth import Authenticator, Identity
 from .calibration import Calibration
+from .compaction_answers import CompactionAnswers
 from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, with_report
@@ -85,7 +86,17 @@ from .upstream import (
     passthrough_path,
 )
 from .upstream_counts import UpstreamCounts
-from .wire import CHAT, COUNT_TOKENS, MESSAGES, RESPONSES, Usage, Wire, WireRequest, wire_of
+from .wire import (
+    CHAT,
+    COUNT_TOKENS,
+    MESSAGES,
+    RESPONSES,
+    Usage,
+    Wire,
+    WireRequest,
+    answers,
+    wire_of,
+)
 
 log = logging.getLogger("compactgate")
 access_log = logging.getLogger("compactgate.access")
@@ -122,6 +133,7 @@ class Exchange:
     priced: Priced | None = None  # what the answer cost, and would have without compaction
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
     agent_compaction: str | None = None  # the agent whose own compaction request this is
+    agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -179,6 +191,7 @@ class Gateway:
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         self.costs = Accountant(self.metrics)
         self.compaction_points = CompactionPoints()  # where each tenant's agents compact
+        self.compaction_answers = CompactionAnswers(self)  # ... and their answers, ahead of need
         summarizer = Summarizer(
             self.upstream,
             self.router,
@@ -337,6 +350,10 @@ class Endpoint:
             watcher.start()
             with gw.limits.hold(identity.tenant):  # 429; released however the response ends
                 await self.serve(scope, watcher.send, request, route, exchange, identity)
+            if exchange.status < 400 and self.precomputes and exchange.agent_compaction is None:
+                gw.compaction_answers.after_response(
+                    identity.tenant, route, request, exchange.prepared, scope["headers"]
+                )
             if exchange.status < 400 and self.precomputes:  # ahead of need: never delays this
                 gw.precompute.after_response(
                     request,
@@ -411,6 +428,14 @@ class Endpoint:
         gw = self.gw
         tenant = identity.tenant
         observe = route.mode == "observe"
+        agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
+        if agent is not None:  # the agent compacting its own history: answered if a summary
+            exchange.agent_compaction = agent.name  # made ahead of need covers it
+            counted = gw.pipeline.counts(request, route, tenant)
+            text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
+            if text is not None and not observe:
+                await self.answer_from_summary(send, exchange, request, route, text)
+                return
         prepared = await gw.pipeline.prepare(
             request,
             route,
@@ -420,10 +445,9 @@ class Endpoint:
             headers=None if observe else scope["headers"],
         )
         gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
-        agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
-        if agent is not None:  # the agent compacting its own history: forwarded, counted
-            exchange.agent_compaction = agent.name
+        if agent is not None:  # forwarded: where and how this agent compacts is learnt
             gw.compaction_points.seen(tenant, agent.name, prepared.tokens_before)
+            gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
             gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
         url = upstream_url(route, self.wire)
         headers = upstream_headers(scope["headers"], route, self.wire)
@@ -451,6 +475,17 @@ class Endpoint:
                     prepared = await self.recompact(
                         request, route, tenant, prepared, outcome, scope["headers"]
                     )
+
+    async def answer_from_summary(
+        self, send: Send, exchange: Exchange, request: WireRequest, route: Route, text: str
+    ) -> None:
+        """An agent's compaction request answered with a summary made ahead of need: no
+        upstream call, nothing billed (the summary was counted as the gateway's own spend)."""
+        content_type, body = answers.answer(request.api, text, route.name, Usage(0), request.stream)
+        exchange.status = 200
+        exchange.agent_outcome = "answered"
+        self.gw.metrics.agent_compactions.labels(exchange.agent_compaction, "answered").inc()
+        await send_bytes(send, 200, body, self.headers(exchange), content_type)
 
     async def attempt(
         self,
@@ -706,7 +741,7 @@ class Endpoint:
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
             *_cost_headers(exchange.priced),
-            *_agent_headers(exchange.agent_compaction),
+            *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
         ]
 
     def record(self, exchange: Exchange) -> None:
@@ -853,11 +888,11 @@ class CountTokens(Endpoint):
         await send_bytes(send, 200, body, self.headers(exchange), b"application/json")
 
 
-def _agent_headers(agent: str | None) -> list[tuple[bytes, bytes]]:
+def _agent_headers(agent: str | None, outcome: str) -> list[tuple[bytes, bytes]]:
     """Which agent's own compaction request this was, and what the gateway did with it."""
     if agent is None:
         return []
-    return [(b"x-compactgate-agent-compaction", f"{agent}; forwarded".encode())]
+    return [(b"x-compactgate-agent-compaction", f"{agent}; {outcome}".encode())]
 
 
 def _cost_fields(priced: Priced | None) -> dict[str, Any]:

@@ -27,6 +27,10 @@ broken ones get the provider's 400 (so a gateway that breaks them fails the test
   `tool_use` in the previous assistant turn; a thinking block's `signature` must be one this fake
   issued for that text; at most 4 `cache_control` breakpoints.
 
+A request whose latest user text asks for a compaction summary (the phrases in
+`SUMMARY_PROMPTS`, as Codex CLI and Claude Code ask) is answered with a summary, as a model
+would, without consuming the script: `summary_requests` counts them.
+
 The prompt size is the characters of the JSON of the system prompt, the conversation and the tools
 divided by the fake's `usage_tokenizer` ratio (chars:4 by default), and is reported as usage.
 """
@@ -59,6 +63,32 @@ class Issued:
 
 
 ISSUED = Issued()
+SUMMARY_PROMPTS = (
+    "You are performing a CONTEXT CHECKPOINT COMPACTION",
+    "CRITICAL: Respond with TEXT ONLY",
+)
+
+
+def latest_user_text(payload: Mapping[str, Any]) -> str:
+    conversation = payload.get("input") or payload.get("messages") or []
+    for item in reversed(conversation if isinstance(conversation, list) else []):
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                return content
+            texts = [b.get("text", "") for b in content or [] if isinstance(b, dict)]
+            return "\n".join(t for t in texts if isinstance(t, str))
+    return ""
+
+
+def asks_for_summary(payload: Mapping[str, Any]) -> bool:
+    text = latest_user_text(payload).lstrip()
+    return any(text.startswith(p) or f"\n{p}" in text for p in SUMMARY_PROMPTS)
+
+
+def summary_requests(records: list[Any]) -> list[Any]:
+    """The recorded requests that asked this fake for a compaction summary."""
+    return [r for r in records if isinstance(r.get("json"), dict) and asks_for_summary(r["json"])]
 
 
 def prompt_tokens(payload: Mapping[str, Any], chars_per_token: float) -> int:
@@ -436,7 +466,10 @@ def add_routes(app: web.Application, state: Any) -> None:
             return openai_error(400, problem, param="input")
         prompt = prompt_tokens(payload, state.config.chars_per_token)
         limit = state.config.context_limit
-        step = {"kind": "ok"} if limit is not None and prompt > limit else behaviour()
+        if asks_for_summary(payload):
+            step: JSON = {"kind": "ok", "content": f"<summary>SUMMARY of {prompt} tokens</summary>"}
+        else:
+            step = {"kind": "ok"} if limit is not None and prompt > limit else behaviour()
         limit = int(step["limit"]) if step.get("kind") == "context_limit" else limit
         if limit is not None and prompt > limit:
             return openai_error(400, RESPONSES_CONTEXT_MESSAGE, "context_length_exceeded", "input")
@@ -479,7 +512,13 @@ def add_routes(app: web.Application, state: Any) -> None:
             return anthropic_error(400, problem)
         prompt = prompt_tokens(payload, state.config.chars_per_token)
         limit = state.config.context_limit
-        step = {"kind": "ok"} if limit is not None and prompt > limit else behaviour()
+        if asks_for_summary(payload):
+            step = {
+                "kind": "ok",
+                "content": f"<analysis>.</analysis><summary>SUMMARY of {prompt} tokens</summary>",
+            }
+        else:
+            step = {"kind": "ok"} if limit is not None and prompt > limit else behaviour()
         limit = int(step["limit"]) if step.get("kind") == "context_limit" else limit
         if limit is not None and prompt > limit:
             return anthropic_error(400, f"prompt is too long: {prompt} tokens > {limit} maximum")

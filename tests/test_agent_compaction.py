@@ -8,6 +8,7 @@ size, the rest is as sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from gateway.agent_compaction import DEFAULT_SIGNATURES, Signature, recognise
 from gateway.config import parse_config
 from gateway.wire import MESSAGES, RESPONSES
+from tests.fake_agent_apis import summary_requests
 from tests.in_process import AppStarter, LocalUpstream
 from tests.wire_strategies import messages_bodies, responses_bodies
 
@@ -115,3 +117,94 @@ async def test_an_agents_compaction_is_forwarded_and_said_so(
     assert "x-compactgate-agent-compaction" not in response.headers
     metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert 'compactgate_agent_compactions_total{agent="codex",outcome="forwarded"} 1.0' in metrics
+
+
+# -- answered from a summary made ahead of need ---------------------------------------------------
+
+KEY = {"authorization": "Bearer sk-client"}  # one tenant: the SDK's default key in these tests
+PROMPT = "You are performing a CONTEXT CHECKPOINT COMPACTION. Summarise for the next model."
+
+
+def codex_history(steps: int) -> list[Any]:
+    items: list[Any] = [
+        {"type": "message", "role": "developer", "content": "You are a coding agent. " * 40},
+        {"type": "message", "role": "user", "content": "Fix the build."},
+    ]
+    for step in range(steps):
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": f"c{step}",
+                "name": "exec_command",
+                "arguments": "{}",
+            }
+        )
+        out = "\n".join(f"line {n} of step {step}: ok" for n in range(60))
+        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": out})
+    return items
+
+
+def compaction(items: list[Any], stream: bool = False) -> dict[str, Any]:
+    prompt = {
+        "type": "message",
+        "role": "user",
+        "content": [{"type": "input_text", "text": PROMPT}],
+    }
+    return {"model": "m", "input": [*items, prompt], "tools": [], "stream": stream, "store": False}
+
+
+def ordinary(items: list[Any]) -> dict[str, Any]:
+    return {"model": "m", "input": items, "tools": [], "stream": False, "store": False}
+
+
+async def test_an_agents_next_compaction_is_answered_from_a_summary_made_ahead(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "tokenizer": "chars:4",
+                    "context_window": 200_000,
+                }
+            ]
+        }
+    )
+    url = f"{gw.base_url}/responses"
+    # The agent's first compaction, at 10 steps: forwarded, the gateway learns where and how.
+    first = await gw.http.post(url, headers=KEY, json=compaction(codex_history(10)))
+    assert first.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
+    # The next history grows; past 70 % of that size the gateway makes the summary itself.
+    for steps in range(1, 10):
+        response = await gw.http.post(url, headers=KEY, json=ordinary(codex_history(steps)))
+        assert response.status_code == 200
+    prepared = 'compactgate_agent_compactions_total{agent="codex",outcome="prepared"}'
+    for _ in range(200):  # made in the background: at 70 % of that size, again 15 % later
+        if f"{prepared} 2.0" in (await gw.http.get(f"{gw.url}/metrics")).text:
+            break
+        await asyncio.sleep(0.02)
+    made = summary_requests(local_upstream.requests())
+    assert len(made) == 3  # the agent's own, then the gateway's two ahead of need
+    calls = len(local_upstream.requests())
+    # The agent compacts one step later: answered at once, without the upstream.
+    for stream in (False, True):
+        answered = await gw.http.post(url, headers=KEY, json=compaction(codex_history(10), stream))
+        assert answered.headers["x-compactgate-agent-compaction"] == "codex; answered"
+        assert len(local_upstream.requests()) == calls
+    client = gw.openai()
+    reply = await client.responses.create(**compaction(codex_history(10)))
+    assert reply.output_text.startswith("<summary>SUMMARY of")
+    assert "Steps after this summary was written" in reply.output_text  # the last step's tail
+    assert "line 59 of step 9" in reply.output_text
+    assert reply.usage is not None and reply.usage.input_tokens == 0  # nothing billed
+    streamed = {k: v for k, v in compaction(codex_history(10)).items() if k != "stream"}
+    async with client.responses.stream(**streamed) as events:
+        assert (await events.get_final_response()).output_text == reply.output_text
+    # Much more happened since the summary was made: the agent's own call is forwarded.
+    late = await gw.http.post(url, headers=KEY, json=compaction(codex_history(16)))
+    assert late.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
+    assert len(local_upstream.requests()) == calls + 1
+    metrics = (await gw.http.get(f"{gw.url}/metrics")).text
+    assert 'compactgate_agent_compactions_total{agent="codex",outcome="answered"} 4.0' in metrics

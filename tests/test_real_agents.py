@@ -18,10 +18,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import GatewayStarter
-from tests.fake_agent_apis import prompt_tokens
+from tests.fake_agent_apis import prompt_tokens, summary_requests
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -197,3 +198,66 @@ def test_claude_code_finishes_a_tool_session_that_outgrows_the_window(
     assert max(sizes) <= window * 1.1
     assert "api=messages" in gateway.output() and "steps=none" in gateway.output()
     assert any(step in gateway.output() for step in ("steps=tool_output_cache", "steps=fifo"))
+
+
+def test_codexs_own_compaction_is_answered_from_a_summary_made_ahead(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Codex compacts its history itself past `model_auto_compact_token_limit`. Its first
+    compaction goes upstream and teaches the gateway where and how; the gateway then makes the
+    next summary while Codex works, and answers the next compaction request at once."""
+    codex = agent("codex")
+    gateway = start_gateway(gateway_config(fake_upstream, 200_000))
+    steps = 9
+    calls = [
+        {
+            "kind": "tool_calls",
+            "tool_calls": [
+                {
+                    "name": "exec_command",
+                    "arguments": {"cmd": f"sleep 1; seq {step}0000 {step}1500"},
+                }
+            ],
+        }
+        for step in range(1, steps + 1)
+    ]
+    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "m"\nmodel_provider = "gateway"\n'
+        "model_context_window = 200000\nmodel_auto_compact_token_limit = 14000\n"
+        "[model_providers.gateway]\n"
+        f'name = "CompactGate"\nbase_url = "{gateway.base_url}"\n'
+        'env_key = "GATEWAY_KEY"\nwire_api = "responses"\n'
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "sk-codex", "NO_COLOR": "1"}
+    run = subprocess.run(
+        [str(codex), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access",
+         "--json", "Inspect the numbered files and report."],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert FINAL in run.stdout, run.stdout[-3000:]
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    forwarded = _metric(metrics, 'agent="codex",outcome="forwarded"')
+    answered = _metric(metrics, 'agent="codex",outcome="answered"')
+    assert forwarded >= 1 and answered >= 1, (forwarded, answered, gateway.output()[-3000:])
+    # Every compaction Codex asked for was either forwarded or answered by the gateway; the
+    # upstream saw only the forwarded ones and the gateway's own, made ahead of need.
+    own = _metric(metrics, 'agent="codex",outcome="prepared"')
+    assert len(summary_requests(fake_upstream.requests())) == forwarded + own
+
+
+def _metric(text: str, labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f"compactgate_agent_compactions_total{{{labels}}}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -1,0 +1,221 @@
+"""Answering a coding agent's own compaction request from a summary made ahead of need.
+
+An agent compacts when its history passes its own limit: a full model call over the whole
+history, made while the user waits (`agent_compaction` recognises the request). The first one
+of a tenant's agent is forwarded, and teaches the gateway two things: the history size at which
+that agent compacts, and its request (the compaction prompt, tools and settings). From then on,
+when an ordinary request of that API passes `PREPARE_AT` of that size, the gateway makes the
+same compaction call itself, in the background, over that request's history, with the client's
+credential, through its own compaction (so it fits the window), and keeps the answer per
+conversation. When the agent's compaction request comes, if the kept summary covers its history
+but for a short tail (at most `STALE_SHARE` of it: typically the model's last answer and a tool
+output), the gateway answers at once with that summary, the tail appended as a short transcript,
+in the client's wire format, streamed or not; otherwise it forwards the request as before.
+
+The summary's cost is counted as the gateway's own spend when it is made; an answer from it
+bills nothing, and its usage says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .summarizer import render_message
+from .wire import WIRES, WireRequest
+
+if TYPE_CHECKING:
+    from .app import Gateway
+    from .pipeline import Prepared
+    from .routing import Route
+
+log = logging.getLogger("compactgate.agent_compaction")
+
+PREPARE_AT = 0.7  # of the history size at the agent's last compaction
+REFRESH_SHARE = 0.15  # prepare again when the history grew this much since the last summary
+STALE_SHARE = 0.25  # the most of a compaction request's history a summary may not cover
+MAX_KEPT = 1024
+TAIL_NOTE = "\n\nSteps after this summary was written (verbatim, oldest first):\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """An agent's compaction request without its history: what to send to make the next one."""
+
+    agent: str
+    fields: Mapping[str, Any]  # the request's fields other than the conversation
+    prompt: Any  # the conversation's last element: the compaction prompt
+    point: int  # the history's tokens when the agent compacted
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    uids: tuple[int | None, ...]  # the canonical messages of the history it summarises
+    tokens: int
+    text: str
+
+
+class CompactionAnswers:
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+        self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
+        self._ready: OrderedDict[tuple[str, str, int], Ready] = OrderedDict()
+        self._making: set[tuple[str, str, int]] = set()
+
+    # -- the agent's own request ----------------------------------------------------------------
+
+    def learn(self, tenant: str, agent: str, request: WireRequest, tokens: int) -> None:
+        """Remember an agent's compaction request (its prompt, settings and size)."""
+        key = _conversation_key(request.api)
+        conversation = request.payload.get(key)
+        if not isinstance(conversation, list) or not conversation:
+            return
+        fields = {k: v for k, v in request.payload.items() if k != key}
+        self._keep(
+            self._templates,
+            (tenant, request.api),
+            Template(agent, fields, conversation[-1], tokens),
+        )
+
+    def answer(
+        self, tenant: str, request: WireRequest, uids: Sequence[int | None], counts: Sequence[int]
+    ) -> str | None:
+        """The summary answering this compaction request, when one covers its history."""
+        if not uids or uids[0] is None:
+            return None
+        ready = self._ready.get((tenant, request.api, uids[0]))
+        if ready is None or tuple(uids[: len(ready.uids)]) != ready.uids:
+            return None
+        history = len(uids) - 1  # the last canonical message is the compaction prompt
+        if len(ready.uids) > history:
+            return None
+        tail = request.messages[len(ready.uids) : history]
+        if sum(counts[len(ready.uids) : history]) > STALE_SHARE * max(1, sum(counts[:history])):
+            return None  # too much happened since: the agent's own call makes a better one
+        if not tail:
+            return ready.text
+        return ready.text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail)
+
+    # -- ahead of need ----------------------------------------------------------------------
+
+    def after_response(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        prepared: Prepared | None,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """After an ordinary answer: make the agent's next compaction summary if it is near."""
+        template = self._templates.get((tenant, request.api))
+        if template is None or prepared is None or not prepared.uids or request.stateful:
+            return
+        uid = prepared.uids[0]
+        if uid is None:
+            return
+        tokens = prepared.tokens_before
+        if tokens < PREPARE_AT * template.point:
+            return
+        key = (tenant, request.api, uid)
+        ready = self._ready.get(key)
+        if key in self._making or (
+            ready is not None and tokens - ready.tokens < REFRESH_SHARE * template.point
+        ):
+            return
+        self._making.add(key)
+        service = self._gw.summaries
+        task = self._make(key, template, route, request, tuple(prepared.uids), tokens, headers)
+        service.spawn(task, name="agent-compaction")
+
+    async def _make(
+        self,
+        key: tuple[str, str, int],
+        template: Template,
+        route: Route,
+        request: WireRequest,
+        uids: tuple[int | None, ...],
+        tokens: int,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        from .app import upstream_headers, upstream_url
+        from .retry import send_with_retries
+
+        gw = self._gw
+        try:
+            wire = WIRES[request.api]
+            body = _compaction_body(request, template)
+            call = wire.parse(orjson.dumps(body), gw.config.server.max_messages)
+            prepared = await gw.pipeline.prepare(
+                call, route, key[0], window=gw.effective_window(route), remember=False
+            )
+            response = await send_with_retries(
+                gw.upstream,
+                route,
+                upstream_url(route, wire),
+                upstream_headers(list(headers), route, wire),
+                prepared.body,
+                gw.metrics,
+            )
+            try:
+                data = await response.read()
+            finally:
+                response.release()
+            if response.status != 200:
+                log.info("agent compaction summary: upstream answered %d", response.status)
+                return
+            document = orjson.loads(data)
+            text = wire.answer_text(document) if isinstance(document, dict) else None
+            usage = wire.usage_of(document) if isinstance(document, dict) else None
+            if usage is not None:
+                gw.costs.own(route, usage)
+            if text:
+                self._keep(self._ready, key, Ready(uids, tokens, text))
+                gw.metrics.agent_compactions.labels(template.agent, "prepared").inc()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # a summary made ahead of need must never hurt a request
+            log.warning("agent compaction summary failed: %s", error)
+        finally:
+            self._making.discard(key)
+
+    def _keep(self, table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > MAX_KEPT:
+            table.popitem(last=False)
+
+
+def _conversation_key(api: str) -> str:
+    return "input" if api == "responses" else "messages"
+
+
+def _compaction_body(request: WireRequest, template: Template) -> dict[str, Any]:
+    """The agent's compaction request, as it would send it over this request's history."""
+    key = _conversation_key(request.api)
+    history = list(request.payload.get(key) or [])
+    prompt = template.prompt
+    if request.api == "messages" and history and isinstance(prompt, dict):
+        # Claude Code puts the prompt in the turn that answers the last tool call.
+        texts = [
+            b
+            for b in prompt.get("content") or []
+            if isinstance(b, dict) and b.get("type") == "text"
+        ]
+        last = history[-1]
+        if (
+            isinstance(last, dict)
+            and last.get("role") == "user"
+            and isinstance(last.get("content"), list)
+        ):
+            history[-1] = {**last, "content": [*last["content"], *texts]}
+        else:
+            history.append({"role": "user", "content": texts})
+    else:
+        history.append(prompt)
+    return {**template.fields, key: history, "stream": False}
