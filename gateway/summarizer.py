@@ -61,7 +61,9 @@ CREDENTIAL_HEADERS = frozenset(
 SYSTEM_PROMPT = (
     "You condense conversations so that the work can continue from your summary alone. Follow "
     "the instructions at the end of the user's message exactly, and write in the language the "
-    "conversation is written in."
+    "conversation is written in. Quote word for word every instruction, prohibition, constraint, "
+    "decision, preference, goal and correction the user stated, and every concrete fact (numbers "
+    "with units, names, paths, identifiers, dates): the work must still follow them."
 )
 EXTEND_NOTE = (
     "A summary of the conversation before these messages is given above. Return that summary "

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from .budget import Budget
 from .conversation import Conversation
 from .rollup import SummarisingConfig
-from .step import Env, Step, StepResult, StoredOutput
+from .step import Env, Finishing, Step, StepResult, StoredOutput
 from .summaries import SummaryRequest
 
 RecoveryMode = Literal["truncate", "fresh_start", "error"]
@@ -132,6 +132,23 @@ class _Run:
         )
         return result
 
+    def finish(self, step: Finishing) -> None:
+        """The step's tidying after the chain, reported as one more run of that step."""
+        before = self.conversation
+        self.conversation = step.finish(before, self.env)
+        if self.conversation is not before:
+            removed = len(before.messages) - len(self.conversation.messages)
+            self.reports.append(
+                StepReport(
+                    type=step.type,  # type: ignore[attr-defined]
+                    tokens_before=before.tokens,
+                    tokens_after=self.conversation.tokens,
+                    messages_removed=removed,
+                    messages_replaced=0 if removed else 1,
+                    detail={"finish": True},
+                )
+            )
+
 
 def run_chain(
     conversation: Conversation,
@@ -163,6 +180,9 @@ def run_chain(
         run.budget, run.note = budget.at_event(), {"to_target": True}
         _passes(run, replace(policy, steps=cheap), budget.target, False)
         run.budget, run.note = budget, {}
+    for step in policy.steps:
+        if isinstance(step, Finishing):
+            run.finish(step)
 
     recovery: str | None = None
     error: str | None = None

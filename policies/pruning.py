@@ -12,8 +12,11 @@ latest user message" and never shifts Turn counts), and later steps treat it as 
 strict chat templates reject a system message after the first position: `placeholder_role:
 user` is the alternative (OpenAI and most servers accept two user messages in a row).
 
-Never drops: the head, the recent Turns, pinned and system/developer messages (with their tool
-groups), the latest user message. Tool groups always stay whole (whole Turns are dropped).
+Never drops: Turns where the user stated something salient (`keep_salience`, see
+`policies/salience.py`: a rule, a constraint, a fact; relevance to the current task cannot tell
+it will matter later), the head, the recent Turns, pinned and system/developer messages (with
+their tool groups), the latest user message. Tool groups always stay whole (whole Turns are
+dropped).
 
 Cache stability, the trade-off: relevance is computed against the latest user message, which
 changes on every request, so the set of dropped Turns (and the prefix sent upstream) can change
@@ -33,6 +36,7 @@ from .budget import Budget
 from .conversation import Conversation, Message, Turn, drop
 from .relevance import Scorer, turn_scores
 from .rollup import anchored
+from .salience import salience
 from .step import Env, StepConfig, StepResult
 
 PLACEHOLDER = "[Omitted {n} low-relevance earlier {turns}]"
@@ -46,6 +50,9 @@ class PruningConfig(StepConfig):
     scorer: Scorer = "bm25"
     stop_at_target: bool = Field(True, description="Stop dropping once under the policy's target")
     placeholder_role: Literal["system", "user"] = "system"
+    keep_salience: float = Field(
+        0.6, ge=0, le=1.01, description="Turns where the user said something this salient stay"
+    )
 
 
 def placeholder_kind(step_type: str) -> str:
@@ -60,15 +67,29 @@ def scored_candidates(
     recent = max(1, math.ceil(len(turns) * config.recent_bias))
     if len(turns) <= recent:
         return None
-    scores, used = turn_scores(conversation, turns, config.scorer, env)
+    scores, used = turn_scores(conversation, turns, config.scorer, env, recent)
     ranked = []
     for index, turn in enumerate(turns[: len(turns) - recent]):
+        if _holds_salient(conversation, turn, config.keep_salience, env):
+            continue
         score = scores[index]
         if any(m.priority == 1 for m in conversation.messages[turn.start : turn.end]):
             score *= config.priority_boost
         ranked.append((round(score, 6), index))
     ranked.sort()
     return turns, ranked, used
+
+
+def _holds_salient(conversation: Conversation, turn: Turn, threshold: float, env: Env) -> bool:
+    """Whether the user said something in `turn` that must not be dropped for being off-topic."""
+    for message in conversation.messages[turn.start : turn.end]:
+        if message.role == "user" and _salience(message.text, env) >= threshold:
+            return True
+    return False
+
+
+def _salience(text: str, env: Env) -> float:
+    return env.memo.get(("salience", text), lambda: salience(text), len(text))
 
 
 def prune(

@@ -5,9 +5,10 @@ what exists is visible in one place. Adding a step touches its module and this t
 
 `DEFAULT_STEPS` is the chain a policy without `steps` gets: no LLM calls, least loss first.
 `tool_output_cache` replaces old tool output by refs the model can expand (nothing is lost for
-good), `content_type_chunking` squeezes JSON, code and logs in older Turns, and `fifo` drops the
-oldest whole Turns when that was not enough. All three are cache-stable. Summaries are only used
-when a policy lists a summarising step.
+good), `content_type_chunking` squeezes JSON, code and logs in older Turns, `ledger` carries what
+the user stated in the Turns about to go into one block after the system prompt, and `fifo` drops
+the oldest whole Turns when that was not enough. All are cache-stable between events. Summaries
+are only used when a policy lists a summarising step.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .steps import (
     discard_low_rel,
     emergency,
     fifo,
+    ledger,
     prioritize_recent,
     sandwich,
     sliding_window,
@@ -61,12 +63,14 @@ STEPS: Mapping[str, tuple[type[StepConfig], StepFactory]] = MappingProxyType(
             discard_low_rel.DiscardLowRel,
         ),
         emergency.EmergencyConfig.TYPE: (emergency.EmergencyConfig, emergency.Emergency),
+        ledger.LedgerConfig.TYPE: (ledger.LedgerConfig, ledger.Ledger),
     }
 )
 
 DEFAULT_STEPS: tuple[StepConfig, ...] = (
     tool_output_cache.ToolOutputCacheConfig(),
     content_type_chunking.ContentTypeChunkingConfig(),
+    ledger.LedgerConfig(),
     fifo.FifoConfig(),
 )
 

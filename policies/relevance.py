@@ -1,4 +1,8 @@
-"""Relevance of each Turn to the latest user message (004 Strategies 2 and 4).
+"""Relevance of each Turn to the task at hand (004 Strategies 2 and 4).
+
+The task is more than the latest user message, which is often generic ("continue", "go on", a
+tool result) and would score every earlier rule at 0: the query is the first user message (the
+task statement), the latest one, and the recent Turns the step keeps anyway.
 
 Scores are in 0..1 and a pure function of the texts: BM25 (`rank_bm25`; BM25+ with delta 0,
 whose idf log((N+1)/df) is never negative) over the Turns' texts, the latest user message as the
@@ -45,10 +49,12 @@ def turn_text(conversation: Conversation, turn: Turn) -> str:
     return "\n".join(parts)
 
 
-def bm25_scores(docs: Sequence[str], query: str, skip: int | None = None) -> list[float]:
+def bm25_scores(
+    docs: Sequence[str], query: str, skip: int | Sequence[int] | None = None
+) -> list[float]:
     """BM25 of every doc against `query`, normalised so that the best is 1 (all 0 if none match).
 
-    `skip` is a doc left out of the normalisation (and scored 1): the one holding the query
+    `skip` are docs left out of the normalisation (and scored 1): those holding the query
     itself, which would otherwise outscore every other and squash their scores.
     """
     corpus = [tokenize(doc) for doc in docs]
@@ -62,8 +68,10 @@ def bm25_scores(docs: Sequence[str], query: str, skip: int | None = None) -> lis
     raw = [max(0.0, float(s)) for s in BM25Plus(corpus, delta=0.0).get_scores(terms)]
     if skip is None:
         return _normalised(raw)
-    others = _normalised([0.0 if i == skip else s for i, s in enumerate(raw)])
-    others[skip] = 1.0
+    skipped = {skip} if isinstance(skip, int) else set(skip)
+    others = _normalised([0.0 if i in skipped else s for i, s in enumerate(raw)])
+    for i in skipped:
+        others[i] = 1.0
     return others
 
 
@@ -74,16 +82,42 @@ def _normalised(raw: Sequence[float]) -> list[float]:
     return [round(s / best, 6) for s in raw]
 
 
-def turn_scores(
-    conversation: Conversation, turns: Sequence[Turn], scorer: Scorer, env: Env
-) -> tuple[list[float], Scorer]:
-    """(score of every Turn, the scorer actually used)."""
+def task_query(conversation: Conversation, turns: Sequence[Turn], recent: int) -> str:
+    """What the task is, as query terms: the latest user message's (weighted 3), the first
+    one's, the task statement (weighted 2), and those of what the user said in the last `recent`
+    Turns.
+
+    Each part counts a term once (a word repeated in one message would drown the others), and
+    BM25 adds a query term's score once per occurrence, so repeating a part weights it."""
+    messages, roles = conversation.messages, conversation.roles()
+    first = next((i for i, role in enumerate(roles) if role == "user"), None)
     latest = conversation.latest_user_index()
-    query = conversation.messages[latest].text if latest is not None else ""
+    parts: list[str] = []
+    if latest is not None:
+        parts += [_terms(messages[latest].text)] * 3
+    if first is not None and first != latest:
+        parts += [_terms(messages[first].text)] * 2
+    for turn in turns[len(turns) - recent :] if recent else ():
+        parts.extend(
+            _terms(messages[i].text)
+            for i in range(turn.start, turn.end)
+            if roles[i] == "user" and i != latest
+        )
+    return "\n".join(parts)
+
+
+def _terms(text: str) -> str:
+    return " ".join(dict.fromkeys(tokenize(text[:SCORED_CHARS])))
+
+
+def turn_scores(
+    conversation: Conversation, turns: Sequence[Turn], scorer: Scorer, env: Env, recent: int = 1
+) -> tuple[list[float], Scorer]:
+    """(score of every Turn against the task, the scorer actually used); the last `recent`
+    Turns are part of the query and score 1."""
+    query = task_query(conversation, turns, recent)
     docs = [turn_text(conversation, t) for t in turns]
-    own = next(
-        (k for k, t in enumerate(turns) if latest is not None and t.start <= latest < t.end), None
-    )
+    own = list(range(max(0, len(turns) - recent), len(turns)))
     if scorer == "embeddings" and env.relevance is not None:
         raw = list(env.relevance(docs, query))
         if len(raw) != len(docs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -96,6 +96,14 @@ class Step(Protocol):
     type: ClassVar[str]
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult: ...
+
+
+@runtime_checkable
+class Finishing(Protocol):
+    """A step that tidies its own output once the whole chain has run (the ledger drops the
+    entries that a kept message still holds: only the end of the chain knows which)."""
+
+    def finish(self, conversation: Conversation, env: Env) -> Conversation: ...
 
 
 StepFactory = Callable[[Any], Step]

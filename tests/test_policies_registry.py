@@ -23,6 +23,7 @@ CONTRACT = {
     "content_type_chunking",
     "discard_low_rel",
     "emergency",
+    "ledger",
 }
 
 
@@ -67,7 +68,12 @@ def test_bad_values_fail_validation() -> None:
 def test_default_policy_has_the_default_chain() -> None:
     policy = build_policy("default")
     assert [s.type for s in policy.steps] == [c.type for c in DEFAULT_STEPS]
-    assert [c.type for c in DEFAULT_STEPS] == ["tool_output_cache", "content_type_chunking", "fifo"]
+    assert [c.type for c in DEFAULT_STEPS] == [
+        "tool_output_cache",
+        "content_type_chunking",
+        "ledger",
+        "fifo",
+    ]
     assert (policy.max_iterations, policy.recovery_mode) == (3, "truncate")
     typed = build_policy("t", list(DEFAULT_STEPS), max_iterations=1, recovery_mode="error")
     assert typed.max_iterations == 1 and typed.recovery_mode == "error"

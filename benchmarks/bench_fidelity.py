@@ -1,0 +1,192 @@
+"""Fidelity: how much of what the user stated survives compaction, by chain and statement type.
+
+Run: `python -m benchmarks.bench_fidelity [--seeds 6] [--turns 40]`. No network, no LLM (the
+summarising steps find no summary ready and leave their range alone, as on a gateway whose
+summariser has not answered yet); about a minute.
+
+Sessions come from `benchmarks/fidelity_sessions.py`: English, Chinese and Japanese, a chat
+shape and an agent shape (tool calls with 20-60-line outputs), one statement of each of eight
+types planted per session (most in the first fifth), a generic "continue" as the last message.
+Each session is compacted to 50 % and to 25 % of its size (the policy's target set there) by
+every chain in `config.example.yaml`, by the same chain without its `ledger` step, and by `fifo`
+alone. A statement survives when its exact text (whitespace and case aside) is in the forwarded
+messages. Printed: survival by chain and type, the ledger's tokens as a share of the budget, the
+invariant check, and the time of the default chain on a 200-message request with and without the
+ledger. Tokens: 4 per message plus a quarter of the ASCII characters and one per CJK character.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.fidelity_sessions import (
+    LANGUAGES,
+    SHAPES,
+    TYPES,
+    Session,
+    forwarded_text,
+    session,
+    survived,
+)
+from policies import Budget, Conversation, Env, Message, build_policy, check, run_chain
+from policies.conversation import content_text
+from policies.registry import DEFAULT_STEPS
+from policies.steps.ledger import KIND as LEDGER_KIND
+
+CONFIG = Path(__file__).resolve().parent.parent / "config.example.yaml"
+FRACTIONS = (0.5, 0.25)
+TARGET_RATIO = 0.6
+TRIGGER_RATIO = 0.8
+
+
+def count_text(text: str) -> int:
+    cjk = sum(1 for ch in text if ord(ch) >= 0x2E80)
+    return (len(text) - cjk + 3) // 4 + cjk
+
+
+def count(data: Mapping[str, Any]) -> int:
+    calls = data.get("tool_calls")
+    extra = sum(len(str(c)) for c in calls) // 4 if calls else 0
+    return 4 + count_text(content_text(data.get("content"))) + extra
+
+
+def env() -> Env:
+    return Env(
+        count=count, ref_for=lambda text: f"ref_{abs(hash(text)) % 10**12}", count_text=count_text
+    )
+
+
+def conversation(messages: Sequence[Mapping[str, Any]]) -> Conversation:
+    return Conversation(tuple(Message(dict(m), count(m), origin=i) for i, m in enumerate(messages)))
+
+
+def chains() -> dict[str, list[Any]]:
+    """Every policy's steps in the example config (the default chain where none are listed),
+    each also without its ledger, and fifo alone."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    out: dict[str, list[Any]] = {}
+    for name, policy in (raw.get("policies") or {}).items():
+        steps = (policy or {}).get("steps") or [c.model_dump() for c in DEFAULT_STEPS]
+        out[name] = steps
+        without = [s for s in steps if s.get("type") != "ledger"]
+        if len(without) != len(steps):
+            out[f"{name} (no ledger)"] = without
+    out["fifo alone"] = [{"type": "fifo"}]
+    return out
+
+
+def budget_for(size: int, fraction: float) -> Budget:
+    """A budget whose target is `fraction` of the session's size."""
+    limit = int(size * fraction / TARGET_RATIO)
+    return Budget(limit, 0, 0, TRIGGER_RATIO, TARGET_RATIO)
+
+
+def run(seeds: int, turns: int) -> dict[str, Any]:
+    sessions = [
+        session(seed, language, shape, turns)
+        for seed in range(seeds)
+        for language in LANGUAGES
+        for shape in SHAPES
+    ]
+    table: dict[tuple[str, float], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    ledger_share: dict[tuple[str, float], list[float]] = defaultdict(list)
+    violations: dict[str, int] = defaultdict(int)
+    for name, steps in chains().items():
+        policy = build_policy(name, steps)
+        for fraction in FRACTIONS:
+            for s in sessions:
+                kept, share, problems = compact(s, policy, fraction)
+                for planted in s.planted:
+                    table[(name, fraction)][planted.kind].append(int(kept[planted.text]))
+                ledger_share[(name, fraction)].append(share)
+                violations[name] += problems
+    return {
+        "sessions": len(sessions),
+        "table": table,
+        "ledger_share": ledger_share,
+        "violations": violations,
+    }
+
+
+def compact(s: Session, policy: Any, fraction: float) -> tuple[dict[str, bool], float, int]:
+    """(whether each planted statement survived, the ledger's share of the budget, invariant
+    violations) for one session through one chain."""
+    before = conversation(s.messages)
+    budget = budget_for(before.tokens, fraction)
+    result = run_chain(before, budget, policy, env())
+    text = forwarded_text([dict(m.data) for m in result.conversation.messages])
+    ledger = sum(m.tokens for m in result.conversation.messages if m.kind == LEDGER_KIND)
+    kept = {p.text: survived(p, text) for p in s.planted}
+    return kept, ledger / budget.limit, len(check(before, result.conversation))
+
+
+def chain_time(repeat: int = 30) -> dict[str, float]:
+    """Median ms of the default chain on a 200-message agent request, with and without the
+    ledger, compacted to half its size."""
+    s = session(0, "en", "agent", turns=67)  # 67 turns of user, call, result, answer: ~200+
+    messages = [*s.messages[:200], s.messages[-1]]
+    out = {}
+    for name, steps in (
+        ("default", [c.model_dump() for c in DEFAULT_STEPS]),
+        ("default without ledger", [c.model_dump() for c in DEFAULT_STEPS if c.type != "ledger"]),
+    ):
+        policy = build_policy(name, steps)
+        times = []
+        for _ in range(repeat):
+            before = conversation(messages)  # new objects: nothing remembered between requests
+            budget = budget_for(before.tokens, 0.5)
+            started = time.perf_counter()
+            run_chain(before, budget, policy, env())
+            times.append((time.perf_counter() - started) * 1000)
+        out[name] = statistics.median(times)
+    return out
+
+
+def report(results: Mapping[str, Any], times: Mapping[str, float]) -> str:
+    table = results["table"]
+    lines = [
+        f"{results['sessions']} sessions (seeds x en/zh/ja x chat/agent), {len(TYPES)} planted "
+        "statements each; survival in % of planted statements",
+        "",
+        "| chain | compacted to | all | " + " | ".join(TYPES) + " | ledger tokens / budget |",
+        "|---|---|---|" + "---|" * len(TYPES) + "---|",
+    ]
+    for (name, fraction), by_type in table.items():
+        every = [v for values in by_type.values() for v in values]
+        cells = [f"{100 * statistics.mean(by_type[t]):.0f}" for t in TYPES]
+        shares = results["ledger_share"][(name, fraction)]
+        lines.append(
+            f"| {name} | {fraction:.0%} | {100 * statistics.mean(every):.1f} | "
+            + " | ".join(cells)
+            + f" | {100 * statistics.mean(shares):.1f} % (max {100 * max(shares):.1f} %) |"
+        )
+    bad = {name: n for name, n in results["violations"].items() if n}
+    lines += [
+        "",
+        f"invariant violations: {bad or 'none'}",
+        "default chain on a 200-message request, median: "
+        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in times.items()),
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=40)
+    args = parser.parse_args(argv)
+    results = run(args.seeds, args.turns)
+    print(report(results, chain_time()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

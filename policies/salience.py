@@ -1,0 +1,430 @@
+"""How much a statement must survive compaction, whatever the latest message is about.
+
+A user who said "never touch the production database" once, early, still means it two hundred
+turns later, when the latest message is "continue". Relevance to the latest message cannot see
+that; salience is a property of the statement alone: a pure, deterministic score in 0..1 of one
+sentence, from what kind of statement it is.
+
+Kinds, strongest first: `prohibition` (never, do not, 禁止, 不要, しないで), `instruction` (always,
+from now on, 务必, 必ず), `correction` (actually, I meant, 更正, 訂正), `constraint` (must, at most,
+deadline, 必须, 以内), `decision` (we decided, 决定, 決めました), `preference` (I prefer, 偏好,
+の方がいい), `goal` (the goal is, 目标, 目標), and `fact`: concrete details (numbers with units,
+dates, versions, paths, addresses, identifiers, proper names). A sentence with a kind's cue and
+concrete details scores higher than either alone. Acknowledgements and filler ("ok, thanks",
+"好的", "了解しました") score 0; a question is a request for now, not a durable statement, so it
+scores lower.
+
+Rules rather than a model: the score must be the same on every replica and every run (the ledger
+it feeds is part of a cached prefix), explainable when an operator asks why a sentence was kept,
+cost microseconds per sentence on the request path, and need nothing downloaded. Cue lists for
+three languages are small; a small classifier would need shipped weights and a runtime, and
+would still need these rules to say why.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import NamedTuple
+
+# Kind -> score of a sentence carrying that kind's cue. Order matters only for naming the kind
+# of a sentence with several cues: the strongest one names it.
+KIND_SCORES: dict[str, float] = {
+    "prohibition": 0.9,
+    "instruction": 0.85,
+    "correction": 0.8,
+    "constraint": 0.75,
+    "decision": 0.75,
+    "preference": 0.7,
+    "goal": 0.7,
+}
+FACT_BASE = 0.45  # one concrete detail; each further one adds FACT_STEP, up to three
+FACT_STEP = 0.1
+DETAIL_BONUS = 0.1  # a cued sentence that also carries concrete details
+QUESTION_FACTOR = 0.6  # a question asks for something now; its cue is weaker evidence
+REQUEST_FACTOR = 0.7  # so does a one-off request ("run the tests in src/"): details, not a rule
+STATED_BONUS = 0.1  # details said as a fact ("the server is at 10.0.3.7") rather than asked for
+MIN_CHARS = 8  # shorter sentences carry no durable statement
+PASSAGE_SENTENCES = 3  # a salient sentence and at most two that carry it on
+LEAD_IN_WORDS = 2  # a salient sentence this short ("Correction.") leads in to the next one
+LEAD_IN_CJK = 6  # ... in CJK characters ("訂正します。")
+
+
+def _words(*cues: str) -> str:
+    """An English cue list as one alternation, matched on word boundaries."""
+    return r"\b(?:" + "|".join(cues) + r")\b"
+
+
+_EN = {
+    "prohibition": _words(
+        "never",
+        r"do not",
+        r"don'?t",
+        r"must not",
+        r"mustn'?t",
+        r"shall not",
+        r"should not",
+        r"shouldn'?t",
+        r"may not",
+        r"cannot be",
+        r"under no circumstances",
+        "forbidden",
+        "prohibited",
+        r"not allowed",
+        r"no one (?:may|should|can)",
+        r"avoid(?:ing)?",
+        r"stay away from",
+        r"keep [\w\s]{1,30} out of",
+        r"no [\w\s-]{1,40} (?:is|are) (?:allowed|permitted)",
+    ),
+    "instruction": _words(
+        "always",
+        r"from now on",
+        r"going forward",
+        r"every time",
+        "whenever",
+        r"make sure",
+        r"be sure to",
+        "remember",
+        r"keep in mind",
+        r"ensure",
+        r"each time",
+        r"as a rule",
+        r"stick (?:to|with)",
+        r"important:",
+        r"note:",
+        r"every \w+ (?:needs|must|should|has to|gets)",
+        r"(?:for|in|on) (?:every|each|all) \w+",
+        r"by default",
+    ),
+    "correction": _words(
+        "actually",
+        "correction",
+        r"i meant",
+        r"i mean",
+        r"scratch that",
+        r"to clarify",
+        r"that'?s wrong",
+        r"that was wrong",
+        r"i was wrong",
+        r"i got (?:it|that) wrong",
+        r"not \w+ but",
+        r"instead of",
+        r"rather than",
+        r"change of plan",
+        r"update:",
+    ),
+    "constraint": _words(
+        "must",
+        r"has to",
+        r"have to",
+        r"needs?",
+        r"requires?",
+        "required",
+        "requirement",
+        r"at most",
+        r"at least",
+        r"no more than",
+        r"no less than",
+        r"no later than",
+        "within",
+        "only",
+        "maximum",
+        "minimum",
+        "limit",
+        "deadline",
+        "budget",
+        r"compatible with",
+        "mandatory",
+    ),
+    "decision": _words(
+        r"we decided",
+        r"i decided",
+        "decided",
+        r"we(?:'ll| will) (?:go with|use)",
+        r"let'?s go with",
+        r"we chose",
+        r"we picked",
+        r"settled on",
+        "agreed",
+        r"the decision",
+        r"we'?re going with",
+    ),
+    "preference": _words(
+        r"i prefer",
+        "prefer",
+        "preferably",
+        r"i'?d rather",
+        r"i like",
+        r"i don'?t like",
+        r"i want",
+        r"i'?d like",
+        r"please use",
+        r"please keep",
+        r"please write",
+        "favou?r",
+    ),
+    "goal": _words(
+        r"the goal",
+        r"our goal",
+        r"my goal",
+        r"the aim",
+        "objective",
+        r"we want to",
+        r"we need to",
+        r"the plan is",
+        r"our plan",
+        r"the point is",
+        r"in order to",
+        r"so that",
+        "target",
+    ),
+}
+
+_ZH = {
+    "prohibition": (
+        "不要|不能|不得|禁止|切勿|千万别|绝不|绝对不|不许|不允许|不可以|不准|别碰|别动|严禁|避免"
+    ),
+    "instruction": (
+        "一定要|务必|始终|总是|每次|每周|每天|每月|记住|请确保|确保|从现在起|以后都|今后|一律|都用|统一"
+    ),
+    "correction": "其实|更正|我是说|我的意思是|不是.{1,12}而是|纠正|搞错|说错|改成|改为",
+    "constraint": "必须|需要|至少|最多|不超过|不少于|截止|只能|只用|上限|下限|预算|以内|期限",
+    "decision": "决定|我们选|选定|确定用|定了|采用|就用|敲定",
+    "preference": "我喜欢|更喜欢|偏好|倾向于|我希望|请用|我想要|宁愿",
+    "goal": "目标|目的是|我们要|计划是|打算|为了",
+}
+
+_JA = {
+    "prohibition": (
+        "しないで|しないこと|しないように|禁止|してはいけない|してはならない|てはいけ|てはなりません|"
+        "ないでください|使わないで|触らないで|絶対に|ダメ|だめ|避けて|厳禁"
+    ),
+    "instruction": (
+        "必ず|常に|いつも|毎回|毎週|毎日|毎月|覚えておいて|今後は|これからは|忘れずに|徹底|すべて|全て"
+    ),
+    "correction": "訂正|間違い|間違えました|実は|ではなく|じゃなくて|言い間違い|修正します",
+    "constraint": "必要|以内|以下|以上|までに|締め切り|締切|期限|のみ|だけ|上限|下限|予算|必須",
+    "decision": "決定|決めました|決めた|にします|にしました|採用|することにした|確定",
+    "preference": "好き|好み|がいい|の方がいい|希望|したい|ほしい|欲しい",
+    "goal": "目標|目的|ゴール|計画|狙い|ために",
+}
+
+_CUES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile("|".join(f"(?:{table[kind]})" for table in (_EN, _ZH, _JA)), re.I))
+    for kind in KIND_SCORES
+)
+
+# Concrete details: each pattern found counts once, however often it matches.
+_DETAILS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p)
+    for p in (
+        # a number with a unit or currency (also CJK units and counters)
+        r"(?i:[$€£¥]\s?\d[\d,.]*|\d[\d,.]*\s?(?:%|ms|s\b|sec|seconds?|min(?:utes?)?|hours?|"
+        r"days?|weeks?|months?|years?|[kmgt]i?b\b|bytes?|tokens?|px|rpm|rps|qps|requests?|"
+        r"users?|usd|eur|gbp|jpy|cny|rmb|dollars?|euros?|yen|km|kg|mb/s|gb/s|"
+        r"cores?|replicas?|nodes?|times|x\b|元|円|万|億|亿|个|件|人|台|天|日|時間|小时|分钟|分|秒|"
+        r"週間|周|年|月|号|歳|岁))",
+        # a date or a time
+        r"(?i:\b\d{4}[-/.]\d{1,2}[-/.]\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{1,4}年\d{1,2}月|"
+        r"\d{1,2}月\d{1,2}[日号]|"
+        r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
+        r"(?:st|nd|rd|th)?\b|"
+        r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b)",
+        # a version, an IP address, a port
+        # (bounded by what is not an ASCII letter or digit: in CJK text there is no \b before one)
+        r"(?<![0-9A-Za-z.])v?\d+\.\d+(?:\.\d+)*(?![0-9A-Za-z])|\bport \d+\b|:\d{2,5}\b|"
+        r"(?<![0-9A-Za-z.])\d{3,}(?![0-9A-Za-z])",
+        # a path or a file name (ASCII-bounded, as in CJK text nothing separates them)
+        r"(?i:(?<![A-Za-z0-9._-])(?:~|\.{1,2})?/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+|"
+        r"(?:^|(?<=[\s(`'\"]))/[A-Za-z0-9_.-]+|[A-Za-z0-9_-]+\.(?:py|js|ts|tsx|go|rs|java|rb|c|h|"
+        r"cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|env|log)(?![A-Za-z0-9]))",
+        # an address: URL, e-mail, host name
+        r"(?i:\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.]+\b|\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|dev|"
+        r"internal|local|cn|jp)\b)",
+        # an identifier: snake_case, camelCase, CONSTANT_CASE, a ticket or key like ABC-123
+        r"\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z][a-zA-Z0-9]+\b|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|"
+        r"\b[A-Z]{2,}-\d+\b|`[^`\s]{2,}`|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b",
+        # a proper name: capitalised in the middle of an English sentence, with inner capitals
+        # (PostgreSQL, GitHub), an acronym (AWS, SLA), a Latin word inside CJK text (UTC,
+        # Kubernetes), or introduced as one ("my name is", "owns", "is responsible for")
+        r"(?<=[a-z,] )[A-Z][a-z]+|(?<![A-Za-z])[A-Z][a-z]+[A-Z][A-Za-z]*|"
+        r"(?<![A-Za-z])[A-Z]{2,6}s?(?![A-Za-z])|"
+        r"(?<=[\u3040-\u9fff])[A-Za-z][\w.+-]*|[A-Za-z][\w.+-]*(?=[\u3040-\u9fff])|"
+        r"(?i:\bmy name is\b|\bi'?m called\b|\bcall me\b|\bowns\b|\bin charge of\b|"
+        r"\bresponsible for\b|\bworks? on\b)",
+        # a name in CJK text: quoted, or introduced as one (名叫, 叫做, 姓; さん, 様, 名前は)
+        r"「[^」]{1,30}」|“[^”]{1,30}”|《[^》]{1,30}》|(?:名叫|叫做|名字是|我叫|姓|负责)[\u4e00-\u9fff]{1,4}|"
+        r"[\u4e00-\u9fff\u30a0-\u30ff]{1,6}(?:さん|様|氏)|名前は",
+    )
+)
+
+_FILLER_WORDS = (
+    r"ok(?:ay)?|k|sure|yes|yeah|yep|no|nope|thanks?(?: you)?|thank you(?: so much)?|ty|great|"
+    r"cool|nice|perfect|got it|sounds good|looks good|lgtm|go on|continue|go ahead|"
+    r"continue with the plan|keep going|next|done|right|fine|alright|good|hmm+|ah|oh|well|"
+    r"好的?|好|谢谢|谢了|嗯|对|行|可以|继续|收到|明白了?|没问题|看起来不错|不错|很好|"
+    r"はい|ええ|了解(?:です|しました)?|ありがとう(?:ございます)?|続けて(?:ください)?|"
+    r"わかりました|分かりました|OKです|お願いします|いいですね|良さそうですね|うーん"
+)
+_FILLER = re.compile(rf"^\W*(?:{_FILLER_WORDS})(?:\W+(?:{_FILLER_WORDS}))*\W*$", re.I)
+
+# Sentences end at . ! ? and their CJK forms (kept with the sentence), at a line break, and
+# before a list bullet; a period inside a number, a path or a version does not end one.
+_SENTENCE = re.compile(r"[^\n。！？!?]*?(?:[。！？!?]+|\.(?=\s|$)|\n|$)")
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
+
+
+# A sentence stating a fact: a copula or a verb of having or being located, in each language.
+_STATED = re.compile(
+    r"\b(?:is|are|was|were|runs|lives|sits|uses|has|have|costs|equals|means|belongs|"
+    r"called|named|located|hosted|stored|owned|owns|deployed|scheduled|rotates?|expires?)\b|"
+    r"是|在|叫|为|有|位于|部署|です|である|にある|にあり|ています|されます|あります|います|は.{1,20}(?:だ|です)",
+    re.I,
+)
+# A sentence asking for one action now: it starts with a verb of doing or a polite request.
+_REQUEST = re.compile(
+    r"^\W*(?:please |now |then |ok,? |okay,? |next,? )?(?:run|open|show|check|look|try|fix|add|"
+    r"print|list|read|cat|see|grep|find|search|rerun|build|install|create|write|update|"
+    r"change|edit|rename|move|delete|remove|test|debug|explain|tell|give|let'?s|can you|"
+    r"could you|would you)\b|^\W*(?:再|重新)?(?:请|帮我|看一下|运行|打开|查看|试)|"
+    r"(?:してください|して下さい|して)\W*$",
+    re.I,
+)
+
+
+# A sentence that refers back to the one before it: a pronoun or a connective, in each language.
+_REFERS_BACK = re.compile(
+    r"^\W*(?:(?:it|this|that|these|those|they|them|because|since|so|otherwise|also|but|and|"
+    r"which|as|then|except|unless|even)\b|该|这|那|因为|所以|否则|但|并且|而且|它|其|"
+    r"それ|これ|この|その|あの|なぜなら|だから|ただし|でも|また|別の)",
+    re.I,
+)
+
+
+class Statement(NamedTuple):
+    """One sentence of a message, how much it must survive, and why."""
+
+    text: str
+    score: float
+    kind: str | None  # the strongest cue's kind, "fact" for details alone, None for neither
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of `text`, each stripped, in order; list bullets removed."""
+    return [text[start:end] for start, end in _spans(text)]
+
+
+def _spans(text: str) -> list[tuple[int, int]]:
+    """Where each sentence of `text` is, without surrounding blanks and list bullets."""
+    out = []
+    for match in _SENTENCE.finditer(text):
+        piece = match.group()
+        start, end = match.start(), match.end()
+        bullet = _BULLET.match(piece)
+        lead = bullet.end() if bullet else len(piece) - len(piece.lstrip())
+        start += lead
+        end -= len(piece) - len(piece.rstrip())
+        if end > start:
+            out.append((start, end))
+    return out
+
+
+def score(sentence: str) -> Statement:
+    """How much one sentence must survive (0..1), and its kind."""
+    text = sentence.strip()
+    if (len(text) < MIN_CHARS and not _has_cjk(text)) or _FILLER.match(text) or len(text) < 2:
+        return Statement(text, 0.0, None)
+    kind = next((k for k, cue in _CUES if cue.search(text)), None)
+    details = sum(1 for pattern in _DETAILS if pattern.search(text))
+    if kind is not None:
+        value = KIND_SCORES[kind] + (DETAIL_BONUS if details else 0.0)
+    elif details:
+        kind = "fact"
+        value = FACT_BASE + FACT_STEP * (min(details, 3) - 1)
+        if _STATED.search(text):
+            value += STATED_BONUS
+        elif _REQUEST.match(text):
+            value *= REQUEST_FACTOR
+    else:
+        return Statement(text, 0.0, None)
+    if _is_question(text):
+        value *= QUESTION_FACTOR
+    return Statement(text, round(min(1.0, value), 3), kind)
+
+
+def statements(text: str) -> list[Statement]:
+    """Every sentence of `text` with its score, in order."""
+    return [score(s) for s in sentences(text)]
+
+
+def salience(text: str) -> float:
+    """A message's salience: its most salient sentence's score (0 when it has none)."""
+    return max((s.score for s in statements(text)), default=0.0)
+
+
+def salient(text: str, threshold: float) -> list[Statement]:
+    """The passages of `text` that must survive, word for word, in order: each sentence scoring
+    at least `threshold`, with the sentences right after it that carry it on ("Don't delete
+    /srv/x. It is shared with another team."), up to `PASSAGE_SENTENCES`. Filler, a question or
+    a request for now ends a passage."""
+    out: list[Statement] = []
+    passage: list[tuple[int, int, Statement]] = []
+    for start, end in _spans(text):
+        statement = score(text[start:end])
+        if (
+            passage
+            and len(passage) < PASSAGE_SENTENCES
+            and _carries_on(passage[-1][2], statement, threshold)
+        ):
+            passage.append((start, end, statement))
+            continue
+        if passage:
+            out.append(_joined(text, passage))
+        passage = [(start, end, statement)] if statement.score >= threshold else []
+    if passage:
+        out.append(_joined(text, passage))
+    return out
+
+
+def _carries_on(lead: Statement, statement: Statement, threshold: float) -> bool:
+    """Whether a sentence after a salient one belongs with it: salient itself, or it refers
+    back ("It is shared with another team."), or the salient one only leads in ("Correction:",
+    "訂正します。")."""
+    if statement.score >= threshold:
+        return True
+    text = statement.text
+    if _FILLER.match(text) or _REQUEST.match(text) or _is_question(text):
+        return False
+    return _leads_in(lead.text) or _REFERS_BACK.match(text) is not None
+
+
+def _leads_in(text: str) -> bool:
+    """A sentence that only announces the next one: "Correction:", "Important.", "訂正します。"."""
+    if text.endswith((":", "：")):
+        return True
+    core = re.sub(r"\W", "", text)
+    return len(core) <= LEAD_IN_CJK if _has_cjk(core) else len(text.split()) <= LEAD_IN_WORDS
+
+
+def _joined(text: str, passage: Sequence[tuple[int, int, Statement]]) -> Statement:
+    best = max((s for _, _, s in passage), key=lambda s: s.score)
+    return Statement(text[passage[0][0] : passage[-1][1]], best.score, best.kind)
+
+
+def _is_question(text: str) -> bool:
+    return text.endswith(("?", "？")) or text.endswith(("か。", "か", "吗", "吗。", "呢"))
+
+
+def _has_cjk(text: str) -> bool:
+    return any("\u3040" <= ch <= "\u9fff" for ch in text)
+
+
+def normalised(text: str) -> str:
+    """The form two statements are compared in: whitespace collapsed, case folded."""
+    return " ".join(text.split()).casefold()
+
+
+def kinds() -> Sequence[str]:
+    """Every kind a statement can have, strongest first, then `fact`."""
+    return (*KIND_SCORES, "fact")

@@ -1,0 +1,179 @@
+"""`ledger`: what the user stated survives the Turns that carried it.
+
+Placed before the steps that drop or summarise, it collects the salient sentences
+(`policies/salience.py`: rules, prohibitions, constraints, decisions, preferences, goals,
+corrections, concrete facts) of the messages those steps may remove, and puts them, word for
+word, in one block right after the system prompt. When the chain has run, `finish` takes out every
+entry that is still present in a kept message or in a summary (a summary that kept a statement
+verbatim makes its entry redundant; one that lost it leaves it in the ledger); an empty ledger
+leaves no message.
+
+Bounded: the block takes at most `share` of the budget's limit; when the statements do not fit,
+the least salient leave first (the older first among equals). Deduplicated: a statement repeated
+anywhere is one entry. Stable: entries keep the order in which they were said, so a later event
+that drops more Turns appends to the block; between events the gateway holds the forwarded
+result, block included. The block is pinned (no later step drops or rewrites it) and a system
+message: the gateway, not the user, is speaking (the Messages API gets it as a system block).
+
+Never drops or rewrites a client's message: it only adds its own block, and takes it out again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal, NamedTuple
+
+from pydantic import Field
+
+from ..budget import Budget
+from ..conversation import Conversation, Message, inserted
+from ..salience import Statement, normalised, salient, score
+from ..step import Env, StepConfig, StepResult
+
+KIND = "ledger"
+HEADER = "[Stated earlier in this conversation, kept word for word:]"
+BULLET = "- "
+FRAMING_TOKENS = 8  # a message's own framing, on top of its text
+
+
+class LedgerConfig(StepConfig):
+    TYPE: ClassVar[str] = "ledger"
+    type: Literal["ledger"] = "ledger"
+    share: float = Field(0.1, gt=0, le=0.5, description="Most of the budget the ledger may take")
+    min_salience: float = Field(0.45, ge=0, le=1, description="Sentences scoring less stay out")
+    roles: tuple[str, ...] = Field(("user",), min_length=1, description="Whose statements count")
+    max_entry_chars: int = Field(400, ge=40, description="A longer sentence is trimmed to this")
+    header: str = Field(HEADER, min_length=1)
+
+
+class Entry(NamedTuple):
+    text: str
+    score: float
+    order: int  # position in the conversation (earlier entries first)
+
+
+class Ledger:
+    type: ClassVar[str] = "ledger"
+
+    def __init__(self, config: LedgerConfig) -> None:
+        self.config = config
+
+    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
+        at = _ledger_index(conversation)
+        entries = self._entries(conversation, at, env)
+        cap = int(budget.limit * self.config.share)
+        kept = self._bounded(entries, cap, env)
+        if at is not None:
+            old = conversation.messages[at]
+            if not kept:
+                messages = conversation.messages[:at] + conversation.messages[at + 1 :]
+                return StepResult(Conversation(messages), removed=1, detail={"entries": 0})
+            message = self._message(kept, env)
+            if message.data == old.data:
+                return StepResult.unchanged(conversation, reason="ledger unchanged")
+            messages = (*conversation.messages[:at], message, *conversation.messages[at + 1 :])
+            return StepResult(
+                conversation.with_contents(messages),
+                replaced=1,
+                detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
+            )
+        if not kept:
+            return StepResult.unchanged(conversation, reason="nothing salient to keep")
+        message = self._message(kept, env)
+        result = inserted(conversation, conversation.head_end(), [message])
+        return StepResult(
+            result,
+            added=1,
+            detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
+        )
+
+    def finish(self, conversation: Conversation, env: Env) -> Conversation:
+        """The chain's result without the entries a kept message or a summary still holds."""
+        at = _ledger_index(conversation)
+        if at is None:
+            return conversation
+        present = "\n".join(
+            normalised(m.text)
+            for i, m in enumerate(conversation.messages)
+            if i != at and (m.role in self.config.roles or m.origin < 0)
+        )
+        entries = _parse(conversation.messages[at].text, self.config.header)
+        left = [e for e in entries if normalised(e.text) not in present]
+        if len(left) == len(entries):
+            return conversation
+        if not left:
+            return Conversation(conversation.messages[:at] + conversation.messages[at + 1 :])
+        messages = list(conversation.messages)
+        messages[at] = self._message(left, env)
+        return conversation.with_contents(messages)
+
+    def _entries(self, conversation: Conversation, at: int | None, env: Env) -> list[Entry]:
+        """The ledger's entries so far, then the salient sentences of the messages a later step
+        may remove, in the order they were said, each statement once."""
+        seen: set[str] = set()
+        entries: list[Entry] = []
+        if at is not None:
+            for entry in _parse(conversation.messages[at].text, self.config.header):
+                key = normalised(entry.text)
+                if key not in seen:
+                    seen.add(key)
+                    entries.append(Entry(entry.text, entry.score, len(entries)))
+        base = len(entries)
+        roles, protected = self.config.roles, conversation.protected()
+        for i, message in enumerate(conversation.messages):
+            if protected[i] or message.origin < 0 or message.role not in roles:
+                continue
+            for statement in self._salient(message.text, env):
+                # one line per entry: a statement over several lines has them joined by spaces
+                text = _trimmed(" ".join(statement.text.split()), self.config.max_entry_chars)
+                key = normalised(text)
+                if key not in seen:
+                    seen.add(key)
+                    entries.append(Entry(text, statement.score, base + i))
+        return entries
+
+    def _salient(self, text: str, env: Env) -> Sequence[Statement]:
+        threshold = self.config.min_salience
+        return env.memo.get(
+            ("salient", threshold, text), lambda: salient(text, threshold), len(text)
+        )
+
+    def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
+        """The entries that fit in `cap` tokens: the least salient leave first, the older first
+        among equals; the rest keep their order."""
+        sizes = [env.text_tokens(BULLET + e.text + "\n") for e in entries]
+        total = sum(sizes) + env.text_tokens(self.config.header) + FRAMING_TOKENS
+        if total <= cap:
+            return entries
+        gone: set[int] = set()
+        for k in sorted(range(len(entries)), key=lambda k: (entries[k].score, entries[k].order)):
+            if total <= cap:
+                break
+            gone.add(k)
+            total -= sizes[k]
+        return [e for k, e in enumerate(entries) if k not in gone]
+
+    def _message(self, entries: Sequence[Entry], env: Env) -> Message:
+        lines = [self.config.header, *(BULLET + e.text for e in entries)]
+        data = {"role": "system", "content": "\n".join(lines)}
+        return Message(data, env.count(data), pin=True, kind=KIND)
+
+
+def _ledger_index(conversation: Conversation) -> int | None:
+    return next((i for i, m in enumerate(conversation.messages) if m.kind == KIND), None)
+
+
+def _parse(text: str, header: str) -> list[Entry]:
+    """The entries of a ledger block, as `_message` wrote them."""
+    lines = text.split("\n")
+    if lines and lines[0] == header:
+        lines = lines[1:]
+    return [
+        Entry(line[len(BULLET) :], score(line[len(BULLET) :]).score, k)
+        for k, line in enumerate(lines)
+        if line.startswith(BULLET)
+    ]
+
+
+def _trimmed(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
