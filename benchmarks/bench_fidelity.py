@@ -8,16 +8,18 @@ Sessions come from `benchmarks/fidelity_sessions.py`: English, Chinese and Japan
 shape and an agent shape (tool calls with 20-60-line outputs), one statement of each of eight
 types planted per session (most in the first fifth), a generic "continue" as the last message.
 Each session is compacted to 50 % and to 25 % of its size (the policy's target set there) by
-every chain in `config.example.yaml`, by the same chain without its `ledger` step, and by `fifo`
-alone. A statement survives when its exact text (whitespace and case aside) is in the forwarded
-messages. Printed: survival by chain and type, the ledger's tokens as a share of the budget, the
-invariant check, and the time of the default chain on a 200-message request with and without the
-ledger. Tokens: 4 per message plus a quarter of the ASCII characters and one per CJK character.
+every chain in `config.example.yaml`, by the same chain without its `ledger` step, by `fifo`
+alone and by each relevance step (`prioritize_recent`, `discard_low_rel`) alone. A statement
+survives when its exact text (whitespace and case aside) is in the forwarded messages.
+Printed: survival by chain and type, the ledger's tokens as a share of the budget, the invariant
+check, and the time of the default chain on a 200-message request with and without the ledger.
+Tokens: 4 per message plus a quarter of the ASCII characters and one per CJK character.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -47,8 +49,11 @@ TARGET_RATIO = 0.6
 TRIGGER_RATIO = 0.8
 
 
+_CJK = re.compile("[\u2e80-\U0010ffff]")
+
+
 def count_text(text: str) -> int:
-    cjk = sum(1 for ch in text if ord(ch) >= 0x2E80)
+    cjk = len(_CJK.findall(text))
     return (len(text) - cjk + 3) // 4 + cjk
 
 
@@ -70,7 +75,7 @@ def conversation(messages: Sequence[Mapping[str, Any]]) -> Conversation:
 
 def chains() -> dict[str, list[Any]]:
     """Every policy's steps in the example config (the default chain where none are listed),
-    each also without its ledger, and fifo alone."""
+    each also without its ledger; fifo alone, and each relevance step alone."""
     raw = yaml.safe_load(CONFIG.read_text())
     out: dict[str, list[Any]] = {}
     for name, policy in (raw.get("policies") or {}).items():
@@ -80,6 +85,9 @@ def chains() -> dict[str, list[Any]]:
         if len(without) != len(steps):
             out[f"{name} (no ledger)"] = without
     out["fifo alone"] = [{"type": "fifo"}]
+    # the relevance steps on their own must do no worse than fifo
+    out["prioritize_recent alone"] = [{"type": "prioritize_recent"}]
+    out["discard_low_rel alone"] = [{"type": "discard_low_rel"}]
     return out
 
 
@@ -129,24 +137,27 @@ def compact(s: Session, policy: Any, fraction: float) -> tuple[dict[str, bool], 
 
 
 def chain_time(repeat: int = 30) -> dict[str, float]:
-    """Median ms of the default chain on a 200-message agent request, with and without the
-    ledger, compacted to half its size."""
-    s = session(0, "en", "agent", turns=67)  # 67 turns of user, call, result, answer: ~200+
-    messages = [*s.messages[:200], s.messages[-1]]
+    """Median ms of the default chain on a 200-message request (agent and chat shapes), with
+    and without the ledger, compacted to half its size: first seen (a new memo per request)
+    and resent (one memo across requests, as the gateway keeps one per process)."""
     out = {}
-    for name, steps in (
-        ("default", [c.model_dump() for c in DEFAULT_STEPS]),
-        ("default without ledger", [c.model_dump() for c in DEFAULT_STEPS if c.type != "ledger"]),
-    ):
-        policy = build_policy(name, steps)
-        times = []
-        for _ in range(repeat):
-            before = conversation(messages)  # new objects: nothing remembered between requests
-            budget = budget_for(before.tokens, 0.5)
-            started = time.perf_counter()
-            run_chain(before, budget, policy, env())
-            times.append((time.perf_counter() - started) * 1000)
-        out[name] = statistics.median(times)
+    for shape, turns in (("agent", 67), ("chat", 100)):
+        s = session(0, "en", shape, turns=turns)
+        messages = [*s.messages[:200], s.messages[-1]]
+        for name, steps in (
+            ("with ledger", [c.model_dump() for c in DEFAULT_STEPS]),
+            ("without", [c.model_dump() for c in DEFAULT_STEPS if c.type != "ledger"]),
+        ):
+            policy = build_policy(name, steps)
+            for seen, shared in (("first seen", None), ("resent", env())):
+                times = []
+                for _ in range(repeat):
+                    before = conversation(messages)  # new objects on every request
+                    budget = budget_for(before.tokens, 0.5)
+                    started = time.perf_counter()
+                    run_chain(before, budget, policy, shared or env())
+                    times.append((time.perf_counter() - started) * 1000)
+                out[f"{shape} {seen} {name}"] = statistics.median(times)
     return out
 
 
@@ -172,8 +183,8 @@ def report(results: Mapping[str, Any], times: Mapping[str, float]) -> str:
     lines += [
         "",
         f"invariant violations: {bad or 'none'}",
-        "default chain on a 200-message request, median: "
-        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in times.items()),
+        "default chain on a 200-message request, median ms: "
+        + ", ".join(f"{name} {ms:.2f}" for name, ms in times.items()),
     ]
     return "\n".join(lines)
 

@@ -16,9 +16,10 @@ scores lower.
 
 Rules rather than a model: the score must be the same on every replica and every run (the ledger
 it feeds is part of a cached prefix), explainable when an operator asks why a sentence was kept,
-cost microseconds per sentence on the request path, and need nothing downloaded. Cue lists for
-three languages are small; a small classifier would need shipped weights and a runtime, and
-would still need these rules to say why.
+cost tens of microseconds per sentence, once per distinct message (the gateway remembers it
+across requests), and need nothing downloaded. Cue lists for three languages are small; a
+small classifier would need shipped weights and a runtime, and would still need these rules to
+say why.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from ..budget import Budget
 from ..conversation import Conversation, Message, inserted
-from ..salience import Statement, normalised, salient, score
+from ..salience import normalised, salient, score
 from ..step import Env, StepConfig, StepResult
 
 KIND = "ledger"
@@ -93,11 +93,11 @@ class Ledger:
         if at is None:
             return conversation
         present = "\n".join(
-            normalised(m.text)
+            _normalised(m.text, env)
             for i, m in enumerate(conversation.messages)
             if i != at and (m.role in self.config.roles or m.origin < 0)
         )
-        entries = _parse(conversation.messages[at].text, self.config.header)
+        entries = _parse(conversation.messages[at].text, self.config.header, env)
         left = [e for e in entries if normalised(e.text) not in present]
         if len(left) == len(entries):
             return conversation
@@ -113,7 +113,7 @@ class Ledger:
         seen: set[str] = set()
         entries: list[Entry] = []
         if at is not None:
-            for entry in _parse(conversation.messages[at].text, self.config.header):
+            for entry in _parse(conversation.messages[at].text, self.config.header, env):
                 key = normalised(entry.text)
                 if key not in seen:
                     seen.add(key)
@@ -123,20 +123,26 @@ class Ledger:
         for i, message in enumerate(conversation.messages):
             if protected[i] or message.origin < 0 or message.role not in roles:
                 continue
-            for statement in self._salient(message.text, env):
-                # one line per entry: a statement over several lines has them joined by spaces
-                text = _trimmed(" ".join(statement.text.split()), self.config.max_entry_chars)
-                key = normalised(text)
+            for text, key, value in self._candidates(message.text, env):
                 if key not in seen:
                     seen.add(key)
-                    entries.append(Entry(text, statement.score, base + i))
+                    entries.append(Entry(text, value, base + i))
         return entries
 
-    def _salient(self, text: str, env: Env) -> Sequence[Statement]:
-        threshold = self.config.min_salience
-        return env.memo.get(
-            ("salient", threshold, text), lambda: salient(text, threshold), len(text)
-        )
+    def _candidates(self, text: str, env: Env) -> Sequence[tuple[str, str, float]]:
+        """A message's would-be entries: (line, comparison key, score) of each salient passage;
+        remembered, since a client resends every message on every request."""
+        threshold, limit = self.config.min_salience, self.config.max_entry_chars
+
+        def work() -> list[tuple[str, str, float]]:
+            out = []
+            for statement in salient(text, threshold):
+                # one line per entry: a statement over several lines has them joined by spaces
+                line = _trimmed(" ".join(statement.text.split()), limit)
+                out.append((line, normalised(line), statement.score))
+            return out
+
+        return env.memo.get(("ledger", threshold, limit, text), work, len(text))
 
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
         """The entries that fit in `cap` tokens: the least salient leave first, the older first
@@ -163,16 +169,22 @@ def _ledger_index(conversation: Conversation) -> int | None:
     return next((i for i, m in enumerate(conversation.messages) if m.kind == KIND), None)
 
 
-def _parse(text: str, header: str) -> list[Entry]:
-    """The entries of a ledger block, as `_message` wrote them."""
+def _parse(text: str, header: str, env: Env) -> list[Entry]:
+    """The entries of a ledger block, as `_message` wrote them (each entry's score remembered:
+    the block is parsed again on every pass and every request)."""
     lines = text.split("\n")
     if lines and lines[0] == header:
         lines = lines[1:]
-    return [
-        Entry(line[len(BULLET) :], score(line[len(BULLET) :]).score, k)
-        for k, line in enumerate(lines)
-        if line.startswith(BULLET)
-    ]
+    entries = [line[len(BULLET) :] for line in lines if line.startswith(BULLET)]
+    return [Entry(entry, _score(entry, env), k) for k, entry in enumerate(entries)]
+
+
+def _score(text: str, env: Env) -> float:
+    return env.memo.get(("score", text), lambda: score(text).score, len(text))
+
+
+def _normalised(text: str, env: Env) -> str:
+    return env.memo.get(("normalised", text), lambda: normalised(text), len(text))
 
 
 def _trimmed(text: str, limit: int) -> str:
