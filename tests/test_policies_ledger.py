@@ -108,6 +108,32 @@ def test_salience_is_a_pure_bounded_function_of_the_text(text: str) -> None:
         assert passage.text in text  # word for word, from the message itself
 
 
+CUE_WORDS = [
+    "Never",
+    "DO NOT",
+    "Always",
+    "From Now On",
+    "MUST",
+    "Actually",
+    "I Prefer",
+    "The Goal Is",
+]
+
+
+@given(
+    st.lists(st.sampled_from(CUE_WORDS), max_size=3),
+    st.text(alphabet="abcXYZ .,!?'", max_size=40),
+    st.booleans(),
+)
+def test_a_cue_counts_whatever_its_case(cues: list[str], filler: str, upper: bool) -> None:
+    """A cue is a cue in any case: "NEVER", "Never" and "never" name the same kind."""
+    text = "We " + " ".join(cues) + " " + filler + " deploy on friday."
+    flipped = text.upper() if upper else text.lower()
+    kind = score(text).kind
+    if cues:
+        assert kind not in (None, "fact") and score(flipped).kind == kind
+
+
 # -- the ledger --------------------------------------------------------------------------------
 
 
