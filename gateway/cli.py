@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
 
@@ -18,20 +19,24 @@ HTTP = "httptools"  # uvicorn's HTTP/1.1 implementation (uvicorn[standard])
 def build_parser() -> argparse.ArgumentParser:
     """The `compactgate` argument parser (also used by tests that check deploy/ entrypoints)."""
     parser = argparse.ArgumentParser(prog="compactgate", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
+    )
+    # Operators read defaults in --help rather than in the source: every subcommand shows them.
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_DefaultsParser)
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help=f"YAML/JSON config (default: ${CONFIG_ENV}, else built-in)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="proxy port")
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", help="uvicorn and gateway log level")
     serve.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="on SIGTERM, how long in-flight responses may take to finish (default 30)",
+        help="on SIGTERM, how long in-flight responses may take to finish",
     )
 
     check = commands.add_parser("check-config", help="validate a config and summarise it")
@@ -51,8 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
-    demo.add_argument("--turns", type=int, default=14)
+    demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")
     return parser
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows real defaults only: `(default: None)` on an optional path or `(default: False)` on a
+    flag says nothing an operator can use."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _DefaultsParser(argparse.ArgumentParser):
+    """A subcommand parser whose --help shows each option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def version() -> str:
+    """The installed distribution's version; the package's own `__version__` when running from
+    a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("compactgate")
+    except PackageNotFoundError:
+        import gateway
+
+        return str(getattr(gateway, "__version__", "unknown"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

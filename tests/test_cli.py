@@ -1,13 +1,15 @@
-"""`compactgate serve` start-up (gateway/cli.py): the open-files limit (issue 10).
+"""The `compactgate` command (gateway/cli.py): `serve` start-up and the operator's commands.
 
 What an operator would notice: a gateway started under the usual soft limit of a few hundred or
 1,024 descriptors (about 500 streams, two descriptors each) raises it to the hard limit, or to
 `server.max_open_files`, and says so in its log; where the system refuses, it logs that and
-serves anyway.
+serves anyway. `--version` and each subcommand's `--help` (with its defaults) answer without a
+config.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import resource
 import sys
@@ -16,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.cli import raise_open_files_limit
+import gateway
+from gateway.cli import main, raise_open_files_limit
 from tests.conftest import Starter, free_port
 
 
@@ -111,3 +114,34 @@ def test_serve_with_an_admin_port_and_several_workers(
     assert httpx.get(f"http://127.0.0.1:{admin_port}/metrics", timeout=10).status_code == 200
     assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    expected = importlib.metadata.version("compactgate")
+    assert capsys.readouterr().out.strip() == f"compactgate {expected}"
+
+
+def test_version_falls_back_to_the_package_attribute(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(gateway, "__version__", "9.8.7", raising=False)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == "compactgate 9.8.7"
+
+
+def test_serve_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for default in ("127.0.0.1", "8080", "info", "30.0"):
+        assert f"(default: {default})" in text
+    assert "(default: None)" not in text
