@@ -80,7 +80,7 @@ class Authenticator:
             raise AuthenticationError(
                 "This gateway requires an API key: send it as `Authorization: Bearer <key>`."
             )
-        digest = hashlib.sha256(presented).digest()
+        digest = _digest(presented)
         found: _Key | None = None
         for key in self._keys:  # every entry, always: no early exit
             if hmac.compare_digest(digest, key.digest) and found is None:
@@ -113,6 +113,16 @@ class Authenticator:
             if credential:
                 break
         return "k:" + hashlib.sha256(credential).hexdigest()[:32]
+
+
+def key_sha256(key: bytes) -> str:
+    """The `auth.keys[].key_sha256` value for `key` (as the client will send it): the digest
+    `Authenticator.identify` compares, so the config and the check cannot drift apart."""
+    return _digest(key).hex()
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
 
 
 def presented_key(scope: Scope) -> bytes | None:

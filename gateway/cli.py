@@ -1,4 +1,4 @@
-"""The `compactgate` command: serve, check-config, plan, demo (contract C)."""
+"""The `compactgate` command: serve, check-config, hash-key, plan, demo (contract C)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a config and summarise it")
     check.add_argument("path")
+
+    commands.add_parser(
+        "hash-key",
+        help="read an API key from stdin, print its auth.keys entry (key_sha256: ...)",
+        description="Reads a gateway API key from stdin (prompted, unechoed, on a terminal) and "
+        "prints the `key_sha256: <hex>` line for an entry of the config's auth.keys list. "
+        "The key itself never needs to be in the config.",
+    )
 
     plan = commands.add_parser("plan", help="show what the gateway would send for a request body")
     plan.add_argument(
@@ -98,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "check-config":
         return _check(args.path)
+    if args.command == "hash-key":
+        return _hash_key()
     if args.command == "plan":
         from .plan_cli import run_plan
 
@@ -240,6 +250,29 @@ def _multiprocess_metrics_dir() -> None:
         import tempfile
 
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="compactgate-metrics-")
+
+
+def _hash_key() -> int:
+    """Print the config line for a key read from stdin; exit 2 when there is no key. Surrounding
+    whitespace (the newline of `echo`) is dropped, as the gateway drops it from a presented key."""
+    from .auth import key_sha256
+
+    if sys.stdin.isatty():
+        import getpass
+
+        key = getpass.getpass("API key: ").encode()
+    else:
+        key = sys.stdin.buffer.read()
+    key = key.strip()
+    if not key:
+        print(
+            'hash-key: no key on stdin (pipe the key in, e.g. printf %s "$KEY" | '
+            "compactgate hash-key)",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"key_sha256: {key_sha256(key)}")
+    return 0
 
 
 def _check(path: str) -> int:

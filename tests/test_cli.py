@@ -10,6 +10,7 @@ config.
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import logging
 import resource
 import sys
@@ -17,9 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 import gateway
+from gateway.auth import Authenticator
 from gateway.cli import main, raise_open_files_limit
+from gateway.config import parse_config
+from gateway.errors import AuthenticationError
 from tests.conftest import Starter, free_port
 
 
@@ -145,3 +150,31 @@ def test_serve_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> No
     for default in ("127.0.0.1", "8080", "info", "30.0"):
         assert f"(default: {default})" in text
     assert "(default: None)" not in text
+
+
+def hash_key(stdin: bytes, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    return main(["hash-key"])
+
+
+def test_hash_key_prints_an_entry_the_gateway_accepts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hash_key(b"sk-gw-\xc3\xa9l\xc3\xa8ve-123\n", monkeypatch) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("key_sha256: ") and "sk-gw" not in line
+    entry = {**yaml.safe_load(line), "tenant": "acme"}
+    authenticator = Authenticator(parse_config({"auth": {"keys": [entry]}}))
+    presented = "Bearer sk-gw-élève-123".encode()  # the bytes a client sends
+    scope = {"headers": [(b"authorization", presented)]}
+    assert authenticator.identify(scope).tenant == "t:acme"
+    with pytest.raises(AuthenticationError):
+        authenticator.identify({"headers": [(b"authorization", b"Bearer sk-gw-other")]})
+
+
+def test_hash_key_refuses_an_empty_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hash_key(b"\n", monkeypatch) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no key on stdin" in captured.err
