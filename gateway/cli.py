@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
+from .version import version
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
 HTTP = "httptools"  # uvicorn's HTTP/1.1 implementation (uvicorn[standard])
@@ -84,20 +85,6 @@ class _DefaultsParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)
-
-
-def version() -> str:
-    """The installed distribution's version; the package's own `__version__` when running from
-    a source tree that was never installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("compactgate")
-    except PackageNotFoundError:
-        import gateway
-
-        return str(getattr(gateway, "__version__", "unknown"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
