@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -287,9 +288,10 @@ def summarise(config: Config, path: str) -> str:
         )
         upstream = model.upstream.base_url or f"litellm:{model.upstream.model or model.name}"
         lines.append(
-            f"  {model.name:<24} -> {upstream}  window={window}  "
+            f"  {model.name:<24} -> {mask_url(upstream)}  window={window}  "
             f"tokenizer={(route.tokenizer if route else model.tokenizer) or 'auto'}  "
-            f"policy={model.policy}  mode={model.mode or config.mode}"
+            f"policy={model.policy}  mode={model.mode or config.mode}  "
+            f"upstream_key={'gateway (***)' if model.upstream.api_key else 'client'}"
         )
     lines += ["", "policies:"]
     names = sorted({*config.policies, "default"})
@@ -301,11 +303,39 @@ def summarise(config: Config, path: str) -> str:
             f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
             f"recovery={pc.recovery_mode}: {chain}"
         )
+    admin = "token (***)" if config.server.admin_token else "open"
+    if config.server.admin_port is not None:
+        admin += f" on port {config.server.admin_port}"
     lines += [
         "",
-        f"store: {config.store}   auth: {'on' if config.auth and config.auth.keys else 'off'}",
+        f"store: {mask_url(config.store)}   "
+        f"auth: {'on' if config.auth and config.auth.keys else 'off'}   admin: {admin}",
     ]
     return "\n".join(lines)
+
+
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth|cred|sig", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """`url` fit to print: a password in it (`redis://:secret@host`, `https://user:pw@host`),
+    a lone user name (often a token) and query values named like credentials become `***`.
+    A summary is pasted into tickets and CI logs; the config's secrets must not go with it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    # The last `@` ends the user info even when an unencoded password holds `/`, `?` or `@`.
+    userinfo, at, rest = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        userinfo = f"{user}:***@" if colon else "***@"
+    base, question, query = rest.partition("?")
+    if question:
+        query = "&".join(
+            f"{name}=***" if eq and _SECRET_PARAM.search(name) else f"{name}{eq}{value}"
+            for name, eq, value in (part.partition("=") for part in query.split("&"))
+        )
+    return f"{scheme}://{userinfo}{base}{question}{query}"
 
 
 if __name__ == "__main__":
