@@ -124,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from . import connections
+    from .auth import open_relay_warning
     from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
@@ -131,6 +132,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    warning = open_relay_warning(config, args.host, os.environ)
+    if warning:
+        logging.getLogger("compactgate.serve").warning(warning)
     raise_open_files_limit(config.server.max_open_files)
     if path:
         os.environ[CONFIG_ENV] = os.path.abspath(path)

@@ -178,3 +178,29 @@ def test_hash_key_refuses_an_empty_key(
     assert hash_key(b"\n", monkeypatch) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "no key on stdin" in captured.err
+
+
+def test_serve_logs_the_open_relay_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The decision is tested in tests/test_auth.py; here, that `serve` acts on it, before the
+    server starts."""
+    import signal
+
+    import uvicorn
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1', api_key: sk-held}}]\n"
+    )
+    started: list[dict[str, object]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: started.append(options))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's own handlers
+    monkeypatch.setattr("gateway.cli.raise_open_files_limit", lambda wanted: (0, 0))
+    monkeypatch.setenv("COMPACTGATE_CONFIG", str(config))
+    with caplog.at_level(logging.WARNING, logger="compactgate.serve"):
+        assert main(["serve", "--host", "127.0.0.1"]) == 0
+        assert "open relay" not in caplog.text
+        assert main(["serve", "--host", "0.0.0.0"]) == 0
+    assert [r.levelname for r in caplog.records if "open relay" in r.message] == ["WARNING"]
+    assert [options["host"] for options in started] == ["127.0.0.1", "0.0.0.0"]
