@@ -27,6 +27,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import hmac
+import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .asgi import Scope, header
@@ -80,7 +82,7 @@ class Authenticator:
             raise AuthenticationError(
                 "This gateway requires an API key: send it as `Authorization: Bearer <key>`."
             )
-        digest = hashlib.sha256(presented).digest()
+        digest = _digest(presented)
         found: _Key | None = None
         for key in self._keys:  # every entry, always: no early exit
             if hmac.compare_digest(digest, key.digest) and found is None:
@@ -115,6 +117,16 @@ class Authenticator:
         return "k:" + hashlib.sha256(credential).hexdigest()[:32]
 
 
+def key_sha256(key: bytes) -> str:
+    """The `auth.keys[].key_sha256` value for `key` (as the client will send it): the digest
+    `Authenticator.identify` compares, so the config and the check cannot drift apart."""
+    return _digest(key).hex()
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
 def presented_key(scope: Scope) -> bytes | None:
     """The key in `Authorization: Bearer <key>` (any case of `Bearer`), `api-key: <key>` or
     `x-api-key: <key>`."""
@@ -130,3 +142,58 @@ def presented_key(scope: Scope) -> bytes | None:
         if value and value.strip():
             return value.strip()
     return None
+
+
+# Variables litellm reads a provider credential from when the request carries none.
+_PROVIDER_ENV_EXACT = frozenset({"AWS_ACCESS_KEY_ID", "GOOGLE_APPLICATION_CREDENTIALS"})
+_LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) -> str | None:
+    """The start-up warning for a gateway anyone on the network could spend an upstream key
+    through, or None. That is: no gateway keys (`auth.keys`), a listening address other than
+    loopback, and a route whose upstream credential the gateway itself supplies (its `api_key`,
+    a credential header in `upstream.headers`, or, for litellm routes, a provider key in the
+    environment, which litellm uses when the client sends none)."""
+    if config.auth is not None and config.auth.keys:
+        return None
+    if _is_loopback(host):
+        return None
+    provider_env = sorted(
+        name
+        for name, value in environ.items()
+        if value and (name.endswith("_API_KEY") or name in _PROVIDER_ENV_EXACT)
+    )
+    held: list[str] = []
+    sources: set[str] = set()
+    for model in config.models:
+        upstream = model.upstream
+        if upstream.api_key:
+            sources.add("upstream.api_key")
+        elif any(name.lower().encode() in CREDENTIAL_HEADERS for name in upstream.headers):
+            sources.add("a credential in upstream.headers")
+        elif upstream.provider == "litellm" and provider_env:
+            sources.add(f"litellm reading {', '.join(provider_env)} from the environment")
+        else:
+            continue
+        held.append(model.name)
+    if not held:
+        return None
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    return (
+        f"open relay: listening on {host} without gateway keys (auth.keys), while the gateway "
+        f"supplies the upstream credential of model(s) {shown} ({'; '.join(sorted(sources))}): "
+        "anyone who can reach this address can spend that credential. Add auth.keys entries "
+        '(`printf %s "$KEY" | compactgate hash-key` prints each key_sha256 line), or listen '
+        "on 127.0.0.1 behind a proxy that authenticates."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    name = host.strip().strip("[]").lower()
+    if name in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

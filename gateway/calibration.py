@@ -61,7 +61,7 @@ class Calibration:
         if reported <= 0 or estimated <= 0:
             return
         label = self._metrics.model_label(route.name)
-        self._metrics.estimate_error.labels(label).observe((estimated - reported) / reported)
+        self._metrics.estimate(label, estimated, reported)
         tokenizer = route.counter.tokenizer
         if not isinstance(tokenizer, CharsTokenizer):
             return

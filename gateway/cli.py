@@ -1,15 +1,18 @@
-"""The `compactgate` command: serve, check-config, plan, demo (contract C)."""
+"""The `compactgate` command: serve, check-config, hash-key, plan, demo (contract C)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
+from .version import version
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
 HTTP = "httptools"  # uvicorn's HTTP/1.1 implementation (uvicorn[standard])
@@ -18,24 +21,36 @@ HTTP = "httptools"  # uvicorn's HTTP/1.1 implementation (uvicorn[standard])
 def build_parser() -> argparse.ArgumentParser:
     """The `compactgate` argument parser (also used by tests that check deploy/ entrypoints)."""
     parser = argparse.ArgumentParser(prog="compactgate", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
+    )
+    # Operators read defaults in --help rather than in the source: every subcommand shows them.
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_DefaultsParser)
 
     serve = commands.add_parser("serve", help="run the gateway")
     serve.add_argument("--config", help=f"YAML/JSON config (default: ${CONFIG_ENV}, else built-in)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="proxy port")
     serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", help="uvicorn and gateway log level")
     serve.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="on SIGTERM, how long in-flight responses may take to finish (default 30)",
+        help="on SIGTERM, how long in-flight responses may take to finish",
     )
 
     check = commands.add_parser("check-config", help="validate a config and summarise it")
     check.add_argument("path")
+
+    commands.add_parser(
+        "hash-key",
+        help="read an API key from stdin, print its auth.keys entry (key_sha256: ...)",
+        description="Reads a gateway API key from stdin (prompted, unechoed, on a terminal) and "
+        "prints the `key_sha256: <hex>` line for an entry of the config's auth.keys list. "
+        "The key itself never needs to be in the config.",
+    )
 
     plan = commands.add_parser("plan", help="show what the gateway would send for a request body")
     plan.add_argument(
@@ -51,8 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
-    demo.add_argument("--turns", type=int, default=14)
+    demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")
     return parser
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows real defaults only: `(default: None)` on an optional path or `(default: False)` on a
+    flag says nothing an operator can use."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _DefaultsParser(argparse.ArgumentParser):
+    """A subcommand parser whose --help shows each option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "check-config":
         return _check(args.path)
+    if args.command == "hash-key":
+        return _hash_key()
     if args.command == "plan":
         from .plan_cli import run_plan
 
@@ -89,6 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from . import connections
+    from .auth import open_relay_warning
     from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
@@ -96,6 +132,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    warning = open_relay_warning(config, args.host, os.environ)
+    if warning:
+        logging.getLogger("compactgate.serve").warning(warning)
     raise_open_files_limit(config.server.max_open_files)
     if path:
         os.environ[CONFIG_ENV] = os.path.abspath(path)
@@ -205,6 +244,29 @@ def _multiprocess_metrics_dir() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="compactgate-metrics-")
 
 
+def _hash_key() -> int:
+    """Print the config line for a key read from stdin; exit 2 when there is no key. Surrounding
+    whitespace (the newline of `echo`) is dropped, as the gateway drops it from a presented key."""
+    from .auth import key_sha256
+
+    if sys.stdin.isatty():
+        import getpass
+
+        key = getpass.getpass("API key: ").encode()
+    else:
+        key = sys.stdin.buffer.read()
+    key = key.strip()
+    if not key:
+        print(
+            'hash-key: no key on stdin (pipe the key in, e.g. printf %s "$KEY" | '
+            "compactgate hash-key)",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"key_sha256: {key_sha256(key)}")
+    return 0
+
+
 def _check(path: str) -> int:
     try:
         config = load_config(path)
@@ -230,9 +292,10 @@ def summarise(config: Config, path: str) -> str:
         )
         upstream = model.upstream.base_url or f"litellm:{model.upstream.model or model.name}"
         lines.append(
-            f"  {model.name:<24} -> {upstream}  window={window}  "
+            f"  {model.name:<24} -> {mask_url(upstream)}  window={window}  "
             f"tokenizer={(route.tokenizer if route else model.tokenizer) or 'auto'}  "
-            f"policy={model.policy}  mode={model.mode or config.mode}"
+            f"policy={model.policy}  mode={model.mode or config.mode}  "
+            f"upstream_key={'gateway (***)' if model.upstream.api_key else 'client'}"
         )
     lines += ["", "policies:"]
     names = sorted({*config.policies, "default"})
@@ -244,11 +307,39 @@ def summarise(config: Config, path: str) -> str:
             f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
             f"recovery={pc.recovery_mode}: {chain}"
         )
+    admin = "token (***)" if config.server.admin_token else "open"
+    if config.server.admin_port is not None:
+        admin += f" on port {config.server.admin_port}"
     lines += [
         "",
-        f"store: {config.store}   auth: {'on' if config.auth and config.auth.keys else 'off'}",
+        f"store: {mask_url(config.store)}   "
+        f"auth: {'on' if config.auth and config.auth.keys else 'off'}   admin: {admin}",
     ]
     return "\n".join(lines)
+
+
+_SECRET_PARAM = re.compile(r"pass|secret|token|key|auth|cred|sig", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """`url` fit to print: a password in it (`redis://:secret@host`, `https://user:pw@host`),
+    a lone user name (often a token) and query values named like credentials become `***`.
+    A summary is pasted into tickets and CI logs; the config's secrets must not go with it."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    # The last `@` ends the user info even when an unencoded password holds `/`, `?` or `@`.
+    userinfo, at, rest = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        userinfo = f"{user}:***@" if colon else "***@"
+    base, question, query = rest.partition("?")
+    if question:
+        query = "&".join(
+            f"{name}=***" if eq and _SECRET_PARAM.search(name) else f"{name}{eq}{value}"
+            for name, eq, value in (part.partition("=") for part in query.split("&"))
+        )
+    return f"{scheme}://{userinfo}{base}{question}{query}"
 
 
 if __name__ == "__main__":

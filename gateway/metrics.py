@@ -8,21 +8,34 @@ multiprocess collector.
 Labels are bounded: `model` is the route name, and at most `MAX_MODEL_LABELS` distinct names are
 kept before new ones are counted as `other` (a client can send any model name). API keys and
 tenants never appear in labels.
+
+Counters and histograms carry no `_created` series: they double the exposition's size and no
+query here uses them. Each registry also exports `compactgate_build_info` and the platform's
+`python_info`; the process's `process_*` metrics (CPU, memory, descriptors) too, except in
+multiprocess mode, where they would describe only whichever worker answered the scrape.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 
 from prometheus_client import (
+    PLATFORM_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
+    disable_created_metrics,
     generate_latest,
     multiprocess,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from .version import version
+
+disable_created_metrics()
 
 MAX_MODEL_LABELS = 200
 LATENCY_BUCKETS = (
@@ -45,7 +58,9 @@ LATENCY_BUCKETS = (
     120,
 )
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1)
-RATIO_BUCKETS = (-0.5, -0.2, -0.1, -0.05, -0.03, -0.01, 0, 0.01, 0.03, 0.05, 0.1, 0.2, 0.5)
+# Non-negative bounds only: prometheus-client drops a histogram's `_sum` when a bucket bound is
+# negative, and the mean error (`_sum / _count`) is what calibration is judged by.
+RATIO_BUCKETS = (0.01, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2)
 
 
 class Metrics:
@@ -55,6 +70,17 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         r = self.registry
+        self.build_info = Gauge(
+            "compactgate_build_info",
+            "Always 1; the labels say which gateway and Python serve",
+            ["version", "python"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(version(), platform.python_version()).set(1)
+        if not self.multiprocess:
+            ProcessCollector(registry=r)
+            r.register(PLATFORM_COLLECTOR)
         self.requests = Counter(
             "compactgate_requests",
             "Chat completion requests by model and status",
@@ -141,9 +167,21 @@ class Metrics:
         )
         self.estimate_error = Histogram(
             "compactgate_estimate_error_ratio",
-            "(estimate - reported prompt_tokens) / reported",
+            "|estimate - reported prompt_tokens| / reported",
             ["model"],
             buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.estimate_under = Counter(
+            "compactgate_estimate_under",
+            "Answers whose reported prompt_tokens exceeded the gateway's estimate",
+            ["model"],
+            registry=r,
+        )
+        self.estimate_over = Counter(
+            "compactgate_estimate_over",
+            "Answers whose reported prompt_tokens were below the gateway's estimate",
+            ["model"],
             registry=r,
         )
         # Cost accounting (`costs`): USD by arm (what was billed, what the client's own request
@@ -217,9 +255,19 @@ class Metrics:
         self._models.add(name)
         return name
 
+    def estimate(self, model: str, estimated: int, reported: int) -> None:
+        """One answer's token estimate against the upstream's count (`reported` > 0): the size of
+        the error in the histogram, its direction in the under/over counters."""
+        self.estimate_error.labels(model).observe(abs(estimated - reported) / reported)
+        if estimated < reported:
+            self.estimate_under.labels(model).inc()
+        elif estimated > reported:
+            self.estimate_over.labels(model).inc()
+
     def render(self) -> bytes:
         if self.multiprocess:
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
+            registry.register(PLATFORM_COLLECTOR)  # static facts, the same in every worker
             return generate_latest(registry)
         return generate_latest(self.registry)

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from gateway import auth as auth_module
-from gateway.auth import Authenticator, Identity, presented_key
+from gateway.auth import Authenticator, Identity, open_relay_warning, presented_key
 from gateway.config import parse_config
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
@@ -332,3 +332,50 @@ def test_identity_globs() -> None:
     identity = Identity("t:x", ("gpt-4o*", "m"))
     assert identity.may_use("gpt-4o-mini") and identity.may_use("m")
     assert not identity.may_use("gpt-4") and not identity.may_use("mm")
+
+
+# -- the open-relay warning at start-up ----------------------------------------------------------
+
+
+def relay_config(*upstreams: dict[str, Any], keys: bool = False) -> Any:
+    models = [{"name": f"m{i}", "upstream": up} for i, up in enumerate(upstreams)]
+    auth = {"keys": [{"key_sha256": sha256("k1"), "tenant": "one"}]} if keys else None
+    return parse_config({"models": models, "auth": auth})
+
+
+HELD = {"base_url": "http://llm.internal/v1", "api_key": "sk-held"}
+PASSED = {"base_url": "http://llm.internal/v1"}
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "gateway.example.com"])
+def test_a_held_key_without_gateway_keys_on_a_network_address_warns(host: str) -> None:
+    warning = open_relay_warning(relay_config(PASSED, HELD), host, {})
+    assert warning is not None
+    assert host in warning and "m1" in warning and "m0" not in warning
+    assert "auth.keys" in warning and "compactgate hash-key" in warning
+    assert "sk-held" not in warning
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_loopback_is_not_an_open_relay(host: str) -> None:
+    assert open_relay_warning(relay_config(HELD), host, {}) is None
+
+
+def test_gateway_keys_or_client_credentials_are_not_an_open_relay() -> None:
+    assert open_relay_warning(relay_config(HELD, keys=True), "0.0.0.0", {}) is None
+    # The client's own credential is forwarded: the gateway spends nothing of its own, even with
+    # a provider key in its environment (an openai-provider route never reads it).
+    env = {"OPENAI_API_KEY": "sk-env"}
+    assert open_relay_warning(relay_config(PASSED), "0.0.0.0", env) is None
+
+
+def test_credentials_held_in_headers_or_the_environment_count() -> None:
+    in_headers = {**PASSED, "headers": {"X-Api-Key": "sk-held"}}
+    warning = open_relay_warning(relay_config(in_headers), "0.0.0.0", {})
+    assert warning is not None and "upstream.headers" in warning
+    litellm = {"provider": "litellm", "model": "anthropic/claude-sonnet-4"}
+    assert open_relay_warning(relay_config(litellm), "0.0.0.0", {}) is None
+    env = {"ANTHROPIC_API_KEY": "sk-ant-env-secret", "HOME": "/root"}
+    warning = open_relay_warning(relay_config(litellm), "0.0.0.0", env)
+    assert warning is not None and "ANTHROPIC_API_KEY" in warning
+    assert "sk-ant-env-secret" not in warning

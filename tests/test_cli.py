@@ -1,13 +1,16 @@
-"""`compactgate serve` start-up (gateway/cli.py): the open-files limit (issue 10).
+"""The `compactgate` command (gateway/cli.py): `serve` start-up and the operator's commands.
 
 What an operator would notice: a gateway started under the usual soft limit of a few hundred or
 1,024 descriptors (about 500 streams, two descriptors each) raises it to the hard limit, or to
 `server.max_open_files`, and says so in its log; where the system refuses, it logs that and
-serves anyway.
+serves anyway. `--version` and each subcommand's `--help` (with its defaults) answer without a
+config.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import io
 import logging
 import resource
 import sys
@@ -15,8 +18,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
-from gateway.cli import raise_open_files_limit
+import gateway
+from gateway.auth import Authenticator
+from gateway.cli import main, raise_open_files_limit
+from gateway.config import parse_config
+from gateway.errors import AuthenticationError
 from tests.conftest import Starter, free_port
 
 
@@ -111,3 +119,88 @@ def test_serve_with_an_admin_port_and_several_workers(
     assert httpx.get(f"http://127.0.0.1:{admin_port}/metrics", timeout=10).status_code == 200
     assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 404
     assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+
+
+def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    expected = importlib.metadata.version("compactgate")
+    assert capsys.readouterr().out.strip() == f"compactgate {expected}"
+
+
+def test_version_falls_back_to_the_package_attribute(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(gateway, "__version__", "9.8.7", raising=False)
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == "compactgate 9.8.7"
+
+
+def test_serve_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for default in ("127.0.0.1", "8080", "info", "30.0"):
+        assert f"(default: {default})" in text
+    assert "(default: None)" not in text
+
+
+def hash_key(stdin: bytes, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    return main(["hash-key"])
+
+
+def test_hash_key_prints_an_entry_the_gateway_accepts(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hash_key(b"sk-gw-\xc3\xa9l\xc3\xa8ve-123\n", monkeypatch) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("key_sha256: ") and "sk-gw" not in line
+    entry = {**yaml.safe_load(line), "tenant": "acme"}
+    authenticator = Authenticator(parse_config({"auth": {"keys": [entry]}}))
+    presented = "Bearer sk-gw-élève-123".encode()  # the bytes a client sends
+    scope = {"headers": [(b"authorization", presented)]}
+    assert authenticator.identify(scope).tenant == "t:acme"
+    with pytest.raises(AuthenticationError):
+        authenticator.identify({"headers": [(b"authorization", b"Bearer sk-gw-other")]})
+
+
+def test_hash_key_refuses_an_empty_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert hash_key(b"\n", monkeypatch) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no key on stdin" in captured.err
+
+
+def test_serve_logs_the_open_relay_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The decision is tested in tests/test_auth.py; here, that `serve` acts on it, before the
+    server starts."""
+    import signal
+
+    import uvicorn
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1', api_key: sk-held}}]\n"
+    )
+    started: list[dict[str, object]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: started.append(options))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # keep pytest's own handlers
+    monkeypatch.setattr("gateway.cli.raise_open_files_limit", lambda wanted: (0, 0))
+    monkeypatch.setenv("COMPACTGATE_CONFIG", str(config))
+    with caplog.at_level(logging.WARNING, logger="compactgate.serve"):
+        assert main(["serve", "--host", "127.0.0.1"]) == 0
+        assert "open relay" not in caplog.text
+        assert main(["serve", "--host", "0.0.0.0"]) == 0
+    assert [r.levelname for r in caplog.records if "open relay" in r.message] == ["WARNING"]
+    assert [options["host"] for options in started] == ["127.0.0.1", "0.0.0.0"]

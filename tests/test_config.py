@@ -190,6 +190,38 @@ def test_check_config_exit_codes_and_output(
     assert "models[0].context_window: must be > 0" in capsys.readouterr().out
 
 
+def test_check_config_never_prints_a_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary is what gets pasted into tickets and CI logs: passwords in URLs, upstream
+    keys (also from the environment) and the admin token are masked, the rest still shown."""
+    monkeypatch.setenv("UPSTREAM_KEY", "sk-env-upstream-secret")
+    config = write(
+        tmp_path,
+        """
+store: "redis://:redis-pass-secret@redis.internal:6379/0"
+server: {admin_token: admin-token-secret}
+models:
+  - name: a
+    upstream: {base_url: "https://user:url-pass-secret@llm.internal/v1", api_key: sk-conf-secret}
+  - name: b
+    upstream: {base_url: "http://llm.internal/v1?api_key=query-secret", api_key: "${UPSTREAM_KEY}"}
+  - name: c
+    upstream: {base_url: "http://llm.internal/v1"}
+""",
+        "secrets.yaml",
+    )
+    assert main(["check-config", str(config)]) == 0
+    out = capsys.readouterr().out
+    for secret in ("redis-pass", "url-pass", "sk-conf", "sk-env", "query-secret", "admin-token"):
+        assert secret not in out, out
+    assert "redis://:***@redis.internal:6379/0" in out
+    assert "https://user:***@llm.internal/v1" in out
+    assert "http://llm.internal/v1?api_key=***" in out
+    assert out.count("upstream_key=gateway (***)") == 2 and "upstream_key=client" in out
+    assert "admin: token (***)" in out
+
+
 def test_check_config_passes_on_the_shipped_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(EXAMPLE)]) == 0, capsys.readouterr().out
 

@@ -16,6 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.calibration import Calibration
+from gateway.config import parse_config
+from gateway.metrics import Metrics
+from gateway.routing import Router
+from gateway.version import version
 from tests.conftest import GatewayStarter, free_port
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppStarter, LocalUpstream
@@ -289,3 +294,37 @@ def test_ui_page_renders_live_events_in_a_real_browser(
         finally:
             browser.close()
     assert (artifacts / "ui.png").stat().st_size > 10_000
+
+
+def exposition_value(text: str, sample: str) -> float:
+    """The value of one sample line (`name{labels}`) of a text exposition."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {sample} in the exposition")
+
+
+def test_metrics_exposition_has_the_estimate_mean_build_info_and_process_metrics() -> None:
+    """The mean estimate error is computable (`_sum / _count`), its direction is counted apart,
+    no `_created` series double the output, and a scrape says which build and process serve."""
+    config = {"models": [{"name": "m", "upstream": {"base_url": "http://x/v1"}}]}
+    route = Router(parse_config(config)).resolve("m")
+    assert route is not None
+    metrics = Metrics()
+    calibration = Calibration(metrics)
+    for estimated in (90, 110, 120, 100):  # against 100 reported: -10 %, +10 %, +20 %, exact
+        calibration.observe(route, estimated, 100)
+    text = metrics.render().decode()
+    ratio = "compactgate_estimate_error_ratio"
+    assert exposition_value(text, f'{ratio}_count{{model="m"}}') == 4
+    assert exposition_value(text, f'{ratio}_sum{{model="m"}}') == pytest.approx(0.4)
+    assert exposition_value(text, 'compactgate_estimate_under_total{model="m"}') == 1
+    assert exposition_value(text, 'compactgate_estimate_over_total{model="m"}') == 2
+    assert not [line for line in text.splitlines() if "_created" in line]
+    info = [line for line in text.splitlines() if line.startswith("compactgate_build_info{")]
+    assert len(info) == 1 and info[0].endswith(" 1.0")
+    assert f'version="{version()}"' in info[0] and 'python="' in info[0]
+    assert "python_info{" in text
+    if Path("/proc/self/stat").exists():  # prometheus-client reads process metrics from /proc
+        assert exposition_value(text, "process_resident_memory_bytes") > 0
+        assert "process_open_fds " in text
