@@ -434,7 +434,8 @@ class Endpoint:
             counted = gw.pipeline.counts(request, route, tenant)
             text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
             if text is not None and not observe:
-                await self.answer_from_summary(send, exchange, request, route, text)
+                exchange.tokens_before = sum(counted.counts)  # the history it replaces;
+                await self.answer_from_summary(send, exchange, request, route, text)  # 0 sent
                 return
         prepared = await gw.pipeline.prepare(
             request,
