@@ -431,6 +431,7 @@ class Endpoint:
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
         if agent is not None:  # the agent compacting its own history: answered if a summary
             exchange.agent_compaction = agent.name  # made ahead of need covers it
+        if agent is not None and agent.answerable:
             counted = gw.pipeline.counts(request, route, tenant)
             text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
             if text is not None and not observe:
@@ -448,7 +449,8 @@ class Endpoint:
         gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
         if agent is not None:  # forwarded: where and how this agent compacts is learnt
             gw.compaction_points.seen(tenant, agent.name, prepared.tokens_before)
-            gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
+            if agent.answerable:
+                gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
             gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
         url = upstream_url(route, self.wire)
         headers = upstream_headers(scope["headers"], route, self.wire)
