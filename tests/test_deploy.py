@@ -62,6 +62,7 @@ REQUIRED_METRICS = {
     "compactgate_compactions_total",
     "compactgate_context_errors_total",
     "compactgate_emergency_retries_total",
+    "compactgate_context_errors_avoided_total",
     "compactgate_summary_cache_total",
     "compactgate_summarizer_calls_total",
     "compactgate_summarizer_duration_seconds_bucket",
@@ -757,6 +758,7 @@ def test_traffic_drove_compaction_and_a_context_error_retry(scrape: Scrape) -> N
     assert scrape.value("compactgate_tokens_saved_total", model="small") > 0
     assert scrape.value("compactgate_context_errors_total") >= 1
     assert scrape.value("compactgate_emergency_retries_total", model="roomy") == 1
+    assert scrape.value("compactgate_context_errors_avoided_total", model="roomy") == 1
     assert scrape.value("compactgate_requests_total", status="200") == 3
     assert scrape.value("compactgate_requests_total", status="404") == 1
 
@@ -801,3 +803,64 @@ def test_probe_healthcheck_and_scrape_paths_answer_on_the_real_gateway(scrape: S
     command = [sys.executable if a in ("python", "python3") else a for a in healthcheck_command()]
     command = [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", a) for a in command]
     assert subprocess.run(command, timeout=30, check=False).returncode == 0
+
+
+# -- Grafana dashboard on a healthy gateway ------------------------------------------------------
+
+FALLBACK = re.compile(r"\bor\s+on\s*\(\s*\)\s+(?:label_replace\(\s*)?vector\(0\)")
+SELECTOR = re.compile(r"\b(compactgate_[A-Za-z0-9_]+)(?:\{([^{}]*)\})?")
+
+
+def selected(text: str, name: str, matchers: str) -> bool:
+    """Whether a text exposition has a sample for `name{matchers}` (the `=` and `=~` matchers
+    the dashboard writes; a `$variable` matches anything, as "All" does)."""
+    wanted = re.findall(r'(\w+)\s*(=~|=)\s*"([^"]*)"', matchers or "")
+    for sample, raw in re.findall(r"^(\w+)(?:\{([^}]*)\})? \S+$", text, re.M):
+        if sample != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', raw))
+        if all(
+            "$" in value
+            or (have.get(label) == value if op == "=" else re.fullmatch(value, have.get(label, "")))
+            for label, op, value in wanted
+        ):
+            return True
+    return False
+
+
+def has_series(query: str, text: str) -> bool:
+    """Whether a query returns a series against this exposition: every selector in it has a
+    sample, or it falls back to `vector(0)` when they have none."""
+    if FALLBACK.search(query):
+        return True
+    return all(selected(text, name, matchers) for name, matchers in SELECTOR.findall(query))
+
+
+async def test_no_panel_shows_no_data_on_a_healthy_gateway(
+    start_app: Any, local_upstream: Any
+) -> None:
+    """A gateway that answered one request, compacting nothing and meeting no error: every
+    panel has a series to draw (a zero, not "No data"), or says in its own words why it has
+    none (`noValue`, e.g. a hit rate before any lookup)."""
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "context_window": 100_000,
+                    "tokenizer": "chars:4",
+                }
+            ]
+        }
+    )
+    reply = await gw.openai().chat.completions.create(model="m", messages=history(1, 3))
+    assert reply.choices[0].message.content
+    text = (await gw.http.get(f"{gw.url}/metrics")).text
+    empty = []
+    for panel in walk_panels(dashboard()["panels"]):
+        if panel["type"] == "row" or panel["fieldConfig"]["defaults"].get("noValue"):
+            continue
+        if not any(has_series(target["expr"], text) for target in panel["targets"]):
+            empty.append(f"{panel['title']}: {[t['expr'] for t in panel['targets']]}")
+    assert not empty, "panels with no data on a healthy gateway:\n" + "\n".join(empty)
