@@ -1232,11 +1232,10 @@ class _Dispatch:
         self.app = app
         self.state = app.state
         self.server = server
-        self.gated = server.admin_port is not None or server.admin_token is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
+            if (refused := admin.refusal(scope, self.server)) is not None:
                 await send_error(send, refused)
                 return
             if scope["method"] == "POST":
