@@ -1,4 +1,5 @@
-"""The `compactgate` command: serve, check-config, hash-key, plan, demo (contract C)."""
+"""The `compactgate` command: run the gateway, check a config, hash a gateway key, show what
+the gateway would send for a request, or watch it work in an offline demo."""
 
 from __future__ import annotations
 

@@ -113,3 +113,27 @@ async def test_context_errors_avoided_means_recovered_requests_everywhere(
     feed = await totals(gw)
     assert feed["context_errors_avoided"] == 1
     assert feed["over_window_answered"] == 1
+
+
+async def test_shadow_mode_rescues_a_request_refused_for_its_context(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Shadow mode forwards the original; when the upstream refuses it with a context-window
+    error, the gateway compacts it for real and retries, as in enforce mode. The answer says
+    what was done in the ordinary headers (not the `would-` ones) and counts as avoided."""
+    gw = await start_app(
+        {"mode": "observe", "models": [model(local_upstream)], "policies": POLICIES}
+    )
+    local_upstream.script([{"kind": "context_limit", "limit": 600, "style": "openai"}] * 2)
+    messages = long_history(6)
+    rescued = await chat(gw, messages)
+    assert rescued.status_code == 200
+    assert rescued.headers["x-compactgate-retries"] == "1"
+    assert "fifo" in rescued.headers["x-compactgate-steps"]
+    assert not [h for h in rescued.headers if h.startswith("x-compactgate-would-")]
+    first, retried = local_upstream.chat_requests()
+    assert len(first["json"]["messages"]) == len(messages)  # the original, untouched
+    assert len(retried["json"]["messages"]) < len(messages)  # compacted for real
+    text = await scrape(gw)
+    assert metric(text, "compactgate_context_errors_avoided_total", model="m") == 1
+    assert (await totals(gw))["context_errors_avoided"] == 1
