@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from policies.conversation import Conversation, Message
+from policies.invariants import check
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.test_observability import POLICIES, long_history, model
 
@@ -137,3 +139,22 @@ async def test_shadow_mode_rescues_a_request_refused_for_its_context(
     text = await scrape(gw)
     assert metric(text, "compactgate_context_errors_avoided_total", model="m") == 1
     assert (await totals(gw))["context_errors_avoided"] == 1
+
+
+def test_refused_compactions_name_the_broken_rule_in_words() -> None:
+    """The `rule` label of compactgate_invariant_violations_total (and the log line) says which
+    invariant broke in words an operator reads, not a requirement number."""
+    data = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first", "compactgate": {"pin": True}},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "latest"},
+    ]
+    original = Conversation.of(
+        Message(d, 1, pin=bool(d.get("compactgate")), origin=i) for i, d in enumerate(data)
+    )
+    nothing_left = Conversation.of([])
+    rules = {v.rule for v in check(original, nothing_left)}
+    assert rules == {"system_prompts_kept", "latest_user_message_kept", "pinned_messages_kept"}
+    reordered = Conversation.of([original.messages[0], *reversed(original.messages[1:])])
+    assert {v.rule for v in check(original, reordered)} == {"client_order_kept"}
