@@ -83,7 +83,8 @@ class Metrics:
             r.register(PLATFORM_COLLECTOR)
         self.requests = Counter(
             "compactgate_requests",
-            "Chat completion requests by model and status",
+            "Requests to the compacting endpoints (chat, responses, messages, count_tokens) by "
+            "model and status",
             ["model", "status"],
             registry=r,
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser
+from gateway.metrics import Metrics
 from tests.conftest import REPO_ROOT
 
 LABELS = re.compile(
@@ -91,4 +92,11 @@ def test_no_internal_labels_in_help() -> None:
     helps = every_help(build_parser())
     assert len(helps) >= 6  # the command and each subcommand
     found = [line for text in helps for line in labels_in(text)]
+    assert not found, "\n".join(found)
+
+
+def test_no_internal_labels_in_metric_descriptions() -> None:
+    exposition = Metrics().render().decode()
+    found = [line for line in labels_in(exposition) if "# HELP" in line]
+    assert "# HELP compactgate_requests_total" in exposition
     assert not found, "\n".join(found)
