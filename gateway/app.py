@@ -772,15 +772,14 @@ class Endpoint:
         if exchange.tokens_before:
             metrics.tokens_before.labels(exchange.model).inc(exchange.tokens_before)
             metrics.tokens_after.labels(exchange.model).inc(exchange.tokens_after)
-            saved = exchange.tokens_before - exchange.tokens_after
-            if self.saves and exchange.answered and not exchange.observe and saved > 0:
+            if saved := self.tokens_saved(exchange):
                 metrics.tokens_saved.labels(exchange.model).inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
         if exchange.recovered:
             metrics.context_errors_avoided.labels(exchange.model).inc()
-        if self.saves and exchange.answered and self.over_window(exchange):
+        if self.over_window(exchange):
             metrics.over_window_answered.labels(exchange.model).inc()
         self.gw.events.count_request()
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
@@ -801,15 +800,23 @@ class Endpoint:
                 exchange.retries,
             )
 
-    @staticmethod
-    def over_window(exchange: Exchange) -> bool:
-        """Whether the client's request, as sent, was larger than the model's window by our
-        estimate and compaction made it fit before the upstream saw it (no context error; never
-        in shadow mode, which forwards the original)."""
+    def tokens_saved(self, exchange: Exchange) -> int:
+        """Prompt tokens compaction saved on this request: an answered generation only (not a
+        failed request, a count, or shadow mode, which forwards the original)."""
+        if not (self.saves and exchange.answered) or exchange.observe:
+            return 0
+        return max(0, exchange.tokens_before - exchange.tokens_after)
+
+    def over_window(self, exchange: Exchange) -> bool:
+        """Whether an answered request was, as the client sent it, larger than the model's
+        window by our estimate, and compaction made it fit before the upstream saw it (no
+        context error on the way; never in shadow mode, which forwards the original)."""
         prepared = exchange.prepared
         budget = prepared.budget if prepared is not None else None
         return (
             budget is not None
+            and self.saves
+            and exchange.answered
             and not exchange.observe
             and not exchange.context_errors
             and exchange.tokens_before > budget.context_window - budget.reserved_output
@@ -850,6 +857,7 @@ class Endpoint:
                 "context_errors": exchange.context_errors,
                 "would_have_failed": would_fail,
                 "answered": success,
+                "tokens_saved": self.tokens_saved(exchange),
                 "context_error_recovered": exchange.recovered,
                 "over_window": self.over_window(exchange),
                 "phases": phases,

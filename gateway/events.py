@@ -56,7 +56,7 @@ class Totals:
 
     requests: int = 0
     compacted: int = 0
-    tokens_saved: int = 0  # by answered requests only
+    tokens_saved: int = 0  # by answered generations only (compactgate_tokens_saved_total)
     # Requests the upstream refused with a context-window error, answered after the gateway
     # compacted and retried: the same count as compactgate_context_errors_avoided_total.
     context_errors_avoided: int = 0
@@ -97,12 +97,10 @@ class EventLog:
             event["messages"] = content
         totals = self.totals
         totals.compacted += 1 if event.get("steps") else 0
-        answered = event.get("answered", False)
-        if answered and event.get("mode") != "observe":
-            totals.tokens_saved += max(0, event["tokens_before"] - event["tokens_after"])
+        totals.tokens_saved += event.get("tokens_saved", 0)
         totals.retries += event.get("retries", 0)
         totals.context_errors_avoided += 1 if event.get("context_error_recovered") else 0
-        totals.over_window_answered += 1 if answered and event.get("over_window") else 0
+        totals.over_window_answered += 1 if event.get("over_window") else 0
         self.events.append(event)
         if self._out is not None:
             try:

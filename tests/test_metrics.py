@@ -85,7 +85,9 @@ async def test_count_tokens_saves_nothing(
         headers={"anthropic-version": "2023-06-01"},
     )
     assert counted.status_code == 200
+    assert metric(await scrape(gw), "compactgate_compactions_total", step="fifo") == 1
     assert metric(await scrape(gw), "compactgate_tokens_saved_total") == 0
+    assert (await totals(gw))["tokens_saved"] == 0
 
 
 async def test_context_errors_avoided_means_recovered_requests_everywhere(
