@@ -134,6 +134,18 @@ class Exchange:
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
+    failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
+
+    @property
+    def answered(self) -> bool:
+        """The client got its answer: a 2xx that did not end in an error event."""
+        return 200 <= self.status < 300 and not self.failed_in_stream
+
+    @property
+    def recovered(self) -> bool:
+        """Answered although the upstream refused it with a context-window error first: the
+        gateway compacted and retried (a refusal that ran out of retries is not answered)."""
+        return self.answered and bool(self.context_errors)
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -320,6 +332,7 @@ class Endpoint:
     """One compacting endpoint as a plain ASGI app: the request path, for one wire API."""
 
     precomputes = True  # after an answer, prepare the summaries the conversation will need
+    saves = True  # its answers are generated from the compacted prompt (tokens saved count)
 
     def __init__(self, gateway: Gateway, wire: Wire) -> None:
         self.gw = gateway
@@ -607,6 +620,7 @@ class Endpoint:
             await self.relay_failure(send, exchange, prepared, overflow.failed)
         elif overflow.stream is not None and overflow.head:
             stream = overflow.stream
+            exchange.failed_in_stream = True  # the stream relayed is the upstream's refusal
             await self.relay(send, exchange, prepared, stream, _stream(overflow.head, stream))
         else:
             if overflow.stream is not None:
@@ -689,6 +703,7 @@ class Endpoint:
                 "request %s: upstream stream failed: %s", exchange.request_id, error.message
             )
             event = self.wire.stream_error_event(error)
+            exchange.failed_in_stream = True
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
             response.close()
@@ -760,13 +775,15 @@ class Endpoint:
         if exchange.tokens_before:
             metrics.tokens_before.labels(exchange.model).inc(exchange.tokens_before)
             metrics.tokens_after.labels(exchange.model).inc(exchange.tokens_after)
-            if not exchange.observe and exchange.tokens_after < exchange.tokens_before:
-                metrics.tokens_saved.labels(exchange.model).inc(
-                    exchange.tokens_before - exchange.tokens_after
-                )
+            if saved := self.tokens_saved(exchange):
+                metrics.tokens_saved.labels(exchange.model).inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
+        if exchange.recovered:
+            metrics.context_errors_avoided.labels(exchange.model).inc()
+        if self.over_window(exchange):
+            metrics.over_window_answered.labels(exchange.model).inc()
         self.gw.events.count_request()
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
             self.log_event(exchange, total)
@@ -786,6 +803,28 @@ class Endpoint:
                 exchange.retries,
             )
 
+    def tokens_saved(self, exchange: Exchange) -> int:
+        """Prompt tokens compaction saved on this request: an answered generation only (not a
+        failed request, a count, or shadow mode, which forwards the original)."""
+        if not (self.saves and exchange.answered) or exchange.observe:
+            return 0
+        return max(0, exchange.tokens_before - exchange.tokens_after)
+
+    def over_window(self, exchange: Exchange) -> bool:
+        """Whether an answered request was, as the client sent it, larger than the model's
+        window by our estimate, and compaction made it fit before the upstream saw it (no
+        context error on the way; never in shadow mode, which forwards the original)."""
+        prepared = exchange.prepared
+        budget = prepared.budget if prepared is not None else None
+        return (
+            budget is not None
+            and self.saves
+            and exchange.answered
+            and not exchange.observe
+            and not exchange.context_errors
+            and exchange.tokens_before > budget.context_window - budget.reserved_output
+        )
+
     def log_event(self, exchange: Exchange, total: float) -> None:
         """One event-log line for a compacted or retried request (R5.3, 004 phases and reward)."""
         prepared = exchange.prepared
@@ -794,7 +833,7 @@ class Endpoint:
         budget = prepared.budget
         changed = [s for s in prepared.steps if s.changed]
         recovery = chain.recovery if chain is not None else None
-        success = 0 < exchange.status < 400
+        success = exchange.answered
         phases = ["detection", *dict.fromkeys(s.type for s in changed)]  # each step once
         phases += ["recovery"] if recovery else []
         phases += ["success"] if success else ["failure"]
@@ -820,6 +859,10 @@ class Endpoint:
                 "retries": exchange.retries,
                 "context_errors": exchange.context_errors,
                 "would_have_failed": would_fail,
+                "answered": success,
+                "tokens_saved": self.tokens_saved(exchange),
+                "context_error_recovered": exchange.recovered,
+                "over_window": self.over_window(exchange),
                 "phases": phases,
                 "agent_compaction": exchange.agent_compaction,
                 "total_ms": round(total * 1000, 2),
@@ -849,6 +892,7 @@ class CountTokens(Endpoint):
     """
 
     precomputes = False
+    saves = False  # a count is not a generation: nothing billed was saved
 
     def __init__(self, gateway: Gateway) -> None:
         super().__init__(gateway, COUNT_TOKENS)
@@ -1199,11 +1243,10 @@ class _Dispatch:
         self.app = app
         self.state = app.state
         self.server = server
-        self.gated = server.admin_port is not None or server.admin_token is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
+            if (refused := admin.refusal(scope, self.server)) is not None:
                 await send_error(send, refused)
                 return
             if scope["method"] == "POST":

@@ -157,7 +157,7 @@ def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) ->
     environment, which litellm uses when the client sends none)."""
     if config.auth is not None and config.auth.keys:
         return None
-    if _is_loopback(host):
+    if is_loopback(host):
         return None
     provider_env = sorted(
         name
@@ -189,11 +189,14 @@ def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) ->
     )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether an address (or `localhost`) stays on this machine; IPv4-mapped IPv6 included."""
     name = host.strip().strip("[]").lower()
     if name in _LOOPBACK_NAMES:
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)

@@ -1,4 +1,5 @@
-"""The `compactgate` command: serve, check-config, hash-key, plan, demo (contract C)."""
+"""The `compactgate` command: run the gateway, check a config, hash a gateway key, show what
+the gateway would send for a request, or watch it work in an offline demo."""
 
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from . import connections
+    from .admin import exposure_warning
     from .auth import open_relay_warning
     from .memory import IdleTrim
 
@@ -132,9 +134,12 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    warning = open_relay_warning(config, args.host, os.environ)
-    if warning:
-        logging.getLogger("compactgate.serve").warning(warning)
+    for warning in (
+        open_relay_warning(config, args.host, os.environ),
+        exposure_warning(config.server, args.host),
+    ):
+        if warning:
+            logging.getLogger("compactgate.serve").warning(warning)
     raise_open_files_limit(config.server.max_open_files)
     if path:
         os.environ[CONFIG_ENV] = os.path.abspath(path)
@@ -281,6 +286,7 @@ def _check(path: str) -> int:
 
 def summarise(config: Config, path: str) -> str:
     """One screen: models with their windows/tokenizers/policies, and each policy's chain."""
+    from .admin import admin_token
     from .routing import Router
 
     router = Router(config)
@@ -307,7 +313,10 @@ def summarise(config: Config, path: str) -> str:
             f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
             f"recovery={pc.recovery_mode}: {chain}"
         )
-    admin = "token (***)" if config.server.admin_token else "open"
+    if admin_token(config.server) is not None:
+        admin = "token (***)"
+    else:
+        admin = "no token, " + ("open" if config.server.admin_port else "this machine only")
     if config.server.admin_port is not None:
         admin += f" on port {config.server.admin_port}"
     lines += [

@@ -83,7 +83,8 @@ class AuthenticationError(GatewayError):
 
 
 class PermissionDeniedError(GatewayError):
-    """A valid gateway key that may not use this model."""
+    """A caller not allowed here: a valid gateway key that may not use this model, or an admin
+    surface asked from another machine while no admin token is set."""
 
 
 class NotFoundError(GatewayError):

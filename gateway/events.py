@@ -1,4 +1,4 @@
-"""The compaction event log (R5.3, issue 8 item 3): one JSON line per compacted or retried request.
+"""The compaction event log: one JSON line per compacted or retried request.
 
 Each event says what happened to one request, in 004's phases (detection, each strategy,
 success or recovery), with the tokens before/after of every step, what was removed, whether a
@@ -56,8 +56,13 @@ class Totals:
 
     requests: int = 0
     compacted: int = 0
-    tokens_saved: int = 0
-    context_errors_avoided: int = 0  # requests the upstream would have refused, answered anyway
+    tokens_saved: int = 0  # by answered generations only (compactgate_tokens_saved_total)
+    # Requests the upstream refused with a context-window error, answered after the gateway
+    # compacted and retried: the same count as compactgate_context_errors_avoided_total.
+    context_errors_avoided: int = 0
+    # An estimate, kept apart: answered requests that were larger than the window before
+    # compaction (compactgate_over_window_answered_total).
+    over_window_answered: int = 0
     retries: int = 0
     started: float = field(default_factory=time.time)
 
@@ -92,11 +97,10 @@ class EventLog:
             event["messages"] = content
         totals = self.totals
         totals.compacted += 1 if event.get("steps") else 0
-        if event.get("mode") != "observe":
-            totals.tokens_saved += max(0, event["tokens_before"] - event["tokens_after"])
+        totals.tokens_saved += event.get("tokens_saved", 0)
         totals.retries += event.get("retries", 0)
-        if event.get("would_have_failed") and event.get("status", 0) < 400:
-            totals.context_errors_avoided += 1
+        totals.context_errors_avoided += 1 if event.get("context_error_recovered") else 0
+        totals.over_window_answered += 1 if event.get("over_window") else 0
         self.events.append(event)
         if self._out is not None:
             try:
@@ -115,6 +119,7 @@ class EventLog:
                 "compacted": totals.compacted,
                 "tokens_saved": totals.tokens_saved,
                 "context_errors_avoided": totals.context_errors_avoided,
+                "over_window_answered": totals.over_window_answered,
                 "retries": totals.retries,
                 "uptime_s": round(time.time() - totals.started, 1),
             },
