@@ -224,7 +224,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()
-        if any(m.upstream.provider == "litellm" for m in self.config.models):
+        if any(u.provider == "litellm" for m in self.config.models for u in m.targets):
             await litellm_upstream.warm_up()  # import it now, not on the first request
         self.pipeline.ref_secret = await self.shared_secret()
         freeze_startup_objects()  # last: everything start-up made stays out of collections

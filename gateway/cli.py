@@ -290,12 +290,17 @@ def summarise(config: Config, path: str) -> str:
         window = (
             f"{route.context_window} ({route.window_source})" if route else "from registry per name"
         )
-        upstream = model.upstream.base_url or f"litellm:{model.upstream.model or model.name}"
+        upstream = ", ".join(
+            mask_url(u.base_url or f"litellm:{u.model or model.name}")
+            + (f" (weight {u.weight:g})" if len(model.targets) > 1 else "")
+            for u in model.targets
+        )
+        held = any(u.api_key for u in model.targets)
         lines.append(
-            f"  {model.name:<24} -> {mask_url(upstream)}  window={window}  "
+            f"  {model.name:<24} -> {upstream}  window={window}  "
             f"tokenizer={(route.tokenizer if route else model.tokenizer) or 'auto'}  "
             f"policy={model.policy}  mode={model.mode or config.mode}  "
-            f"upstream_key={'gateway (***)' if model.upstream.api_key else 'client'}"
+            f"upstream_key={'gateway (***)' if held else 'client'}"
         )
     lines += ["", "policies:"]
     names = sorted({*config.policies, "default"})
