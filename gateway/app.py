@@ -50,7 +50,7 @@ from .asgi import (
 from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
-from .config import Config, ServerConfig
+from .config import Config, ServerConfig, UpstreamConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, with_report
 from .costs import Accountant, Priced
@@ -66,11 +66,12 @@ from .errors import (
 )
 from .events import EventLog, reward
 from .expansion import Expansion, Rounds
+from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
-from .retry import send_with_retries
+from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
 from .stores import open_store
@@ -186,6 +187,7 @@ class Gateway:
         self.metrics = Metrics()
         self.router = Router(config)
         self.upstream = UpstreamClient(config.server)
+        self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
@@ -449,13 +451,10 @@ class Endpoint:
             gw.compaction_points.seen(tenant, agent.name, prepared.tokens_before)
             gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
             gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
-        url = upstream_url(route, self.wire)
-        headers = upstream_headers(scope["headers"], route, self.wire)
+        targets = destinations(route, self.wire, scope["headers"])
         retries = Retries(route.max_retries)
         while True:
-            outcome = await self.attempt(
-                send, request, route, prepared, exchange, url, headers, tenant
-            )
+            outcome = await self.attempt(send, request, route, prepared, exchange, targets, tenant)
             match outcome:
                 case Relayed():
                     return
@@ -494,21 +493,28 @@ class Endpoint:
         route: Route,
         prepared: Prepared,
         exchange: Exchange,
-        url: str,
-        headers: dict[str, str],
+        targets: list[Destination],
         tenant: str,
     ) -> Outcome:
-        """Send `prepared` upstream once and say what came of it; answers are relayed here."""
+        """Send `prepared` upstream once (to one of the model's upstreams, failing over) and say
+        what came of it; answers are relayed here."""
         gw = self.gw
         started = time.perf_counter()
         if prepared.stored:
             await gw.tool_outputs.save(tenant, prepared.stored)
-        sending = headers
         if prepared.expandable:  # we read the answer to find internal calls: no gzip
-            sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
-        response = await send_with_retries(
-            gw.upstream, route, url, sending, prepared.body, gw.metrics
+            targets = [
+                Destination(
+                    d.upstream,
+                    d.url,
+                    {k: v for k, v in d.headers.items() if k != "accept-encoding"},
+                )
+                for d in targets
+            ]
+        response, chosen = await send_balanced(
+            gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer
         )
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
         try:
             if response.status >= 400:
                 body = await response.read()
@@ -870,11 +876,12 @@ class CountTokens(Endpoint):
         )
         self.note(exchange, prepared)
         tokens = prepared.sent_tokens
-        url = upstream_url(route, self.wire) + "/count_tokens"
-        headers = upstream_headers(scope["headers"], route, self.wire)
+        targets = destinations(route, self.wire, scope["headers"], suffix="/count_tokens")
         started = time.perf_counter()
         with contextlib.suppress(GatewayError):
-            response = await gw.upstream.open("POST", url, headers, prepared.body)
+            response, _ = await send_balanced(
+                gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer, retry=False
+            )
             try:
                 data = await response.read() if response.status == 200 else b""
             finally:
@@ -929,27 +936,55 @@ async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[byte
         yield chunk
 
 
-def upstream_url(route: Route, wire: Wire) -> str:
-    """Where this API's requests for `route` go: the upstream speaks the client's API."""
-    if route.upstream.provider == "litellm":
+def upstream_url(route: Route, wire: Wire, upstream: UpstreamConfig | None = None) -> str:
+    """Where this API's requests for `route` go (to `upstream`, default: the route's first):
+    the upstream speaks the client's API."""
+    upstream = upstream or route.upstream
+    if upstream.provider == "litellm":
         if wire.name != "chat":
             raise InvalidRequestError(
                 f"The model `{route.name}` is served through litellm, which this gateway "
                 f"uses for chat completions only; use /v1/chat/completions.",
                 param="model",
             )
-        return litellm_upstream.url_for(route.upstream.base_url)
-    if route.upstream.base_url is None:
+        return litellm_upstream.url_for(upstream.base_url)
+    if upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no upstream for {wire.name}.")
-    return route.upstream.base_url + wire.upstream_path
+    return upstream.base_url + wire.upstream_path
 
 
-def upstream_headers(client: list[tuple[bytes, bytes]], route: Route, wire: Wire) -> dict[str, str]:
+def upstream_headers(
+    client: list[tuple[bytes, bytes]],
+    route: Route,
+    wire: Wire,
+    upstream: UpstreamConfig | None = None,
+) -> dict[str, str]:
     """The client's headers for the upstream; a gateway-held key goes the way the API wants."""
-    key = route.upstream.api_key
-    return forward_headers(
-        client, wire.credential_headers(key) if key else None, route.upstream.headers
-    )
+    upstream = upstream or route.upstream
+    key = upstream.api_key
+    return forward_headers(client, wire.credential_headers(key) if key else None, upstream.headers)
+
+
+def destinations(
+    route: Route,
+    wire: Wire,
+    client: list[tuple[bytes, bytes]],
+    suffix: str = "",
+    path: str | None = None,
+) -> list[Destination]:
+    """Each of the route's upstreams as this request would reach it: the API's URL plus
+    `suffix`, or `path` appended to the base_url (passthrough), and its headers."""
+    return [
+        Destination(
+            upstream,
+            upstream_url(route, wire, upstream) + suffix
+            if path is None
+            else f"{upstream.base_url}{path}",
+            upstream_headers(client, route, wire, upstream),
+        )
+        for upstream in route.targets
+        if path is None or upstream.base_url is not None
+    ]
 
 
 def _retry_window(
@@ -1068,12 +1103,23 @@ async def passthrough(request: Request) -> Response:
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     if route.upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
-    url = route.upstream.base_url + passthrough_path(raw_path)
+    path = passthrough_path(raw_path)
     if request.url.query:
-        url += "?" + request.url.query
-    headers = upstream_headers(request.scope["headers"], route, CHAT)
+        path += "?" + request.url.query
+    # Failed over like the compacting paths, but each upstream is tried once: these requests
+    # (files, batches, ...) are not ours to repeat against one upstream.
+    targets = destinations(route, CHAT, request.scope["headers"], path=path)
     with gw.limits.hold(identity.tenant):
-        response = await gw.upstream.open(request.method, url, headers, body or None)
+        response, _ = await send_balanced(
+            gw.upstream,
+            route,
+            targets,
+            body or None,
+            gw.metrics,
+            gw.balancer,
+            method=request.method,
+            retry=False,
+        )
         try:
             data = await response.read()
         finally:
