@@ -71,6 +71,7 @@ from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
+from .readiness import Readiness
 from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
@@ -189,6 +190,7 @@ class Gateway:
         self.upstream = UpstreamClient(config.server)
         self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
+        self.readiness = Readiness(config, self.store)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         self.costs = Accountant(self.metrics)
@@ -1207,7 +1209,11 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    return JSONResponse({"status": "ready"})
+    """503 with the reasons while the store does not answer or a model has no reachable
+    upstream (see readiness.py: cached a few seconds, hosts only in the log)."""
+    gw: Gateway = request.app.state.gateway
+    report = await gw.readiness.report()
+    return JSONResponse(report.body(), status_code=200 if report.ready else 503)
 
 
 async def metrics(request: Request) -> Response:

@@ -95,6 +95,12 @@ class ServerConfig(_Strict):
     admin_port: int | None = Field(
         None, gt=0, lt=65536, description="Serve admin surfaces there only"
     )
+    readiness_upstreams: bool = Field(
+        True, description="/readyz also needs one upstream per model to accept connections"
+    )
+    readiness_cache_s: float = Field(
+        5.0, ge=0, description="How long /readyz reuses its last round of checks"
+    )
 
 
 class UpstreamConfig(_Strict):
