@@ -1,4 +1,4 @@
-"""The `compactgate` command: serve, check-config, hash-key, plan, demo (contract C)."""
+"""The `compactgate` command: serve, check-config, hash-key, import-litellm, plan, demo."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
@@ -51,6 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
         "prints the `key_sha256: <hex>` line for an entry of the config's auth.keys list. "
         "The key itself never needs to be in the config.",
     )
+
+    convert = commands.add_parser(
+        "import-litellm",
+        help="convert a LiteLLM proxy config (model_list) into this gateway's config",
+        description="Reads a LiteLLM proxy config and writes this gateway's YAML: one model per "
+        "model_name, several deployments of a name as its upstreams (weight from weight, rpm or "
+        "tpm), os.environ/X as ${X}. What has no equivalent is named on stderr.",
+    )
+    convert.add_argument("path", help="the LiteLLM config.yaml")
+    convert.add_argument("-o", "--output", help="write the config here (default: stdout)")
 
     plan = commands.add_parser("plan", help="show what the gateway would send for a request body")
     plan.add_argument(
@@ -96,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(args.path)
     if args.command == "hash-key":
         return _hash_key()
+    if args.command == "import-litellm":
+        return _import_litellm(args.path, args.output)
     if args.command == "plan":
         from .plan_cli import run_plan
 
@@ -265,6 +277,55 @@ def _hash_key() -> int:
         return 2
     print(f"key_sha256: {key_sha256(key)}")
     return 0
+
+
+def _import_litellm(path: str, output: str | None) -> int:
+    """Write our config for a LiteLLM proxy config; exit 1 if it cannot be read or converted."""
+    import yaml
+
+    from .config import parse_config
+    from .litellm_import import convert
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+        converted = convert(raw if isinstance(raw, dict) else {})
+    except (OSError, yaml.YAMLError, ValueError) as error:
+        print(f"import-litellm: {path}: {error}", file=sys.stderr)
+        return 1
+    try:  # what we write must load: checked with every ${VAR} standing for a value
+        parse_config(converted.config, _AnyVariable())
+    except ConfigError as error:
+        print(f"import-litellm: {path}: the converted config is not valid:", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    for warning in converted.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    text = (
+        f"# Converted from the LiteLLM config {os.path.basename(path)} by compactgate "
+        "import-litellm.\n# Check it with `compactgate check-config`; config.example.yaml "
+        "documents every key.\n" + yaml.safe_dump(converted.config, sort_keys=False)
+    )
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return 0
+
+
+class _AnyVariable(Mapping[str, str]):
+    """An environment in which every variable is set (to a URL, valid wherever one may stand)."""
+
+    def __getitem__(self, name: str) -> str:
+        return "http://set.invalid"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
 
 
 def _check(path: str) -> int:
