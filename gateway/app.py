@@ -203,6 +203,7 @@ class Gateway:
             config.summaries,
             self.effective_window,
             on_usage=self.costs.own,
+            balancer=self.balancer,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(

@@ -198,3 +198,24 @@ def test_weights_set_the_share_of_requests_led() -> None:
     upstreams = [upstream(1, 3.0), upstream(2, 1.0)]
     led = [balancer.order(upstreams)[0] for _ in range(4000)]
     assert 0.72 < led.count(0) / len(led) < 0.78  # 3 : 1
+
+
+async def test_the_summariser_fails_over_too(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """A summary is a call to the model's upstreams like any other: one down does not stop it."""
+    from tests.test_summaries_e2e import WINDOW, app_post, chat_history, summary_script
+
+    config = two_upstreams(dead_url(), local_upstream.base_url)
+    config["models"][0].update(context_window=WINDOW, tokenizer="chars:4", policy="summ")
+    config["policies"] = {
+        "summ": {"steps": [{"type": "compaction", "summary_tokens": 200}, {"type": "fifo"}]}
+    }
+    config["summaries"] = {"precompute": False, "retry_failed_after_s": 0}
+    app = await start_app(config)
+    local_upstream.script([summary_script("SUMMARY-AFTER-FAILOVER")])
+    response, _ = await app_post(app, chat_history(16))
+    assert response.status_code == 200
+    assert response.headers["x-compactgate-steps"].split(",")[0] == "compaction"
+    sent = local_upstream.chat_requests()[-1]
+    assert "SUMMARY-AFTER-FAILOVER" in str(sent["json"]["messages"])
