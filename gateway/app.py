@@ -5,9 +5,10 @@
       2. resolve the model to a Route (404), authorize it (403), hold a tenant slot (429)
       3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
          trigger, check the invariants, render the exact bytes to forward in the client's API
-      4. attempt: send upstream (429/5xx/connection failures retried with backoff) and look at
-         the answer; the result is an Outcome: Relayed, Failed (an upstream error) or Overflow
-         (the upstream says the context window was exceeded)
+      4. attempt: send upstream (to one of the model's upstreams, failing over to the next and
+         retried with backoff on 429/5xx/connection failures: retry.py) and look at the answer;
+         the result is an Outcome: Relayed, Failed (an upstream error) or Overflow (the
+         upstream says the context window was exceeded)
       5. match the outcome: an Overflow with retries left learns the real window and prepares the
          client's original request again against it; anything else is answered
     POST /v1/messages/count_tokens: steps 1-3, then the size of what would be forwarded

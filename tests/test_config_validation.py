@@ -135,3 +135,20 @@ def test_check_config_prints_every_problem_at_once(
     assert "models[0].upstream.api_key: 'os.environ/K' is LiteLLM's syntax" in out
     assert "models[1].max_output_tokens: must be > 0" in out
     assert "models[1].name: 'a' is already models[0].name" in out
+
+
+def test_check_config_summarises_every_upstream_of_a_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "good.yaml"
+    path.write_text(
+        "models:\n"
+        "  - name: m\n"
+        "    upstreams:\n"
+        "      - {base_url: 'https://user:pw@a.internal/v1', weight: 2}\n"
+        "      - {base_url: 'http://b.internal/v1', api_key: sk-secret}\n"
+    )
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "https://user:***@a.internal/v1 (weight 2), http://b.internal/v1 (weight 1)" in out
+    assert "upstream_key=gateway (***)" in out and "sk-secret" not in out and "pw@" not in out
