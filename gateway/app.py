@@ -5,9 +5,10 @@
       2. resolve the model to a Route (404), authorize it (403), hold a tenant slot (429)
       3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
          trigger, check the invariants, render the exact bytes to forward in the client's API
-      4. attempt: send upstream (429/5xx/connection failures retried with backoff) and look at
-         the answer; the result is an Outcome: Relayed, Failed (an upstream error) or Overflow
-         (the upstream says the context window was exceeded)
+      4. attempt: send upstream (to one of the model's upstreams, failing over to the next and
+         retried with backoff on 429/5xx/connection failures: retry.py) and look at the answer;
+         the result is an Outcome: Relayed, Failed (an upstream error) or Overflow (the
+         upstream says the context window was exceeded)
       5. match the outcome: an Overflow with retries left learns the real window and prepares the
          client's original request again against it; anything else is answered
     POST /v1/messages/count_tokens: steps 1-3, then the size of what would be forwarded
@@ -50,7 +51,7 @@ from .asgi import (
 from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
-from .config import Config, ServerConfig
+from .config import Config, ServerConfig, UpstreamConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, with_report
 from .costs import Accountant, Priced
@@ -66,11 +67,13 @@ from .errors import (
 )
 from .events import EventLog, reward
 from .expansion import Expansion, Rounds
+from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
-from .retry import send_with_retries
+from .readiness import Readiness
+from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
 from .stores import open_store
@@ -198,7 +201,9 @@ class Gateway:
         self.metrics = Metrics()
         self.router = Router(config)
         self.upstream = UpstreamClient(config.server)
+        self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
+        self.readiness = Readiness(config, self.store)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         self.costs = Accountant(self.metrics)
@@ -211,6 +216,7 @@ class Gateway:
             config.summaries,
             self.effective_window,
             on_usage=self.costs.own,
+            balancer=self.balancer,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(
@@ -236,7 +242,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()
-        if any(m.upstream.provider == "litellm" for m in self.config.models):
+        if any(u.provider == "litellm" for m in self.config.models for u in m.targets):
             await litellm_upstream.warm_up()  # import it now, not on the first request
         self.pipeline.ref_secret = await self.shared_secret()
         freeze_startup_objects()  # last: everything start-up made stays out of collections
@@ -465,13 +471,10 @@ class Endpoint:
             if agent.answerable:
                 gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
             gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
-        url = upstream_url(route, self.wire)
-        headers = upstream_headers(scope["headers"], route, self.wire)
+        targets = destinations(route, self.wire, scope["headers"])
         retries = Retries(route.max_retries)
         while True:
-            outcome = await self.attempt(
-                send, request, route, prepared, exchange, url, headers, tenant
-            )
+            outcome = await self.attempt(send, request, route, prepared, exchange, targets, tenant)
             match outcome:
                 case Relayed():
                     return
@@ -510,21 +513,28 @@ class Endpoint:
         route: Route,
         prepared: Prepared,
         exchange: Exchange,
-        url: str,
-        headers: dict[str, str],
+        targets: list[Destination],
         tenant: str,
     ) -> Outcome:
-        """Send `prepared` upstream once and say what came of it; answers are relayed here."""
+        """Send `prepared` upstream once (to one of the model's upstreams, failing over) and say
+        what came of it; answers are relayed here."""
         gw = self.gw
         started = time.perf_counter()
         if prepared.stored:
             await gw.tool_outputs.save(tenant, prepared.stored)
-        sending = headers
         if prepared.expandable:  # we read the answer to find internal calls: no gzip
-            sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
-        response = await send_with_retries(
-            gw.upstream, route, url, sending, prepared.body, gw.metrics
+            targets = [
+                Destination(
+                    d.upstream,
+                    d.url,
+                    {k: v for k, v in d.headers.items() if k != "accept-encoding"},
+                )
+                for d in targets
+            ]
+        response, chosen = await send_balanced(
+            gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer
         )
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
         try:
             if response.status >= 400:
                 body = await response.read()
@@ -917,11 +927,12 @@ class CountTokens(Endpoint):
         )
         self.note(exchange, prepared)
         tokens = prepared.sent_tokens
-        url = upstream_url(route, self.wire) + "/count_tokens"
-        headers = upstream_headers(scope["headers"], route, self.wire)
+        targets = destinations(route, self.wire, scope["headers"], suffix="/count_tokens")
         started = time.perf_counter()
         with contextlib.suppress(GatewayError):
-            response = await gw.upstream.open("POST", url, headers, prepared.body)
+            response, _ = await send_balanced(
+                gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer, retry=False
+            )
             try:
                 data = await response.read() if response.status == 200 else b""
             finally:
@@ -976,27 +987,55 @@ async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[byte
         yield chunk
 
 
-def upstream_url(route: Route, wire: Wire) -> str:
-    """Where this API's requests for `route` go: the upstream speaks the client's API."""
-    if route.upstream.provider == "litellm":
+def upstream_url(route: Route, wire: Wire, upstream: UpstreamConfig | None = None) -> str:
+    """Where this API's requests for `route` go (to `upstream`, default: the route's first):
+    the upstream speaks the client's API."""
+    upstream = upstream or route.upstream
+    if upstream.provider == "litellm":
         if wire.name != "chat":
             raise InvalidRequestError(
                 f"The model `{route.name}` is served through litellm, which this gateway "
                 f"uses for chat completions only; use /v1/chat/completions.",
                 param="model",
             )
-        return litellm_upstream.url_for(route.upstream.base_url)
-    if route.upstream.base_url is None:
+        return litellm_upstream.url_for(upstream.base_url)
+    if upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no upstream for {wire.name}.")
-    return route.upstream.base_url + wire.upstream_path
+    return upstream.base_url + wire.upstream_path
 
 
-def upstream_headers(client: list[tuple[bytes, bytes]], route: Route, wire: Wire) -> dict[str, str]:
+def upstream_headers(
+    client: list[tuple[bytes, bytes]],
+    route: Route,
+    wire: Wire,
+    upstream: UpstreamConfig | None = None,
+) -> dict[str, str]:
     """The client's headers for the upstream; a gateway-held key goes the way the API wants."""
-    key = route.upstream.api_key
-    return forward_headers(
-        client, wire.credential_headers(key) if key else None, route.upstream.headers
-    )
+    upstream = upstream or route.upstream
+    key = upstream.api_key
+    return forward_headers(client, wire.credential_headers(key) if key else None, upstream.headers)
+
+
+def destinations(
+    route: Route,
+    wire: Wire,
+    client: list[tuple[bytes, bytes]],
+    suffix: str = "",
+    path: str | None = None,
+) -> list[Destination]:
+    """Each of the route's upstreams as this request would reach it: the API's URL plus
+    `suffix`, or `path` appended to the base_url (passthrough), and its headers."""
+    return [
+        Destination(
+            upstream,
+            upstream_url(route, wire, upstream) + suffix
+            if path is None
+            else f"{upstream.base_url}{path}",
+            upstream_headers(client, route, wire, upstream),
+        )
+        for upstream in route.targets
+        if path is None or upstream.base_url is not None
+    ]
 
 
 def _retry_window(
@@ -1115,12 +1154,23 @@ async def passthrough(request: Request) -> Response:
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     if route.upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
-    url = route.upstream.base_url + passthrough_path(raw_path)
+    path = passthrough_path(raw_path)
     if request.url.query:
-        url += "?" + request.url.query
-    headers = upstream_headers(request.scope["headers"], route, CHAT)
+        path += "?" + request.url.query
+    # Failed over like the compacting paths, but each upstream is tried once: these requests
+    # (files, batches, ...) are not ours to repeat against one upstream.
+    targets = destinations(route, CHAT, request.scope["headers"], path=path)
     with gw.limits.hold(identity.tenant):
-        response = await gw.upstream.open(request.method, url, headers, body or None)
+        response, _ = await send_balanced(
+            gw.upstream,
+            route,
+            targets,
+            body or None,
+            gw.metrics,
+            gw.balancer,
+            method=request.method,
+            retry=False,
+        )
         try:
             data = await response.read()
         finally:
@@ -1208,7 +1258,11 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    return JSONResponse({"status": "ready"})
+    """503 with the reasons while the store does not answer or a model has no reachable
+    upstream (see readiness.py: cached a few seconds, hosts only in the log)."""
+    gw: Gateway = request.app.state.gateway
+    report = await gw.readiness.report()
+    return JSONResponse(report.body(), status_code=200 if report.ready else 503)
 
 
 async def metrics(request: Request) -> Response:

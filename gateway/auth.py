@@ -167,16 +167,17 @@ def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) ->
     held: list[str] = []
     sources: set[str] = set()
     for model in config.models:
-        upstream = model.upstream
-        if upstream.api_key:
-            sources.add("upstream.api_key")
-        elif any(name.lower().encode() in CREDENTIAL_HEADERS for name in upstream.headers):
-            sources.add("a credential in upstream.headers")
-        elif upstream.provider == "litellm" and provider_env:
-            sources.add(f"litellm reading {', '.join(provider_env)} from the environment")
-        else:
-            continue
-        held.append(model.name)
+        found = set()
+        for upstream in model.targets:
+            if upstream.api_key:
+                found.add("upstream.api_key")
+            elif any(name.lower().encode() in CREDENTIAL_HEADERS for name in upstream.headers):
+                found.add("a credential in upstream.headers")
+            elif upstream.provider == "litellm" and provider_env:
+                found.add(f"litellm reading {', '.join(provider_env)} from the environment")
+        if found:
+            sources |= found
+            held.append(model.name)
     if not held:
         return None
     shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")

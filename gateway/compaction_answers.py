@@ -143,8 +143,8 @@ class CompactionAnswers:
         tokens: int,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        from .app import upstream_headers, upstream_url
-        from .retry import send_with_retries
+        from .app import destinations
+        from .retry import send_balanced
 
         gw = self._gw
         try:
@@ -154,13 +154,13 @@ class CompactionAnswers:
             prepared = await gw.pipeline.prepare(
                 call, route, key[0], window=gw.effective_window(route), remember=False
             )
-            response = await send_with_retries(
+            response, _ = await send_balanced(
                 gw.upstream,
                 route,
-                upstream_url(route, wire),
-                upstream_headers(list(headers), route, wire),
+                destinations(route, wire, list(headers)),
                 prepared.body,
                 gw.metrics,
+                gw.balancer,
             )
             try:
                 data = await response.read()

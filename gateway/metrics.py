@@ -172,6 +172,12 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.upstream_failovers = Counter(
+            "compactgate_upstream_failovers",
+            "Requests moved to another upstream of their model after 429/5xx/connection failures",
+            ["model", "reason"],
+            registry=r,
+        )
         self.summary_cache = Counter(
             "compactgate_summary_cache", "Summary cache lookups", ["result"], registry=r
         )

@@ -46,6 +46,12 @@ class Route:
     retry: RetryConfig  # 429/5xx/connection retries
     pricing: PricingConfig | None = None  # cost accounting's prices (else the price map's)
     context_management: str = "native"  # Messages' context_management: native|emulate|strip
+    upstreams: tuple[UpstreamConfig, ...] = ()  # all of them when several: `upstream` is the first
+
+    @property
+    def targets(self) -> tuple[UpstreamConfig, ...]:
+        """The upstreams requests for this name may go to (failover order is the balancer's)."""
+        return self.upstreams or (self.upstream,)
 
     @property
     def chat_url(self) -> str | None:
@@ -135,7 +141,7 @@ class Router:
         return self._counter(spec)
 
     def _build(self, name: str, model: ModelConfig) -> Route:
-        upstream_model = model.upstream.model or name
+        upstream_model = model.primary.model or name
         info = model_registry.lookup(upstream_model) or model_registry.lookup(name)
         window, source = _window(model, info)
         max_output = model.max_output_tokens or (info.max_output_tokens if info else None)
@@ -143,7 +149,8 @@ class Router:
         policy_name = model.policy if model.policy in self._policies else "default"
         return Route(
             name=name,
-            upstream=model.upstream,
+            upstream=model.primary,
+            upstreams=model.targets,
             upstream_model=upstream_model,
             context_window=window,
             window_source=source,
