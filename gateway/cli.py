@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import logging.config
 import os
 import re
 import signal
@@ -125,13 +126,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     from . import connections
     from .auth import open_relay_warning
+    from .logs import logging_config
     from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    log_config = logging_config(args.log_level, config.server.log_format)
+    logging.config.dictConfig(log_config)
     warning = open_relay_warning(config, args.host, os.environ)
     if warning:
         logging.getLogger("compactgate.serve").warning(warning)
@@ -144,6 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http=connections.protocol(HTTP, config.server.header_read_timeout_s, IdleTrim()),
         log_level=args.log_level,
+        log_config=log_config,  # every worker logs in the configured format
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )

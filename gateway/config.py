@@ -28,6 +28,9 @@ from .agent_compaction import DEFAULT_SIGNATURES, Signature
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
+# Pages served from this machine may call the gateway from a browser; other sites may not.
+LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
 
 
 class PathProblems(ValueError):
@@ -76,6 +79,24 @@ class ServerConfig(_Strict):
     admin_port: int | None = Field(
         None, gt=0, lt=65536, description="Serve admin surfaces there only"
     )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: key=value lines; json: one JSON object per line"
+    )
+    cors_origins: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_ORIGINS),
+        description="Browser origins allowed to call the gateway: exact, `*`, or ending in `:*`",
+    )
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        bad = [o for o in value if o != "*" and not _ORIGIN.fullmatch(o)]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not an origin: use scheme://host[:port], scheme://host:* "
+                "(any port) or *"
+            )
+        return value
 
 
 class UpstreamConfig(_Strict):
