@@ -357,9 +357,10 @@ class Endpoint:
 
     precomputes = True  # after an answer, prepare the summaries the conversation will need
 
-    def __init__(self, gateway: Gateway, wire: Wire) -> None:
+    def __init__(self, gateway: Gateway, wire: Wire, api: str | None = None) -> None:
         self.gw = gateway
         self.wire = wire
+        self.api = api or wire.name  # as logs and metrics name it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -367,7 +368,7 @@ class Endpoint:
         exchange = Exchange(
             request_id=incoming_id.decode("latin-1") if incoming_id else uuid.uuid4().hex,
             started=time.perf_counter(),
-            api=self.wire.name,
+            api=self.api,
         )
         gw.metrics.inflight.inc()
         watcher = DisconnectWatcher(receive, send)
@@ -544,9 +545,13 @@ class Endpoint:
         sending = headers
         if prepared.expandable:  # we read the answer to find internal calls: no gzip
             sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
-        response = await send_with_retries(
-            gw.upstream, route, url, sending, prepared.body, gw.metrics
-        )
+        try:
+            response = await send_with_retries(
+                gw.upstream, route, url, sending, prepared.body, gw.metrics
+            )
+        except GatewayError:  # the time spent trying is the upstream's too
+            exchange.upstream_seconds += time.perf_counter() - started
+            raise
         try:
             if response.status >= 400:
                 body = await response.read()
@@ -873,7 +878,7 @@ class CountTokens(Endpoint):
     precomputes = False
 
     def __init__(self, gateway: Gateway) -> None:
-        super().__init__(gateway, COUNT_TOKENS)
+        super().__init__(gateway, COUNT_TOKENS, "count_tokens")
 
     async def serve(
         self,
