@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import logging.config
 import os
 import re
 import signal
@@ -126,13 +125,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     from . import connections
     from .auth import open_relay_warning
-    from .logs import logging_config
+    from .logs import configure_logging
     from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
-    log_config = logging_config(args.log_level, config.server.log_format)
-    logging.config.dictConfig(log_config)
+    log_config = configure_logging(args.log_level, config.server.log_format)
     warning = open_relay_warning(config, args.host, os.environ)
     if warning:
         logging.getLogger("compactgate.serve").warning(warning)
@@ -220,23 +218,34 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
         sock.listen(2048)  # connections queue until uvicorn accepts them
         sock.set_inheritable(True)
         sockets.append(sock)
-    print(
+    announcement = (
         f"CompactGate listening on http://{args.host}:{args.port} (proxy), "
-        f"admin surfaces on port {config.server.admin_port}",
-        flush=True,
+        f"admin surfaces on port {config.server.admin_port}"
     )
     options = {k: v for k, v in options.items() if k not in ("host", "port")}
     if args.workers > 1:
         uv_config = uvicorn.Config(
             "gateway.app:create_app", factory=True, workers=args.workers, **options
         )
+        _announce(announcement, config.server.log_format)
         Multiprocess(uv_config, sockets=sockets).run()  # each worker runs its own Server
     else:
         from .app import build_app
 
         server = uvicorn.Server(uvicorn.Config(build_app(config), **options))
+        _announce(announcement, config.server.log_format)  # once the app is built: ready
         server.run(sockets=sockets)
     return 0
+
+
+def _announce(text: str, log_format: str) -> None:
+    """A line on stdout whatever the log level (scripts wait for it), in the log's format."""
+    if log_format == "json":
+        from .logs import JsonFormatter
+
+        record = logging.LogRecord("compactgate.serve", logging.INFO, "", 0, text, None, None)
+        text = JsonFormatter().format(record)
+    print(text, flush=True)
 
 
 def _multiprocess_metrics_dir() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import logging.config
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -158,3 +159,12 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {"uvicorn": uvicorn, "uvicorn.error": uvicorn, "uvicorn.access": uvicorn},
     }
+
+
+def configure_logging(level: str, log_format: str) -> dict[str, Any]:
+    """Apply `logging_config` now (so start-up warnings use it) unless the process already has
+    its own logging set up (as `logging.basicConfig` would); returns it for uvicorn."""
+    config = logging_config(level, log_format)
+    if not logging.getLogger().handlers:
+        logging.config.dictConfig(config)
+    return config
