@@ -1350,7 +1350,10 @@ class _Dispatch:
         self.browser = BrowserAccess(self.dispatch, server.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.browser(scope, receive, send)
+        if scope["type"] == "http" and self.browser.cross_origin(scope):
+            await self.browser(scope, receive, send)  # then dispatch, if it may go on
+            return
+        await self.dispatch(scope, receive, send)
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -45,7 +45,8 @@ def origin_pattern(origins: Sequence[str]) -> str | None:
 
 
 class BrowserAccess:
-    """ASGI middleware: CORS for the allowed origins, 403 for the others (see the module doc)."""
+    """CORS for the allowed origins, 403 for the others (see the module doc), in front of `app`
+    for the requests `cross_origin` picks."""
 
     def __init__(self, app: object, origins: Sequence[str]) -> None:
         self.app = app
@@ -62,16 +63,21 @@ class BrowserAccess:
             max_age=600,
         )
 
+    def cross_origin(self, scope: Scope) -> bool:
+        """Whether this HTTP request comes from a web page on another origin (it has to go
+        through `__call__`); most requests (SDKs, agents) carry no `Origin` at all."""
+        origin = header(scope, b"origin")
+        return origin is not None and not _same_origin(scope, origin)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        origin = header(scope, b"origin") if scope["type"] == "http" else None
-        if origin is None or _same_origin(scope, origin):
-            await self.app(scope, receive, send)  # type: ignore[operator]
-            return
+        """A cross-origin request: its preflight answered, else served with CORS headers if the
+        origin is allowed, else refused."""
+        origin = (header(scope, b"origin") or b"").decode("latin-1")
         preflight = scope["method"] == "OPTIONS" and header(scope, b"access-control-request-method")
-        if preflight or self.allows(origin.decode("latin-1")):
+        if preflight or self.allows(origin):
             await self.cors(scope, receive, send)
             return
-        await self.refuse(scope, send, origin.decode("latin-1"))
+        await self.refuse(scope, send, origin)
 
     def allows(self, origin: str) -> bool:
         return self.allow_all or (self.allowed is not None and bool(self.allowed.fullmatch(origin)))

@@ -13,9 +13,11 @@ output is JSON lines. `logging_config` is handed to uvicorn, which applies it in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import logging.config
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +28,7 @@ access_log = logging.getLogger("compactgate.access")
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 MAX_VALUE_CHARS = 200  # a client-chosen string (a model name) is cut to this in a log line
-_BARE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/,*@+")
+_BARE = re.compile(r"[A-Za-z0-9_.:/,*@+-]+")  # printed as they are; anything else is quoted
 
 
 class RequestLine:
@@ -85,6 +87,7 @@ def log_request(fields: Mapping[str, Any]) -> None:
         access_log.info("%s", RequestLine(fields), extra={"fields": fields})
 
 
+@functools.lru_cache(maxsize=4096)
 def tenant_label(tenant: str) -> str:
     """How a tenant id appears in a log line: a keyed tenant (`t:<name>`) by the name the config
     gives it; any other (a credential hash, a header's value) by a pseudonym that is stable across
@@ -103,12 +106,15 @@ def clip(value: str) -> str:
 
 
 def _text_value(value: Any) -> str:
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is bool:
         return "true" if value else "false"
-    if isinstance(value, float):
+    if kind is float:
         return f"{value:.2f}"
     text = str(value)
-    if text and all(c in _BARE for c in text):
+    if _BARE.fullmatch(text):
         return text
     return orjson.dumps(text).decode()  # quoted and escaped: no line breaks, no `=` confusion
 
