@@ -1,6 +1,8 @@
 """Request lines (gateway/logs.py): whatever a client puts in the strings a line carries (its
 request id, its model name), the line stays one line, reads back field by field, and names a
-tenant without revealing the credential or header value behind it."""
+tenant without revealing the credential or header value behind it. In-process, the failure kind
+a failed request's line gives; the JSON output of a real process is in tests/test_request_log.py.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from gateway.logs import (
     request_fields,
     tenant_label,
 )
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]+)(?: |$)')
 TEXT = st.text(st.characters(codec="utf-8"), max_size=300)
@@ -74,3 +77,59 @@ def test_a_tenant_not_named_by_the_config_appears_only_as_a_pseudonym(secret: st
 def test_long_client_strings_are_cut() -> None:
     assert len(clip("x" * 10_000)) == MAX_VALUE_CHARS + 3
     assert clip("short") == "short"
+
+
+# -- the reason a failed request's line gives (in-process) -----------------------------------
+
+
+def line_of(gw: AppGateway, request_id: str) -> str:
+    [line] = [x for x in gw.logs().splitlines() if f"request_id={request_id} " in x]
+    return line
+
+
+async def test_a_context_error_out_of_retries_is_logged_as_context_overflow(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "context_window": 100_000,
+                    "max_retries": 0,
+                }
+            ]
+        }
+    )
+    local_upstream.configure({"context_limit": 10, "style": "openai"})
+    response = await gw.http.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "word " * 200}]},
+        headers={"x-request-id": "overflow"},
+    )
+    assert response.status_code == 400
+    assert " status=400 reason=context_overflow " in line_of(gw, "overflow")
+
+
+async def test_limits_and_bad_bodies_are_logged_with_their_kind(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(
+        {
+            "server": {"max_body_bytes": 1000},
+            "models": [{"name": "m", "upstream": {"base_url": local_upstream.base_url}}],
+        }
+    )
+    for request_id, body, status, reason in (
+        ("big", b'{"model": "m", "input": "' + b"x" * 2000 + b'"}', 413, "body_too_large"),
+        ("broken", b'{"model": "m", "messages": [', 400, "bad_request"),
+    ):
+        response = await gw.http.post(
+            f"{gw.base_url}/responses" if request_id == "big" else f"{gw.base_url}/messages",
+            content=body,
+            headers={"x-request-id": request_id, "content-type": "application/json"},
+        )
+        assert response.status_code == status
+        assert f" status={status} reason={reason} " in line_of(gw, request_id)
+    assert local_upstream.requests() == []
