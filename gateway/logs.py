@@ -173,4 +173,5 @@ def configure_logging(level: str, log_format: str) -> dict[str, Any]:
     config = logging_config(level, log_format)
     if not logging.getLogger().handlers:
         logging.config.dictConfig(config)
+        logging.captureWarnings(True)  # Python's warnings as log records too, in the same format
     return config

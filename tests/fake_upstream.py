@@ -31,6 +31,9 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     slow_stream          chunks, interval; content in `chunks` pieces, `interval` s apart
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
 
+`GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
+`POST /v1/embeddings` answers one embedding; any other `/v1/*` path echoes what it received.
+
 `/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
 formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`.
 
