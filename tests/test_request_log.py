@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import GatewayProcess, free_port
+from tests.conftest import GatewayProcess, GatewayStarter, free_port
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
 
@@ -211,3 +211,28 @@ def test_a_client_gets_one_date_and_one_server_header(
         assert response.status_code == 200
         assert len(response.headers.get_list("date")) == 1, response.url
         assert response.headers.get_list("server") == ["uvicorn"], response.url
+
+
+@pytest.mark.slow
+def test_every_worker_writes_request_lines(start_gateway: GatewayStarter) -> None:
+    """Workers are separate processes that set up their own logging: each must use the
+    configured format, or their request lines are lost (they were, before)."""
+    gw = start_gateway(
+        {"models": [{"name": "m", "upstream": {"base_url": "http://127.0.0.1:9/v1"}}]},
+        args=("--workers", "2"),
+    )
+    deadline = time.monotonic() + 60
+    while True:  # the parent listens first; the workers then start one after the other
+        try:
+            answer = httpx.get(f"{gw.base_url}/models", headers={"x-request-id": "worker"})
+            break
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    assert answer.status_code == 200
+    deadline = time.monotonic() + 20
+    while "request_id=worker " not in gw.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [line] = [x for x in gw.output().splitlines() if "request_id=worker " in x]
+    assert " compactgate.access " in line and " api=models " in line and " status=200 " in line
