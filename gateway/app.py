@@ -25,9 +25,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
@@ -54,6 +55,7 @@ from .compaction_answers import CompactionAnswers
 from .config import Config, ServerConfig, UpstreamConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, with_report
+from .cors import BrowserAccess
 from .costs import Accountant, Priced
 from .errors import (
     ContextLengthExceededError,
@@ -64,11 +66,14 @@ from .errors import (
     ShuttingDownError,
     UpstreamError,
     UpstreamTimeoutError,
+    reason_of,
+    upstream_reason,
 )
 from .events import EventLog, reward
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
+from .logs import clip, log_request, request_fields
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
@@ -102,7 +107,6 @@ from .wire import (
 )
 
 log = logging.getLogger("compactgate")
-access_log = logging.getLogger("compactgate.access")
 
 INTERNAL_ERROR = "The gateway failed on this request; it has been logged with the request id."
 IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
@@ -138,6 +142,9 @@ class Exchange:
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
+    requested: str = ""  # the model name the client sent (the log line's `model`)
+    stream: bool = False
+    reason: str = ""  # the failure kind, when the request failed (errors.REASONS, upstream_*)
 
     @property
     def answered(self) -> bool:
@@ -149,6 +156,30 @@ class Exchange:
         """Answered although the upstream refused it with a context-window error first: the
         gateway compacted and retried (a refusal that ran out of retries is not answered)."""
         return self.answered and bool(self.context_errors)
+
+    def failed(self, error: GatewayError) -> None:
+        """Note one of our errors as this request's answer."""
+        self.status = error.status
+        self.reason = reason_of(error)
+
+    def line(self, total: float) -> dict[str, Any]:
+        """The request's log line (`logs.request_fields`)."""
+        return request_fields(
+            request_id=clip(self.request_id),
+            tenant=self.tenant,
+            api=self.api,
+            model=clip(self.requested) if self.requested else self.model,
+            status=self.status,
+            reason=self.reason,
+            stream=self.stream,
+            tokens_before=self.tokens_before,
+            tokens_after=self.tokens_after,
+            steps=self.steps,
+            retries=self.retries,
+            internal_rounds=self.internal_rounds,
+            total_s=total,
+            upstream_s=self.upstream_seconds,
+        )
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -314,6 +345,11 @@ class Gateway:
         """Who the request belongs to: the key's tenant, else a tenant header or credential hash."""
         return self.authenticate(scope).tenant
 
+    def finish(self, exchange: Exchange, total: float) -> None:
+        """Count a served request and write its log line (every API, passthrough included)."""
+        self.metrics.requests.labels(exchange.model, str(exchange.status), exchange.api).inc()
+        log_request(exchange.line(total))
+
     def learn_window(self, route: Route, error: ContextError) -> None:
         """Lower the model's effective window from an upstream's stated limit; never raise it."""
         if error.limit is None or error.limit <= 0:
@@ -340,9 +376,10 @@ class Endpoint:
     precomputes = True  # after an answer, prepare the summaries the conversation will need
     saves = True  # its answers are generated from the compacted prompt (tokens saved count)
 
-    def __init__(self, gateway: Gateway, wire: Wire) -> None:
+    def __init__(self, gateway: Gateway, wire: Wire, api: str | None = None) -> None:
         self.gw = gateway
         self.wire = wire
+        self.api = api or wire.name  # as logs and metrics name it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -350,7 +387,7 @@ class Endpoint:
         exchange = Exchange(
             request_id=incoming_id.decode("latin-1") if incoming_id else uuid.uuid4().hex,
             started=time.perf_counter(),
-            api=self.wire.name,
+            api=self.api,
         )
         gw.metrics.inflight.inc()
         watcher = DisconnectWatcher(receive, send)
@@ -362,6 +399,7 @@ class Endpoint:
                 receive, scope, server.max_body_bytes, server.body_read_timeout_s
             )
             request = self.wire.parse(body, server.max_messages)
+            exchange.requested, exchange.stream = request.model, request.stream
             route = self.route(identity, request)
             request, exchange.edits = apply_to(request, route, server.max_messages)
             exchange.model = gw.metrics.model_label(route.name)
@@ -385,11 +423,11 @@ class Endpoint:
         except GatewayError as error:
             await self.report(watcher, exchange, error)
         except ClientDisconnected:
-            exchange.status = 499
+            exchange.status, exchange.reason = 499, "client_disconnected"
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if watcher.disconnected:
-                exchange.status = 499
+                exchange.status, exchange.reason = 499, "client_disconnected"
             else:  # the server's shutdown deadline passed: end the response cleanly
                 await self.report(watcher, exchange, ShuttingDownError(SHUTTING_DOWN))
         except Exception:
@@ -416,6 +454,7 @@ class Endpoint:
     ) -> None:
         """Send `error` as the response, in this API's shape; when the response has already
         started (a stream that stalled or outlived the shutdown deadline), as its last event."""
+        exchange.reason = reason_of(error)
         with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
             if watcher.started:
                 await watcher.end_with_error(self.wire.stream_error_event(error))
@@ -531,9 +570,13 @@ class Endpoint:
                 )
                 for d in targets
             ]
-        response, chosen = await send_balanced(
-            gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer
-        )
+        try:
+            response, chosen = await send_balanced(
+                gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer
+            )
+        except GatewayError:  # the time spent trying is the upstream's too
+            exchange.upstream_seconds += time.perf_counter() - started
+            raise
         url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
         try:
             if response.status >= 400:
@@ -628,6 +671,7 @@ class Endpoint:
         """Out of retries: the upstream's own answer goes to the client (never a silent 200)."""
         if overflow.failed is not None:
             await self.relay_failure(send, exchange, prepared, overflow.failed)
+            exchange.reason = "context_overflow"
         elif overflow.stream is not None and overflow.head:
             stream = overflow.stream
             exchange.failed_in_stream = True  # the stream relayed is the upstream's refusal
@@ -642,7 +686,7 @@ class Endpoint:
     ) -> None:
         """The upstream's error, relayed with its own status and body."""
         self.note(exchange, prepared)
-        exchange.status = failed.status
+        exchange.status, exchange.reason = failed.status, upstream_reason(failed.status)
         await send_bytes(
             send, failed.status, failed.body, [*failed.headers, *self.headers(exchange)], None
         )
@@ -712,6 +756,7 @@ class Endpoint:
             log.warning(
                 "request %s: upstream stream failed: %s", exchange.request_id, error.message
             )
+            exchange.reason = reason_of(error)
             event = self.wire.stream_error_event(error)
             exchange.failed_in_stream = True
             await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -775,7 +820,6 @@ class Endpoint:
     def record(self, exchange: Exchange) -> None:
         metrics = self.gw.metrics
         total = time.perf_counter() - exchange.started
-        metrics.requests.labels(exchange.model, str(exchange.status)).inc()
         metrics.request_seconds.labels(exchange.model).observe(total)
         if exchange.upstream_seconds:
             metrics.upstream_seconds.labels(exchange.model).observe(exchange.upstream_seconds)
@@ -797,21 +841,7 @@ class Endpoint:
         self.gw.events.count_request()
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
             self.log_event(exchange, total)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request_id=%s api=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f "
-                "tokens_before=%d tokens_after=%d steps=%s retries=%d",
-                exchange.request_id,
-                exchange.api,
-                exchange.model,
-                exchange.status,
-                total * 1000,
-                exchange.upstream_seconds * 1000,
-                exchange.tokens_before,
-                exchange.tokens_after,
-                exchange.steps,
-                exchange.retries,
-            )
+        self.gw.finish(exchange, total)
 
     def tokens_saved(self, exchange: Exchange) -> int:
         """Prompt tokens compaction saved on this request: an answered generation only (not a
@@ -905,7 +935,7 @@ class CountTokens(Endpoint):
     saves = False  # a count is not a generation: nothing billed was saved
 
     def __init__(self, gateway: Gateway) -> None:
-        super().__init__(gateway, COUNT_TOKENS)
+        super().__init__(gateway, COUNT_TOKENS, "count_tokens")
 
     async def serve(
         self,
@@ -1082,52 +1112,126 @@ def _retry_window(
 
 # -- GET /v1/models, other /v1/* paths -------------------------------------------------------
 
+Handler = Callable[[Request, Exchange], Awaitable[Response]]
 
-async def list_models(request: Request) -> Response:
+
+def logged(api: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint around `handler` that counts the request and leaves its log line,
+    whatever it answers (an error raised is noted, then answered by the error handler)."""
+
+    async def endpoint(request: Request) -> Response:
+        gw: Gateway = request.app.state.gateway
+        exchange = Exchange(request_id=_request_id(request), started=time.perf_counter(), api=api)
+        try:
+            response = await handler(request, exchange)
+            exchange.status = response.status_code
+            response.headers["x-compactgate-request-id"] = exchange.request_id
+            return response
+        except GatewayError as error:
+            exchange.failed(error)
+            error.headers.setdefault("x-compactgate-request-id", exchange.request_id)
+            raise
+        except Exception:
+            exchange.status, exchange.reason = 500, "internal"
+            raise
+        finally:
+            gw.finish(exchange, time.perf_counter() - exchange.started)
+
+    return endpoint
+
+
+def _request_id(request: Request) -> str:
+    incoming = request.headers.get("x-request-id")
+    return incoming if incoming else uuid.uuid4().hex
+
+
+async def list_models(request: Request, exchange: Exchange) -> Response:
     """The configured models, with the context window each is compacted to, in the fields
     agents and SDKs read (`context_window`, OpenRouter's `context_length`, vLLM's
     `max_model_len`, `max_input_tokens`/`max_output_tokens`); in Anthropic's list shape when the
-    client sends `anthropic-version`."""
+    client sends `anthropic-version`. With only glob models configured, the upstream's list."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
-    routes = [r for r in gw.router.routes() if identity.may_use(r.name)]
+    exchange.tenant = identity.tenant
     if not gw.router.routes():
-        return await passthrough(request)
+        return await passthrough(request, exchange)
     created = int(time.time())
-    data = []
-    for route in routes:
-        window = gw.effective_window(route)
-        entry: dict[str, Any] = {
-            "id": route.name,
-            "object": "model",
-            "created": created,
-            "owned_by": "compactgate",
-        }
-        if window is not None:
-            entry.update(context_window=window, context_length=window, max_model_len=window)
-            entry["max_input_tokens"] = window - (route.max_output_tokens or 0)
-        if route.max_output_tokens is not None:
-            entry["max_output_tokens"] = route.max_output_tokens
-        data.append(entry)
+    data = [
+        _model_entry(gw, route, created)
+        for route in gw.router.routes()
+        if identity.may_use(route.name)
+    ]
     if "anthropic-version" in request.headers:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
-        anthropic = [
-            {
-                "type": "model",
-                "id": e["id"],
-                "display_name": e["id"],
-                "created_at": stamp,
-                **{k: e[k] for k in ("max_input_tokens", "max_output_tokens") if k in e},
-                **({"context_window": e["context_window"]} if "context_window" in e else {}),
-            }
-            for e in data
-        ]
+        anthropic = [_anthropic_entry(e) for e in data]
         first = anthropic[0]["id"] if anthropic else None
         last = anthropic[-1]["id"] if anthropic else None
         return JSONResponse(
             {"data": anthropic, "has_more": False, "first_id": first, "last_id": last}
         )
     return JSONResponse({"object": "list", "data": data})
+
+
+async def get_model(request: Request, exchange: Exchange) -> Response:
+    """GET /v1/models/{id}: a configured model's entry, as the list gives it. A name only a glob
+    entry matches is asked of that entry's upstream (under its upstream name), and its answer
+    gets the client's name and the gateway's window. A name no route serves is 404."""
+    gw: Gateway = request.app.state.gateway
+    identity = gw.authenticate(request.scope)
+    exchange.tenant = identity.tenant
+    name = request.path_params["model_id"]
+    exchange.requested = name
+    gw.auth.authorize(identity, name)
+    route = gw.router.resolve(name)
+    if route is None:
+        raise ModelNotFoundError(
+            f"The model `{name}` does not exist or is not served by this gateway.", param="model"
+        )
+    exchange.model = gw.metrics.model_label(route.name)
+    entry = _model_entry(gw, route, int(time.time()))
+    anthropic = "anthropic-version" in request.headers
+    configured = any(r.name == route.name for r in gw.router.routes())
+    if configured or route.upstream.base_url is None:
+        return JSONResponse(_anthropic_entry(entry) if anthropic else entry)
+    # The name is the client's: quoted into one segment, and refused if it is `.` or `..`.
+    path = passthrough_path(b"/v1/models/" + quote(route.upstream_model, safe="").encode())
+    answer = await _forward(gw, request, exchange, route, path, None)
+    found = _json_object(answer.body) if answer.status == 200 else None
+    if found is None:
+        return answer.response()
+    window = {k: v for k, v in entry.items() if k not in ("object", "created", "owned_by")}
+    if anthropic:
+        window = {k: v for k, v in _anthropic_entry(entry).items() if k != "created_at"}
+    return JSONResponse({**found, **window})
+
+
+def _model_entry(gw: Gateway, route: Route, created: int) -> dict[str, Any]:
+    """A model as the gateway serves it, in OpenAI's model object with the window fields."""
+    window = gw.effective_window(route)
+    entry: dict[str, Any] = {
+        "id": route.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "compactgate",
+    }
+    if window is not None:
+        entry.update(context_window=window, context_length=window, max_model_len=window)
+        entry["max_input_tokens"] = window - (route.max_output_tokens or 0)
+    if route.max_output_tokens is not None:
+        entry["max_output_tokens"] = route.max_output_tokens
+    return entry
+
+
+def _anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI model entry in Anthropic's model shape."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["created"]))
+    return {
+        "type": "model",
+        "id": entry["id"],
+        "display_name": entry["id"],
+        "created_at": stamp,
+        **{k: entry[k] for k in ("max_input_tokens", "max_output_tokens") if k in entry},
+        **({"context_window": entry["context_window"]} if "context_window" in entry else {}),
+    }
 
 
 async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
@@ -1141,63 +1245,103 @@ async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
         return None
 
 
-async def passthrough(request: Request) -> Response:
-    """Any other /v1/* path, forwarded unchanged to the model's (or the default) upstream."""
+async def passthrough(request: Request, exchange: Exchange) -> Response:
+    """Any other /v1/* path, forwarded to the upstream of the body's `model` (else the first
+    configured one). The body goes as it came, except that a renamed model's `model` gets its
+    upstream name, as on the compacting paths."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
+    exchange.tenant = identity.tenant
     body = await _read_limited(gw, request)
     if body is None:
+        exchange.reason = "client_disconnected"
         return Response(status_code=499)
-    route = _route_for_passthrough(gw, body)
+    fields = _json_object(body)
+    model = fields.get("model") if fields is not None else None
+    if isinstance(model, str):
+        exchange.requested = model
+    exchange.stream = fields is not None and fields.get("stream") is True
+    route = _route_for_passthrough(gw, model if isinstance(model, str) else None)
     gw.auth.authorize(identity, route.name)
-    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
-    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    exchange.model = gw.metrics.model_label(route.name)
     if route.upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
+    if fields is not None and model == route.name and route.renamed:
+        body = orjson.dumps({**fields, "model": route.upstream_model})
+    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
     path = passthrough_path(raw_path)
     if request.url.query:
         path += "?" + request.url.query
-    # Failed over like the compacting paths, but each upstream is tried once: these requests
-    # (files, batches, ...) are not ours to repeat against one upstream.
-    targets = destinations(route, CHAT, request.scope["headers"], path=path)
-    with gw.limits.hold(identity.tenant):
-        response, _ = await send_balanced(
-            gw.upstream,
-            route,
-            targets,
-            body or None,
-            gw.metrics,
-            gw.balancer,
-            method=request.method,
-            retry=False,
-        )
-        try:
-            data = await response.read()
-        finally:
-            response.release()
-    return Response(
-        data,
-        status_code=response.status,
-        headers=dict(
-            (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.relay_headers()
-        ),
-    )
+    return (await _forward(gw, request, exchange, route, path, body or None)).response()
 
 
-def _route_for_passthrough(gw: Gateway, body: bytes) -> Route:
-    model: Any = None
-    if body[:1] == b"{":
-        with contextlib.suppress(orjson.JSONDecodeError):
-            parsed = orjson.loads(body)
-            model = parsed.get("model") if isinstance(parsed, dict) else None
-    if isinstance(model, str):
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """An upstream's whole answer to a forwarded request."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+
+    def response(self) -> Response:
+        response = Response(self.body, status_code=self.status)
+        response.raw_headers.extend(self.headers)
+        return response
+
+
+async def _forward(
+    gw: Gateway, request: Request, exchange: Exchange, route: Route, path: str, body: bytes | None
+) -> Forwarded:
+    """Send the client's request to `path` under the model's upstream, with the headers
+    forwarding allows (a gateway-held key goes the way the client's API wants it: Anthropic's
+    when it sent `anthropic-version`). Failed over like the compacting paths, but each upstream
+    is tried once: these requests (files, batches, ...) are not ours to repeat."""
+    wire = MESSAGES if "anthropic-version" in request.headers else CHAT
+    targets = destinations(route, wire, request.scope["headers"], path=path)
+    started = time.perf_counter()
+    try:
+        with gw.limits.hold(exchange.tenant):
+            response, _ = await send_balanced(
+                gw.upstream,
+                route,
+                targets,
+                body,
+                gw.metrics,
+                gw.balancer,
+                method=request.method,
+                retry=False,
+            )
+            try:
+                data = await response.read()
+            finally:
+                response.release()
+    finally:
+        exchange.upstream_seconds += time.perf_counter() - started
+    if response.status >= 400:
+        exchange.reason = upstream_reason(response.status)
+    return Forwarded(response.status, data, response.relay_headers())
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    if body[:1] != b"{":
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _route_for_passthrough(gw: Gateway, model: str | None) -> Route:
+    if model is not None:
         route = gw.router.resolve(model)
         if route is not None and route.upstream.base_url:
             return route
     for route in gw.router.routes():
         if route.upstream.base_url:
             return route
-    route = gw.router.resolve(model if isinstance(model, str) else "default")
+    route = gw.router.resolve(model if model is not None else "default")
     if route is None:
         raise NotFoundError("No upstream is configured for this path.")
     return route
@@ -1274,9 +1418,14 @@ async def metrics(request: Request) -> Response:
 
 
 async def _on_gateway_error(request: Request, error: Exception) -> Response:
+    """Our error in the client's API's shape: Anthropic's when it sent `anthropic-version`."""
     assert isinstance(error, GatewayError)
+    wire = MESSAGES if "anthropic-version" in request.headers else CHAT
     return Response(
-        error.body(), status_code=error.status, media_type="application/json", headers=error.headers
+        wire.error_body(error),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
     )
 
 
@@ -1290,15 +1439,23 @@ async def _on_http_error(request: Request, error: Exception) -> Response:
 
 
 class _Dispatch:
-    """The compacting endpoints skip Starlette's router; everything else goes through it."""
+    """Browser access first (CORS, see cors.py), then the admin gate; the compacting endpoints
+    skip Starlette's router; everything else goes through it."""
 
     def __init__(self, endpoints: dict[str, Any], app: Starlette, server: ServerConfig) -> None:
         self.endpoints = endpoints
         self.app = app
         self.state = app.state
         self.server = server
+        self.browser = BrowserAccess(self.dispatch, server.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.browser.cross_origin(scope):
+            await self.browser(scope, receive, send)  # then dispatch, if it may go on
+            return
+        await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if (refused := admin.refusal(scope, self.server)) is not None:
                 await send_error(send, refused)
@@ -1315,7 +1472,8 @@ def build_app(config: Config) -> _Dispatch:
     gateway = Gateway(config)
     app = Starlette(
         routes=[
-            HttpRoute("/v1/models", list_models, methods=["GET"]),
+            HttpRoute("/v1/models", logged("models", list_models), methods=["GET"]),
+            HttpRoute("/v1/models/{model_id:path}", logged("models", get_model), methods=["GET"]),
             HttpRoute("/v1/compactgate/plan", plan, methods=["POST"]),
             HttpRoute("/healthz", healthz, methods=["GET"]),
             HttpRoute("/readyz", readyz, methods=["GET"]),
@@ -1323,7 +1481,9 @@ def build_app(config: Config) -> _Dispatch:
             HttpRoute("/v1/compactgate/events", admin.events, methods=["GET"]),
             HttpRoute("/ui", admin.ui, methods=["GET"]),
             HttpRoute(
-                "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+                "/v1/{path:path}",
+                logged("passthrough", passthrough),
+                methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             ),
         ],
         exception_handlers={

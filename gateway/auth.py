@@ -19,7 +19,8 @@ tenant is never chosen by something another tenant could forge. Two modes, fixed
 
 A tenant id is opaque (`t:<name>`, `k:<hash>`, `h:<header value>`): it keys per-tenant state
 (summaries, tool output refs, concurrency limits) and never appears in a log line or a metric
-label. Neither does a presented key.
+label. Neither does a presented key. A request's log line names a keyed tenant by its configured
+name, any other by a pseudonym (`logs.tenant_label`).
 """
 
 from __future__ import annotations

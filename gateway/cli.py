@@ -140,13 +140,12 @@ def _serve(args: argparse.Namespace) -> int:
     from . import connections
     from .admin import exposure_warning
     from .auth import open_relay_warning
+    from .logs import configure_logging
     from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    log_config = configure_logging(args.log_level, config.server.log_format)
     for warning in (
         open_relay_warning(config, args.host, os.environ),
         exposure_warning(config.server, args.host),
@@ -162,6 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http=connections.protocol(HTTP, config.server.header_read_timeout_s, IdleTrim()),
         log_level=args.log_level,
+        log_config=log_config,  # every worker logs in the configured format
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
@@ -236,23 +236,34 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
         sock.listen(2048)  # connections queue until uvicorn accepts them
         sock.set_inheritable(True)
         sockets.append(sock)
-    print(
+    announcement = (
         f"CompactGate listening on http://{args.host}:{args.port} (proxy), "
-        f"admin surfaces on port {config.server.admin_port}",
-        flush=True,
+        f"admin surfaces on port {config.server.admin_port}"
     )
     options = {k: v for k, v in options.items() if k not in ("host", "port")}
     if args.workers > 1:
         uv_config = uvicorn.Config(
             "gateway.app:create_app", factory=True, workers=args.workers, **options
         )
+        _announce(announcement, config.server.log_format)
         Multiprocess(uv_config, sockets=sockets).run()  # each worker runs its own Server
     else:
         from .app import build_app
 
         server = uvicorn.Server(uvicorn.Config(build_app(config), **options))
+        _announce(announcement, config.server.log_format)  # once the app is built: ready
         server.run(sockets=sockets)
     return 0
+
+
+def _announce(text: str, log_format: str) -> None:
+    """A line on stdout whatever the log level (scripts wait for it), in the log's format."""
+    if log_format == "json":
+        from .logs import JsonFormatter
+
+        record = logging.LogRecord("compactgate.serve", logging.INFO, "", 0, text, None, None)
+        text = JsonFormatter().format(record)
+    print(text, flush=True)
 
 
 def _multiprocess_metrics_dir() -> None:

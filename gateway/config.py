@@ -47,6 +47,9 @@ LITELLM_HINT = (
     "LiteLLM's proxy config is not read here; convert it with "
     "`compactgate import-litellm <litellm config.yaml>`, which writes this gateway's `models:`"
 )
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
+# Pages served from this machine may call the gateway from a browser; other sites may not.
+LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
 
 
 class PathProblems(ValueError):
@@ -101,6 +104,24 @@ class ServerConfig(_Strict):
     readiness_cache_s: float = Field(
         5.0, ge=0, description="How long /readyz reuses its last round of checks"
     )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: key=value lines; json: one JSON object per line"
+    )
+    cors_origins: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_ORIGINS),
+        description="Browser origins allowed to call the gateway: exact, `*`, or ending in `:*`",
+    )
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        bad = [o for o in value if o != "*" and not _ORIGIN.fullmatch(o)]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not an origin: use scheme://host[:port], scheme://host:* "
+                "(any port) or *"
+            )
+        return value
 
 
 class UpstreamConfig(_Strict):

@@ -8,6 +8,7 @@ code. The hierarchy:
     │   └── ContextLengthExceededError  400, code context_length_exceeded (recovery_mode: error)
     ├── AuthenticationError          401 authentication_error
     ├── PermissionDeniedError        403 permission_error
+    │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
     ├── NotFoundError                404 invalid_request_error
     │   └── ModelNotFoundError          code model_not_found
     ├── BodyTooLargeError            413 invalid_request_error
@@ -19,7 +20,8 @@ code. The hierarchy:
     └── ShuttingDownError            503 (the shutdown deadline ended a response)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
-unchanged (R1.1).
+unchanged (R1.1). Each class also names a failure kind (`REASONS`), the `reason` of its request's
+log line.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ class PermissionDeniedError(GatewayError):
     surface asked from another machine while no admin token is set."""
 
 
+class OriginNotAllowedError(PermissionDeniedError):
+    """A web page from an origin `server.cors_origins` does not allow."""
+
+
 class NotFoundError(GatewayError):
     """A path the gateway does not serve."""
 
@@ -130,6 +136,7 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     ContextLengthExceededError: (400, "invalid_request_error", "context_length_exceeded"),
     AuthenticationError: (401, "authentication_error", "invalid_api_key"),
     PermissionDeniedError: (403, "permission_error", "model_not_allowed"),
+    OriginNotAllowedError: (403, "permission_error", "origin_not_allowed"),
     NotFoundError: (404, "invalid_request_error", "not_found"),
     ModelNotFoundError: (404, "invalid_request_error", "model_not_found"),
     BodyTooLargeError: (413, "invalid_request_error", "request_too_large"),
@@ -140,6 +147,49 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     UpstreamTimeoutError: (504, "upstream_error", "upstream_timeout"),
     ShuttingDownError: (503, "server_error", "shutting_down"),
 }
+
+
+# class -> the failure kind a request's log line names as its `reason` (errors relayed from the
+# upstream are named by `upstream_reason`). Subclasses not listed inherit their parent's kind.
+REASONS: dict[type[GatewayError], str] = {
+    GatewayError: "internal",
+    InvalidRequestError: "bad_request",
+    ContextLengthExceededError: "context_overflow",
+    AuthenticationError: "auth",
+    PermissionDeniedError: "forbidden",
+    OriginNotAllowedError: "origin_not_allowed",
+    NotFoundError: "not_found",
+    ModelNotFoundError: "unknown_model",
+    BodyTooLargeError: "body_too_large",
+    RequestTimeoutError: "client_timeout",
+    TooManyRequestsError: "tenant_limit",
+    UpstreamError: "upstream_error",
+    UpstreamUnreachableError: "upstream_unreachable",
+    UpstreamTimeoutError: "upstream_timeout",
+    ShuttingDownError: "shutting_down",
+}
+
+
+def reason_of(error: GatewayError) -> str:
+    """The failure kind of one of our errors, for logs."""
+    for klass in type(error).__mro__:
+        found = REASONS.get(klass)  # type: ignore[arg-type]
+        if found is not None:
+            return found
+    return REASONS[GatewayError]
+
+
+def upstream_reason(status: int) -> str:
+    """The failure kind of an error answer relayed from the upstream, by its status."""
+    if status in (401, 403):
+        return "upstream_auth"
+    if status == 404:
+        return "upstream_not_found"
+    if status == 429:
+        return "upstream_rate_limited"
+    if status >= 500:
+        return "upstream_server_error"
+    return "upstream_bad_request"
 
 
 def _lookup(cls: type[GatewayError]) -> tuple[int, str, str | None]:

@@ -83,9 +83,9 @@ class Metrics:
             r.register(PLATFORM_COLLECTOR)
         self.requests = Counter(
             "compactgate_requests",
-            "Requests to the compacting endpoints (chat, responses, messages, count_tokens) by "
-            "model and status",
-            ["model", "status"],
+            "Requests by model, status and API (chat, responses, messages, count_tokens, "
+            "models, passthrough)",
+            ["model", "status", "api"],
             registry=r,
         )
         self.request_seconds = Histogram(

@@ -31,6 +31,9 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     slow_stream          chunks, interval; content in `chunks` pieces, `interval` s apart
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
 
+`GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
+`POST /v1/embeddings` answers one embedding; any other `/v1/*` path echoes what it received.
+
 `/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
 formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`.
 
@@ -441,6 +444,10 @@ def make_app(state: State) -> web.Application:
         data = [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]
         return web.json_response({"object": "list", "data": data})
 
+    async def model(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        return web.json_response({"id": name, "object": "model", "created": 0, "owned_by": "fake"})
+
     async def passthrough(request: web.Request) -> web.Response:
         raw = await request.read()
         if request.method == "POST" and request.path == "/v1/embeddings":
@@ -490,6 +497,7 @@ def make_app(state: State) -> web.Application:
     app = web.Application(middlewares=[recorder], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name}", model)
     add_routes(app, state)  # /v1/responses, /v1/messages (+ count_tokens)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     app.router.add_get("/_fake/requests", control_requests)
