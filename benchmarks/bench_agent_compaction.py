@@ -234,7 +234,8 @@ async def measure(args: argparse.Namespace, origin: str, upstream: Upstream) -> 
     print(f"history: {tokens} tokens (o200k, as the gateway counted it), {len(body)} bytes")
     print(f"upstream model delay on compaction calls: {args.model_delay:g} s")
     print(f"{'':28}{'p50 ms':>10}{'p90 ms':>10}")
-    for name, values in (("answered (ready summary)", answered), ("forwarded (upstream call)", forwarded)):  # fmt: skip
+    rows = (("answered (ready summary)", answered), ("forwarded (upstream call)", forwarded))
+    for name, values in rows:
         print(f"{name:28}{statistics.median(values):10.1f}{_p90(values):10.1f}")
     verdict = "met" if statistics.median(answered) < TARGET_MS else "NOT met"
     print(
