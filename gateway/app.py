@@ -138,6 +138,7 @@ class Exchange:
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
+    compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -359,7 +360,8 @@ class Endpoint:
                 gw.compaction_answers.after_response(
                     identity.tenant, route, request, exchange.prepared, scope["headers"]
                 )
-            if exchange.status < 400 and self.precomputes:  # ahead of need: never delays this
+            # Ahead of need, never delaying this answer (not after a compaction made here).
+            if exchange.status < 400 and self.precomputes and exchange.compacted is None:
                 gw.precompute.after_response(
                     request,
                     route,
@@ -751,6 +753,8 @@ class Endpoint:
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
             *_cost_headers(exchange.priced),
             *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
+            *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
+            * (exchange.compacted is not None),
         ]
 
     def record(self, exchange: Exchange) -> None:
@@ -881,9 +885,9 @@ class ResponsesEndpoint(Endpoint):
         self, send: Send, exchange: Exchange, outcome: str, body: bytes, content_type: bytes
     ) -> None:
         exchange.status = 200
+        exchange.compacted = outcome
         self.gw.metrics.agent_compactions.labels("responses", outcome).inc()
-        headers = [*self.headers(exchange), (b"x-compactgate-compaction", outcome.encode())]
-        await send_bytes(send, 200, body, headers, content_type)
+        await send_bytes(send, 200, body, self.headers(exchange), content_type)
 
 
 class CompactEndpoint(ResponsesEndpoint):

@@ -11,6 +11,7 @@ One gateway runs in-process; two replicas sharing a real Redis run as processes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from typing import Any
@@ -336,3 +337,50 @@ def test_a_compaction_made_on_one_replica_is_read_back_on_the_other(
     )
     assert other.status_code == 400
     assert other.json()["error"]["code"] == "invalid_encrypted_content"
+
+
+# -- a summary made ahead of need ------------------------------------------------------------
+
+CODEX_PROMPT = "You are performing a CONTEXT CHECKPOINT COMPACTION. Summarise for the next model."
+
+
+def agent_session(steps: int) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "developer", "content": "You are a coding agent. " * 40},
+        {"type": "message", "role": "user", "content": "Fix the build."},
+    ]
+    for step in range(steps):
+        items.append(
+            {"type": "function_call", "call_id": f"c{step}", "name": "exec", "arguments": "{}"}
+        )
+        out = "\n".join(f"line {n} of step {step}: ok" for n in range(60))
+        items.append({"type": "function_call_output", "call_id": f"c{step}", "output": out})
+    return items
+
+
+async def test_compact_uses_the_agents_summary_made_ahead_of_need(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """The agent's compaction prompt learnt on /v1/responses: the summary the gateway makes
+    ahead of need also answers /v1/responses/compact on the same history, with no call."""
+    gateway = await start_app(config_for(local_upstream))
+    client = gateway.openai(api_key="sk-a")
+    prompt = {"type": "message", "role": "user", "content": CODEX_PROMPT}
+    await client.responses.create(model="m", input=[*agent_session(10), prompt])  # learnt
+    for steps in range(1, 10):
+        await client.responses.create(model="m", input=agent_session(steps))
+    metric = 'compactgate_agent_compactions_total{agent="codex",outcome="prepared"}'
+    for _ in range(200):
+        if metric in (await gateway.http.get(f"{gateway.url}/metrics")).text:
+            break
+        await asyncio.sleep(0.02)
+    calls = len(local_upstream.requests())
+
+    raw = await client.responses.with_raw_response.compact(model="m", input=agent_session(9))
+
+    assert raw.headers["x-compactgate-compaction"] == "ready"
+    assert len(local_upstream.requests()) == calls  # no upstream call at all
+    item = dumped(raw.parse().output)[-1]
+    await client.responses.create(model="m", input=[item, {"role": "user", "content": "Go on."}])
+    sent = body_of(local_upstream.requests()[-1])
+    assert "SUMMARY of" in orjson.dumps(sent["input"]).decode()  # the fake's summary, read back
