@@ -83,6 +83,11 @@ class CompactionAnswers:
             Template(agent, fields, conversation[-1], tokens),
         )
 
+    def agent_of(self, tenant: str, api: str) -> str | None:
+        """The agent whose compaction request was learnt for this tenant and API, if any."""
+        template = self._templates.get((tenant, api))
+        return template.agent if template is not None else None
+
     def answer(
         self, tenant: str, request: WireRequest, uids: Sequence[int | None], counts: Sequence[int]
     ) -> str | None:

@@ -14,6 +14,10 @@ part:
   `compaction` item whose `encrypted_content` is a signed, tenant-bound reference to it
   (`compaction_refs`). `/v1/responses/compact` answers in OpenAI's shape: the input's user
   messages, then that item.
+- **Ahead of need**: each compaction teaches `compaction_answers` the history size at which
+  this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
+  compaction is made in the background (with the gateway's compaction prompt, unless an agent's
+  own is known for the tenant), so that compaction is answered at once.
 - **Reading back**: before a `/v1/responses` (or compact) request is parsed, every `compaction`
   item carrying one of our references becomes a user message with the summary (pinned: the
   gateway's own compaction never drops it), so the upstream reads plain text. A reference that
@@ -30,6 +34,7 @@ upstream can read them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -64,6 +69,8 @@ SUMMARY_INTRO = (
 TRIGGER = "compaction_trigger"
 READY = "ready"  # answered from a summary made before it was asked for
 SUMMARISED = "summarised"  # the summariser made it for this request
+AGENT = "responses"  # the label of these compactions (metrics, compaction_answers)
+TEMPLATE_FIELDS = ("model", "instructions", "prompt_cache_key", "service_tier")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +172,24 @@ class RemoteCompaction:
                 "held upstream (previous_response_id, conversation): send the input items.",
                 param="previous_response_id",
             )
-        text, outcome = await self._text(request, route, tenant, headers)
+        text, outcome, tokens = await self._text(request, route, tenant, headers)
+        self._learn(tenant, request, tokens)
         return Compacted(await self.issue(tenant, text), outcome)
+
+    def _learn(self, tenant: str, request: WireRequest, tokens: int) -> None:
+        """Teach `compaction_answers` where this tenant compacts, so that its next compaction
+        is prepared ahead of need (unless an agent's own compaction prompt is known: that one
+        gives the summary the agent expects)."""
+        answers = self._gw.compaction_answers
+        if answers.agent_of(tenant, request.api) not in (None, AGENT):
+            return
+        items = request.payload.get("input")
+        if isinstance(items, str):
+            items = [{"type": "message", "role": "user", "content": items}]
+        prompt = {"type": "message", "role": "user", "content": COMPACTION_PROMPT}
+        payload = {k: request.payload[k] for k in TEMPLATE_FIELDS if k in request.payload}
+        payload["input"] = [*(items or ()), prompt]
+        answers.learn(tenant, AGENT, dataclasses.replace(request, payload=payload), tokens)
 
     async def issue(self, tenant: str, text: str) -> dict[str, Any]:
         """Keep `text` in the store and return the compaction item that refers to it."""
@@ -191,17 +214,19 @@ class RemoteCompaction:
         route: Route,
         tenant: str,
         headers: Sequence[tuple[bytes, bytes]],
-    ) -> tuple[str, str]:
+    ) -> tuple[str, str, int]:
+        """The summary's text, where it came from, and the history's size in tokens."""
         gw = self._gw
         history = _history(request)
         if not history:
             raise InvalidRequestError("There is nothing to compact: `input` is empty.", "input")
         counted = gw.pipeline.counts(request, route, tenant)
+        tokens = sum(counted.counts)
         prepared = gw.compaction_answers.covering(
             tenant, request, counted.uids, counted.counts, len(request.messages)
         )
         if prepared is not None:
-            return prepared, READY
+            return prepared, READY, tokens
         summary = SummaryRequest(
             purpose="compaction",
             messages=prepare_for_summary(tuple(history)),
@@ -212,14 +237,14 @@ class RemoteCompaction:
         key = service.key(summary, route, tenant)
         found = await service.cached(key)
         if found is not None:
-            return found.text, READY
+            return found.text, READY, tokens
         answer = await service.compute(key, summary, route, headers, request.api)
         if answer.status != "ready" or not answer.text:
             raise UpstreamError(
                 "The gateway could not summarise this conversation for compaction (the "
                 "summariser failed); retry, or compact with the full history."
             )
-        return answer.text, SUMMARISED
+        return answer.text, SUMMARISED, tokens
 
 
 def _history(request: WireRequest) -> list[dict[str, Any]]:

@@ -384,3 +384,50 @@ async def test_compact_uses_the_agents_summary_made_ahead_of_need(
     await client.responses.create(model="m", input=[item, {"role": "user", "content": "Go on."}])
     sent = body_of(local_upstream.requests()[-1])
     assert "SUMMARY of" in orjson.dumps(sent["input"]).decode()  # the fake's summary, read back
+
+
+async def test_the_next_compaction_is_made_ahead_of_need_and_answered_at_once(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gateway = await start_app(config_for(local_upstream))
+    client = gateway.openai(api_key="sk-a")
+    local_upstream.script([summary_script()])
+    first = await client.responses.compact(model="m", input=agent_session(10))
+    compacted = dumped(first.output)
+
+    def session(steps: int) -> list[dict[str, Any]]:
+        return [*compacted, *agent_session(steps)[2:]]
+
+    metric = 'compactgate_agent_compactions_total{agent="responses",outcome="prepared"}'
+
+    def made() -> list[dict[str, Any]]:
+        """The gateway's own compaction calls (its compaction prompt last) that reached it."""
+        return [
+            r
+            for r in local_upstream.requests()
+            if "getting too long" in orjson.dumps(body_of(r)["input"][-1]).decode()
+        ]
+
+    async def settled() -> None:
+        """Every background compaction call started so far has been answered and kept."""
+        await asyncio.sleep(0.05)
+        for _ in range(200):
+            text = (await gateway.http.get(f"{gateway.url}/metrics")).text
+            kept = [line for line in text.splitlines() if line.startswith(metric)]
+            if len(made()) == (float(kept[0].rsplit(" ", 1)[1]) if kept else 0):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("a background compaction call never finished")
+
+    for steps in range(1, 10):  # the conversation grows again, past 70 % of the first size
+        await client.responses.create(model="m", input=session(steps))
+        await settled()
+    assert made()  # the gateway's own calls, in the background
+    assert SUMMARY in orjson.dumps(body_of(made()[0])["input"]).decode()  # over the first summary
+    calls = len(local_upstream.requests())
+
+    raw = await client.responses.with_raw_response.compact(model="m", input=session(10))
+
+    assert raw.headers["x-compactgate-compaction"] == "ready"
+    assert len(local_upstream.requests()) == calls
+    assert [item.type for item in raw.parse().output].count("compaction") == 1
