@@ -321,7 +321,10 @@ class ToolOutputsConfig(_Strict):
     max_rounds: int = Field(4, ge=1, le=10, description="Internal tool rounds per request")
     ref_secret: str | None = Field(
         None,
-        description="Key of ref ids; default: shared via a Redis store, else random per process",
+        description=(
+            "Key of ref ids and of compaction item references; default: shared via a Redis "
+            "store, else random per process"
+        ),
     )
 
 

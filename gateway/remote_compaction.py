@@ -270,14 +270,21 @@ def summary_item(text: str) -> dict[str, Any]:
 
 
 def ends_with_trigger(request: WireRequest) -> bool:
-    """Whether the request's last input item is a `compaction_trigger` (it must be the last)."""
+    """Whether the request's last input item is a `compaction_trigger`; one anywhere else is a
+    400, as on OpenAI's API (it must be the final input item)."""
     items = request.payload.get("input")
-    return (
-        isinstance(items, list)
-        and bool(items)
-        and isinstance(items[-1], dict)
-        and items[-1].get("type") == TRIGGER
-    )
+    if not isinstance(items, list):
+        return False
+    triggers = [
+        i for i, item in enumerate(items) if isinstance(item, dict) and item.get("type") == TRIGGER
+    ]
+    for index in triggers:
+        if index != len(items) - 1:
+            raise InvalidRequestError(
+                f"input[{index}] is a compaction_trigger; it must be the final input item.",
+                param=f"input[{index}]",
+            )
+    return bool(triggers)
 
 
 def without_trigger(request: WireRequest, max_messages: int) -> WireRequest:

@@ -298,6 +298,17 @@ async def test_a_compaction_trigger_is_answered_with_exactly_one_compaction_item
     assert SUMMARY in orjson.dumps(body_of(sent)).decode()
 
 
+async def test_a_compaction_trigger_that_is_not_last_is_a_400_and_nothing_is_sent(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gateway = await start_app(config_for(local_upstream))
+    items = [*history()[:1], {"type": "compaction_trigger"}, *history()[1:]]
+    with pytest.raises(openai.BadRequestError) as caught:
+        await gateway.openai(api_key="sk-a").responses.create(model="m", input=items)
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input[1]"
+    assert local_upstream.requests() == []
+
+
 # -- two replicas sharing Redis ---------------------------------------------------------------
 
 
