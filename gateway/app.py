@@ -851,15 +851,17 @@ class Endpoint:
 
 
 class ResponsesEndpoint(Endpoint):
-    """POST /v1/responses: the gateway's own compaction items become their summaries before
-    the request is parsed (400/410 before anything is sent), and a trailing
+    """POST /v1/responses: the gateway's own compaction items become their summaries as the
+    request is parsed (400/410 before anything is sent), and a trailing
     `compaction_trigger` is answered by the gateway where the upstream cannot (`emulate`)."""
 
     def __init__(self, gateway: Gateway) -> None:
         super().__init__(gateway, RESPONSES)
 
     async def parse(self, body: bytes, tenant: str) -> WireRequest:
-        return await super().parse(await self.gw.remote_compaction.expand(body, tenant), tenant)
+        request = await super().parse(body, tenant)
+        expanded = await self.gw.remote_compaction.expand(request.payload, tenant)
+        return request if expanded is None else await super().parse(expanded, tenant)
 
     async def serve(
         self,

@@ -18,9 +18,10 @@ part:
   this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
   compaction is made in the background (with the gateway's compaction prompt, unless an agent's
   own is known for the tenant), so that compaction is answered at once.
-- **Reading back**: before a `/v1/responses` (or compact) request is parsed, every `compaction`
+- **Reading back**: once a `/v1/responses` (or compact) request is parsed, every `compaction`
   item carrying one of our references becomes a user message with the summary (pinned: the
-  gateway's own compaction never drops it), so the upstream reads plain text. A reference that
+  gateway's own compaction never drops it) and the request is parsed again (only then), so the
+  upstream reads plain text. A reference that
   does not validate for this tenant is a 400 (`invalid_encrypted_content`), one whose summary
   has left the store a 410 (`compaction_expired`: the client must compact again from its own
   transcript), one that cannot be looked up because the store is down a 503; in each case
@@ -87,20 +88,12 @@ class RemoteCompaction:
 
     # -- reading our items back ---------------------------------------------------------------
 
-    async def expand(self, body: bytes, tenant: str) -> bytes:
-        """`body` with each of our compaction items replaced by its summary as a user message.
-
-        Bodies without our prefix (nearly all) are returned as they are, unparsed.
-        """
-        if compaction_refs.PREFIX.encode() not in body:
-            return body
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body  # the wire parser reports it
-        items = payload.get("input") if isinstance(payload, dict) else None
+    async def expand(self, payload: Mapping[str, Any], tenant: str) -> bytes | None:
+        """The body of a parsed request with each of our compaction items replaced by its
+        summary as a user message; None when it has none (nearly every request)."""
+        items = payload.get("input")
         if not isinstance(items, list):
-            return body
+            return None
         ours = {
             index: item["encrypted_content"]
             for index, item in enumerate(items)
@@ -109,7 +102,7 @@ class RemoteCompaction:
             and compaction_refs.is_ours(item.get("encrypted_content"))
         }
         if not ours:
-            return body
+            return None
         secret = self._gw.pipeline.ref_secret
         ids = {}
         for index, content in ours.items():
