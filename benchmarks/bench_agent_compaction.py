@@ -122,7 +122,7 @@ def history(tokens: int, seed: int = 7) -> list[dict[str, Any]]:
         items.append({"type": "function_call", "call_id": f"c{step}", "name": "shell",
                       "arguments": args})  # fmt: skip
         items.append({"type": "function_call_output", "call_id": f"c{step}", "output": output})
-        size += len(output) // 6 + 27  # ~6 characters per o200k token for this prose
+        size += len(output) // 7 + 30  # ~6.5 characters per o200k token for this prose
         step += 1
     return items
 
