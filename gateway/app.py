@@ -73,7 +73,13 @@ from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
-from .remote_compaction import RemoteCompaction, compacted_body, ends_with_trigger, without_trigger
+from .remote_compaction import (
+    AGENT,
+    RemoteCompaction,
+    compacted_body,
+    ends_with_trigger,
+    without_trigger,
+)
 from .retry import send_with_retries
 from .routing import Route, Router
 from .sse import UsageStripper
@@ -888,7 +894,7 @@ class ResponsesEndpoint(Endpoint):
     ) -> None:
         exchange.status = 200
         exchange.compacted = outcome
-        self.gw.metrics.agent_compactions.labels("responses", outcome).inc()
+        self.gw.metrics.agent_compactions.labels(AGENT, outcome).inc()
         await send_bytes(send, 200, body, self.headers(exchange), content_type)
 
 

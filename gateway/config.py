@@ -303,7 +303,10 @@ class SummariesConfig(_Strict):
     remote_compaction_ttl_s: float = Field(
         7 * 86_400.0,
         gt=0,
-        description="How long the summary behind an issued Responses compaction item is kept",
+        description=(
+            "How long the summary behind an issued Responses compaction item is kept after the "
+            "last request carrying the item"
+        ),
     )
     remote_compaction_tokens: int = Field(
         2000, ge=16, description="Longest summary asked for when answering a Responses compaction"

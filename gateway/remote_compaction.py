@@ -10,10 +10,10 @@ part:
   summarised. A summary made ahead of need that covers it is used at once (an agent's compaction
   prepared by `compaction_answers`, or the same summary already in the store, made by any
   replica); otherwise the configured summariser makes it now. The text goes into the store under
-  a random id for `summaries.remote_compaction_ttl_s`, and the client gets exactly one
-  `compaction` item whose `encrypted_content` is a signed, tenant-bound reference to it
-  (`compaction_refs`). `/v1/responses/compact` answers in OpenAI's shape: the input's user
-  messages, then that item.
+  a random id, kept `summaries.remote_compaction_ttl_s` after the last request using it, and
+  the client gets exactly one `compaction` item whose `encrypted_content` is a signed,
+  tenant-bound reference to it (`compaction_refs`). `/v1/responses/compact` answers in
+  OpenAI's shape: the input's user messages, then that item.
 - **Ahead of need**: each compaction teaches `compaction_answers` the history size at which
   this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
   compaction is made in the background (with the gateway's compaction prompt, unless an agent's
@@ -118,8 +118,9 @@ class RemoteCompaction:
         replaced = list(items)
         for (index, ref_id), text in zip(ids.items(), texts, strict=True):
             if text is None:
-                raise self._missing(index, ref_id)
+                raise self._missing(index)
             replaced[index] = summary_item(text)
+            self._keep_alive(tenant, ref_id, text)
         return orjson.dumps({**payload, "input": replaced})
 
     async def _summary(self, tenant: str, ref_id: str) -> str | None:
@@ -135,7 +136,17 @@ class RemoteCompaction:
         text = held.get("text")
         return text if isinstance(text, str) else None
 
-    def _missing(self, index: int, ref_id: str) -> Exception:
+    def _keep_alive(self, tenant: str, ref_id: str, text: str) -> None:
+        """A summary in use is kept `remote_compaction_ttl_s` after its last use; rewritten in
+        the background, never delaying the request."""
+        gw = self._gw
+        if gw.summaries.closed:
+            return
+        held = _held(tenant, text)
+        ttl = gw.config.summaries.remote_compaction_ttl_s
+        gw.summaries.spawn(gw.store.put(KEY_PREFIX + ref_id, held, ttl), name="compaction-ttl")
+
+    def _missing(self, index: int) -> Exception:
         where = f"input[{index}].encrypted_content"
         if self._gw.store.down:
             return StoreUnavailableError(
@@ -188,9 +199,8 @@ class RemoteCompaction:
         """Keep `text` in the store and return the compaction item that refers to it."""
         gw = self._gw
         ref_id = compaction_refs.new_id()
-        held = orjson.dumps({"v": 1, "tenant": _tenant_digest(tenant), "text": text})
         ttl = gw.config.summaries.remote_compaction_ttl_s
-        if not await gw.store.put(KEY_PREFIX + ref_id, held, ttl):
+        if not await gw.store.put(KEY_PREFIX + ref_id, _held(tenant, text), ttl):
             raise StoreUnavailableError(
                 "The gateway's store cannot be reached, so the compaction cannot be kept; retry."
             )
@@ -246,6 +256,11 @@ def _history(request: WireRequest) -> list[dict[str, Any]]:
     if isinstance(request.payload.get("instructions"), str):
         messages = messages[1:]
     return list(messages)
+
+
+def _held(tenant: str, text: str) -> bytes:
+    """What the store keeps for one compaction: the summary, and whose it is."""
+    return orjson.dumps({"v": 1, "tenant": _tenant_digest(tenant), "text": text})
 
 
 def _tenant_digest(tenant: str) -> str:

@@ -234,6 +234,22 @@ async def test_an_expired_summary_is_a_410_and_nothing_is_sent(
     assert len(local_upstream.requests()) == before
 
 
+async def test_a_summary_in_use_is_kept_after_its_last_use(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    config = config_for(local_upstream)
+    config["summaries"]["remote_compaction_ttl_s"] = 1.0
+    gateway = await start_app(config)
+    local_upstream.script([summary_script()])
+    item = dumped((await compact(gateway, history())).output)[-1]
+    client = gateway.openai(api_key="sk-a")
+    follow_up = [item, {"role": "user", "content": "Go on."}]
+    for pause in (0.6, 0.7):  # 1.3 s after it was made, but never 1 s after its last use
+        await asyncio.sleep(pause)
+        answer = await client.responses.create(model="m", input=follow_up)
+        assert answer.output_text == "fake answer"
+
+
 async def test_native_compaction_is_forwarded_and_its_item_passes_untouched(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
