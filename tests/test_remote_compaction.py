@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import time
 from typing import Any
 
@@ -248,6 +249,23 @@ async def test_a_summary_in_use_is_kept_after_its_last_use(
         await asyncio.sleep(pause)
         answer = await client.responses.create(model="m", input=follow_up)
         assert answer.output_text == "fake answer"
+
+
+@pytest.mark.slow  # the Redis client's connection attempts take seconds
+async def test_without_a_reachable_store_nothing_is_issued_that_could_not_be_read_back(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    gateway = await start_app(config_for(local_upstream, store=f"redis://127.0.0.1:{port}/0"))
+    local_upstream.script([summary_script()])
+    with pytest.raises(openai.APIStatusError) as caught:
+        await gateway.openai(api_key="sk-a", max_retries=0).responses.compact(
+            model="m", input=history()
+        )
+    assert caught.value.status_code == 503
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "store_unavailable"
 
 
 async def test_native_compaction_is_forwarded_and_its_item_passes_untouched(
