@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import socket
-import time
 from typing import Any
 
 import httpx
@@ -224,7 +223,7 @@ async def test_an_expired_summary_is_a_410_and_nothing_is_sent(
     gateway = await start_app(config)
     local_upstream.script([summary_script()])
     item = dumped((await compact(gateway, history())).output)[-1]
-    time.sleep(0.3)
+    await asyncio.sleep(0.3)
     before = len(local_upstream.requests())
     with pytest.raises(openai.APIStatusError) as caught:
         await gateway.openai(api_key="sk-a").responses.create(
