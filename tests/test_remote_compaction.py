@@ -190,6 +190,32 @@ async def test_compacting_a_compacted_history_summarises_the_earlier_summary(
     assert user_texts == [history()[0]["content"], history()[4]["content"], "Now the lexer."]
 
 
+async def test_a_string_input_is_compacted_and_kept_as_the_user_message(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gateway = await start_app(config_for(local_upstream))
+    local_upstream.script([summary_script()])
+    compacted = await gateway.openai(api_key="sk-a").responses.compact(
+        model="m", input="Port the parser to the new API."
+    )
+    user, item = dumped(compacted.output)
+    assert texts(user) == "Port the parser to the new API." and user["role"] == "user"
+    assert item["type"] == "compaction"
+
+
+async def test_a_history_held_upstream_cannot_be_compacted_here(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gateway = await start_app(config_for(local_upstream))
+    with pytest.raises(openai.BadRequestError) as caught:
+        await gateway.openai(api_key="sk-a").responses.compact(
+            model="m", previous_response_id="resp_123", input=history()[-1:]
+        )
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["param"] == "previous_response_id"
+    assert local_upstream.requests() == []
+
+
 # -- items that are not ours, or not valid -------------------------------------------------------
 
 
