@@ -21,6 +21,8 @@ import openai
 import orjson
 import pytest
 
+from gateway.config import parse_config
+from gateway.routing import Router
 from gateway.summarizer import SYSTEM_PROMPT
 from tests.conftest import GatewayStarter, Starter
 from tests.fake_agent_apis import compact_requests
@@ -105,6 +107,22 @@ def texts(item: dict[str, Any]) -> str:
 
 async def compact(gateway: AppGateway, items: list[dict[str, Any]], key: str = "sk-a") -> Any:
     return await gateway.openai(api_key=key).responses.compact(model="m", input=items)
+
+
+@pytest.mark.parametrize(
+    ("base_url", "setting", "mode"),
+    [
+        ("https://api.openai.com/v1", "auto", "native"),
+        ("http://127.0.0.1:8081/v1", "auto", "emulate"),
+        ("https://llm.example.internal/v1", "auto", "emulate"),
+        ("https://api.openai.com/v1", "emulate", "emulate"),
+        ("http://127.0.0.1:8081/v1", "native", "native"),
+    ],
+)
+def test_which_upstreams_compact_natively(base_url: str, setting: str, mode: str) -> None:
+    model = {"name": "m", "upstream": {"base_url": base_url}, "responses_compact": setting}
+    route = Router(parse_config({"models": [model]})).resolve("m")
+    assert route is not None and route.responses_compact == mode
 
 
 # -- POST /v1/responses/compact on an upstream without it --------------------------------------
