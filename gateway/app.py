@@ -12,6 +12,9 @@
       5. match the outcome: an Overflow with retries left learns the real window and prepares the
          client's original request again against it; anything else is answered
     POST /v1/messages/count_tokens: steps 1-3, then the size of what would be forwarded
+    POST /v1/responses/compact (and a `compaction_trigger` item): forwarded where the upstream
+      implements it, else answered with a compaction item the gateway issues; in step 1 the
+      Responses endpoints read the gateway's own compaction items back into summaries
 
 Everything else (models list, passthrough of other /v1/* paths, plan, health, metrics) is below
 the proxy path. `build_app(config)` wires it up.
@@ -78,6 +81,13 @@ from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
 from .readiness import Readiness
+from .remote_compaction import (
+    AGENT,
+    RemoteCompaction,
+    compacted_body,
+    ends_with_trigger,
+    without_trigger,
+)
 from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
@@ -145,6 +155,7 @@ class Exchange:
     requested: str = ""  # the model name the client sent (the log line's `model`)
     stream: bool = False
     reason: str = ""  # the failure kind, when the request failed (errors.REASONS, upstream_*)
+    compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
 
     @property
     def answered(self) -> bool:
@@ -240,6 +251,7 @@ class Gateway:
         self.costs = Accountant(self.metrics)
         self.compaction_points = CompactionPoints()  # where each tenant's agents compact
         self.compaction_answers = CompactionAnswers(self)  # ... and their answers, ahead of need
+        self.remote_compaction = RemoteCompaction(self)  # Responses compaction on any upstream
         summarizer = Summarizer(
             self.upstream,
             self.router,
@@ -398,7 +410,7 @@ class Endpoint:
             body = await read_body(
                 receive, scope, server.max_body_bytes, server.body_read_timeout_s
             )
-            request = self.wire.parse(body, server.max_messages)
+            request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream
             route = self.route(identity, request)
             request, exchange.edits = apply_to(request, route, server.max_messages)
@@ -411,7 +423,8 @@ class Endpoint:
                 gw.compaction_answers.after_response(
                     identity.tenant, route, request, exchange.prepared, scope["headers"]
                 )
-            if exchange.status < 400 and self.precomputes:  # ahead of need: never delays this
+            # Ahead of need, never delaying this answer (not after a compaction made here).
+            if exchange.status < 400 and self.precomputes and exchange.compacted is None:
                 gw.precompute.after_response(
                     request,
                     route,
@@ -437,6 +450,10 @@ class Endpoint:
             watcher.stop()
             gw.metrics.inflight.dec()
             self.record(exchange)
+
+    async def parse(self, body: bytes, tenant: str) -> WireRequest:
+        """The body as this API's request (400 when it is not one)."""
+        return self.wire.parse(body, self.gw.config.server.max_messages)
 
     def route(self, identity: Identity, request: WireRequest) -> Route:
         """The request's model as a Route this caller may use (404, 403)."""
@@ -815,6 +832,8 @@ class Endpoint:
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
             *_cost_headers(exchange.priced),
             *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
+            *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
+            * (exchange.compacted is not None),
         ]
 
     def record(self, exchange: Exchange) -> None:
@@ -920,6 +939,103 @@ class Endpoint:
                 ),
             },
             content=prepared.messages,
+        )
+
+
+class ResponsesEndpoint(Endpoint):
+    """POST /v1/responses: the gateway's own compaction items become their summaries as the
+    request is parsed (400/410 before anything is sent), and a trailing
+    `compaction_trigger` is answered by the gateway where the upstream cannot (`emulate`)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway, RESPONSES)
+
+    async def parse(self, body: bytes, tenant: str) -> WireRequest:
+        request = await super().parse(body, tenant)
+        expanded = await self.gw.remote_compaction.expand(request.payload, tenant)
+        return request if expanded is None else await super().parse(expanded, tenant)
+
+    async def serve(
+        self,
+        scope: Scope,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        exchange: Exchange,
+        identity: Identity,
+    ) -> None:
+        if route.responses_compact == "native" or not ends_with_trigger(request):
+            await super().serve(scope, send, request, route, exchange, identity)
+            return
+        gw = self.gw
+        history = without_trigger(request, gw.config.server.max_messages)
+        compacted = await gw.remote_compaction.compact(
+            history, route, identity.tenant, scope["headers"]
+        )
+        content_type, body = answers.compaction(compacted.item, route.name, request.stream)
+        await self.send_compaction(send, exchange, compacted.outcome, body, content_type)
+
+    async def send_compaction(
+        self, send: Send, exchange: Exchange, outcome: str, body: bytes, content_type: bytes
+    ) -> None:
+        exchange.status = 200
+        exchange.compacted = outcome
+        self.gw.metrics.agent_compactions.labels(AGENT, outcome).inc()
+        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+
+
+class CompactEndpoint(ResponsesEndpoint):
+    """POST /v1/responses/compact: forwarded to an upstream that implements it (`native`),
+    else the gateway summarises the input and answers in OpenAI's shape (`emulate`)."""
+
+    precomputes = False
+
+    async def serve(
+        self,
+        scope: Scope,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        exchange: Exchange,
+        identity: Identity,
+    ) -> None:
+        gw = self.gw
+        if route.responses_compact == "native":
+            await self.forward(scope, send, request, route, exchange)
+            return
+        compacted = await gw.remote_compaction.compact(
+            request, route, identity.tenant, scope["headers"]
+        )
+        body = orjson.dumps(compacted_body(request.payload, compacted.item, route.name))
+        await self.send_compaction(send, exchange, compacted.outcome, body, b"application/json")
+
+    async def forward(
+        self, scope: Scope, send: Send, request: WireRequest, route: Route, exchange: Exchange
+    ) -> None:
+        """The compact request, as the client sent it (our own items read back), upstream."""
+        if route.upstream.base_url is None or route.upstream.provider == "litellm":
+            raise NotFoundError(f"The model `{route.name}` has no upstream for /responses/compact.")
+        body = request.body
+        if route.renamed or request.has_extension:  # our marks never reach an upstream
+            model = route.upstream_model if route.renamed else None
+            body = orjson.dumps(self.wire.render(request, None, model, False))
+        started = time.perf_counter()
+        response, _ = await send_balanced(
+            self.gw.upstream,
+            route,
+            destinations(route, self.wire, scope["headers"], suffix="/compact"),
+            body,
+            self.gw.metrics,
+            self.gw.balancer,
+        )
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+            exchange.upstream_seconds += time.perf_counter() - started
+        exchange.status = response.status
+        await send_bytes(
+            send, response.status, data, [*response.relay_headers(), *self.headers(exchange)], None
         )
 
 
@@ -1496,7 +1612,8 @@ def build_app(config: Config) -> _Dispatch:
     app.state.gateway = gateway
     endpoints = {
         "/v1/chat/completions": Endpoint(gateway, CHAT),
-        "/v1/responses": Endpoint(gateway, RESPONSES),
+        "/v1/responses": ResponsesEndpoint(gateway),
+        "/v1/responses/compact": CompactEndpoint(gateway),
         "/v1/messages": Endpoint(gateway, MESSAGES),
         "/v1/messages/count_tokens": CountTokens(gateway),
     }

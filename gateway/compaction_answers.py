@@ -83,16 +83,33 @@ class CompactionAnswers:
             Template(agent, fields, conversation[-1], tokens),
         )
 
+    def agent_of(self, tenant: str, api: str) -> str | None:
+        """The agent whose compaction request was learnt for this tenant and API, if any."""
+        template = self._templates.get((tenant, api))
+        return template.agent if template is not None else None
+
     def answer(
         self, tenant: str, request: WireRequest, uids: Sequence[int | None], counts: Sequence[int]
     ) -> str | None:
         """The summary answering this compaction request, when one covers its history."""
+        # The last canonical message is the compaction prompt.
+        return self.covering(tenant, request, uids, counts, len(uids) - 1)
+
+    def covering(
+        self,
+        tenant: str,
+        request: WireRequest,
+        uids: Sequence[int | None],
+        counts: Sequence[int],
+        history: int,
+    ) -> str | None:
+        """A summary made ahead of need of the first `history` canonical messages of `request`
+        (with their short uncovered tail appended), when there is one."""
         if not uids or uids[0] is None:
             return None
         ready = self._ready.get((tenant, request.api, uids[0]))
         if ready is None or tuple(uids[: len(ready.uids)]) != ready.uids:
             return None
-        history = len(uids) - 1  # the last canonical message is the compaction prompt
         if len(ready.uids) > history:
             return None
         tail = request.messages[len(ready.uids) : history]

@@ -230,6 +230,14 @@ class ModelConfig(_Strict):
             "(emulate) or removed (strip) for upstreams that reject it"
         ),
     )
+    responses_compact: Literal["auto", "native", "emulate"] = Field(
+        "auto",
+        description=(
+            "POST /v1/responses/compact and compaction_trigger items: forwarded to an upstream "
+            "that implements them (native), or answered by the gateway with a signed reference "
+            "to a summary it holds (emulate); auto: native for api.openai.com, else emulate"
+        ),
+    )
 
     @field_validator("tokenizer")
     @classmethod
@@ -379,6 +387,17 @@ class SummariesConfig(_Strict):
     token_limit_param: Literal["max_tokens", "max_completion_tokens", "none"] = Field(
         "max_tokens", description="Request field that bounds the summary's length"
     )
+    remote_compaction_ttl_s: float = Field(
+        7 * 86_400.0,
+        gt=0,
+        description=(
+            "How long the summary behind an issued Responses compaction item is kept after the "
+            "last request carrying the item"
+        ),
+    )
+    remote_compaction_tokens: int = Field(
+        2000, ge=16, description="Longest summary asked for when answering a Responses compaction"
+    )
 
 
 class ToolOutputsConfig(_Strict):
@@ -392,7 +411,10 @@ class ToolOutputsConfig(_Strict):
     max_rounds: int = Field(4, ge=1, le=10, description="Internal tool rounds per request")
     ref_secret: str | None = Field(
         None,
-        description="Key of ref ids; default: shared via a Redis store, else random per process",
+        description=(
+            "Key of ref ids and of compaction item references; default: shared via a Redis "
+            "store, else random per process"
+        ),
     )
 
 

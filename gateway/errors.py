@@ -5,7 +5,8 @@ code. The hierarchy:
 
     GatewayError
     ├── InvalidRequestError          400 invalid_request_error   (bad JSON, bad fields)
-    │   └── ContextLengthExceededError  400, code context_length_exceeded (recovery_mode: error)
+    │   ├── ContextLengthExceededError  400, code context_length_exceeded (recovery_mode: error)
+    │   └── InvalidCompactionError      400, code invalid_encrypted_content (forged, other tenant's)
     ├── AuthenticationError          401 authentication_error
     ├── PermissionDeniedError        403 permission_error
     │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
@@ -13,11 +14,13 @@ code. The hierarchy:
     │   └── ModelNotFoundError          code model_not_found
     ├── BodyTooLargeError            413 invalid_request_error
     ├── RequestTimeoutError          408 (a client that trickles its body too slowly)
+    ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
     ├── TooManyRequestsError         429 rate_limit_error (per-tenant concurrency)
     ├── UpstreamError                502 upstream_error
     │   └── UpstreamUnreachableError    code upstream_unreachable
     ├── UpstreamTimeoutError         504 upstream_timeout
-    └── ShuttingDownError            503 (the shutdown deadline ended a response)
+    ├── ShuttingDownError            503 (the shutdown deadline ended a response)
+    └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
 unchanged (R1.1). Each class also names a failure kind (`REASONS`), the `reason` of its request's
@@ -80,6 +83,18 @@ class ContextLengthExceededError(InvalidRequestError):
     """Nothing the policy chain could do made the request fit (recovery_mode: error)."""
 
 
+class InvalidCompactionError(InvalidRequestError):
+    """A compaction item claims to be the gateway's but is not valid for this caller."""
+
+
+class CompactionExpiredError(GatewayError):
+    """A compaction item the gateway issued, whose summary is no longer in the store."""
+
+
+class StoreUnavailableError(GatewayError):
+    """The store holding what the request refers to cannot be reached."""
+
+
 class AuthenticationError(GatewayError):
     """No valid gateway key (only when `auth.keys` is configured)."""
 
@@ -134,6 +149,9 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     GatewayError: (500, "server_error", None),
     InvalidRequestError: (400, "invalid_request_error", None),
     ContextLengthExceededError: (400, "invalid_request_error", "context_length_exceeded"),
+    InvalidCompactionError: (400, "invalid_request_error", "invalid_encrypted_content"),
+    CompactionExpiredError: (410, "invalid_request_error", "compaction_expired"),
+    StoreUnavailableError: (503, "server_error", "store_unavailable"),
     AuthenticationError: (401, "authentication_error", "invalid_api_key"),
     PermissionDeniedError: (403, "permission_error", "model_not_allowed"),
     OriginNotAllowedError: (403, "permission_error", "origin_not_allowed"),

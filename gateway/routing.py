@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from policies import Policy
 from policies.registry import build_step, parse_step_config
@@ -46,6 +47,7 @@ class Route:
     retry: RetryConfig  # 429/5xx/connection retries
     pricing: PricingConfig | None = None  # cost accounting's prices (else the price map's)
     context_management: str = "native"  # Messages' context_management: native|emulate|strip
+    responses_compact: str = "emulate"  # Responses remote compaction: native|emulate
     upstreams: tuple[UpstreamConfig, ...] = ()  # all of them when several: `upstream` is the first
 
     @property
@@ -166,7 +168,17 @@ class Router:
             retry=model.retry,
             pricing=model.pricing,
             context_management=model.context_management,
+            responses_compact=_compact_mode(model),
         )
+
+
+def _compact_mode(model: ModelConfig) -> str:
+    """`responses_compact` resolved: only OpenAI's own API is known to implement remote
+    compaction; any other upstream gets the gateway's."""
+    if model.responses_compact != "auto":
+        return model.responses_compact
+    host = urlsplit(model.upstream.base_url or "").hostname or ""
+    return "native" if host == "api.openai.com" else "emulate"
 
 
 def _window(model: ModelConfig, info: model_registry.ModelInfo | None) -> tuple[int | None, str]:

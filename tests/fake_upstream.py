@@ -13,7 +13,8 @@ Control endpoints (JSON; nothing under /_fake/ is recorded):
                            pairs in order), body_b64 (raw bytes), json (parsed, or null)
     POST /_fake/reset      clear records, script, config and counters; cancel hung handlers
     POST /_fake/script     append behaviours (a JSON list), consumed one per chat request, FIFO
-    POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X"}
+    POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X",
+                            "remote_compaction": bool}
     GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"}; `cancelled` counts
                            chat requests ended by the client disconnecting
 
@@ -185,11 +186,13 @@ class Config:
     context_limit: int | None = None
     style: str = "openai"
     chars_per_token: float = 4.0
+    remote_compaction: bool = False  # POST /v1/responses/compact answers as OpenAI's does
 
     @classmethod
     def parse(cls, data: object) -> Config:
-        if not isinstance(data, dict) or set(data) - {"context_limit", "style", "usage_tokenizer"}:
-            raise ValueError("config keys: context_limit, style, usage_tokenizer")
+        keys = {"context_limit", "style", "usage_tokenizer", "remote_compaction"}
+        if not isinstance(data, dict) or set(data) - keys:
+            raise ValueError("config keys: " + ", ".join(sorted(keys)))
         limit = data.get("context_limit")
         if limit is not None and (type(limit) is not int or limit <= 0):
             raise ValueError("context_limit must be a positive integer or null")
@@ -200,7 +203,10 @@ class Config:
         kind, _, ratio = str(tokenizer).partition(":")
         if kind != "chars" or not ratio.replace(".", "", 1).isdigit() or float(ratio) <= 0:
             raise ValueError('usage_tokenizer must look like "chars:3.1"')
-        return cls(limit, style, float(ratio))
+        remote = data.get("remote_compaction", False)
+        if not isinstance(remote, bool):
+            raise ValueError("remote_compaction must be a boolean")
+        return cls(limit, style, float(ratio), remote)
 
 
 @dataclass
