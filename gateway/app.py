@@ -33,6 +33,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
+from starlette.routing import WebSocketRoute
 
 from . import admin, litellm_upstream
 from .agent_compaction import CompactionPoints, recognise
@@ -70,6 +71,7 @@ from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
+from .responses_socket import ResponsesSocket
 from .retry import send_with_retries
 from .routing import Route, Router
 from .sse import UsageStripper
@@ -1213,8 +1215,11 @@ class _Dispatch:
 
 def build_app(config: Config) -> _Dispatch:
     gateway = Gateway(config)
+    responses = Endpoint(gateway, RESPONSES)
+    socket = ResponsesSocket(gateway, responses, config.server)  # Codex's WebSocket transport
     app = Starlette(
         routes=[
+            WebSocketRoute("/v1/responses", socket.session),
             HttpRoute("/v1/models", list_models, methods=["GET"]),
             HttpRoute("/v1/compactgate/plan", plan, methods=["POST"]),
             HttpRoute("/healthz", healthz, methods=["GET"]),
@@ -1236,7 +1241,7 @@ def build_app(config: Config) -> _Dispatch:
     app.state.gateway = gateway
     endpoints = {
         "/v1/chat/completions": Endpoint(gateway, CHAT),
-        "/v1/responses": Endpoint(gateway, RESPONSES),
+        "/v1/responses": responses,
         "/v1/messages": Endpoint(gateway, MESSAGES),
         "/v1/messages/count_tokens": CountTokens(gateway),
     }
