@@ -146,6 +146,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
+        ws_max_size=config.server.max_body_bytes,  # a WebSocket request frame: the body limit
     )
     if args.workers > 1:
         _multiprocess_metrics_dir()

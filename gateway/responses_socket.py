@@ -70,6 +70,7 @@ NOT_FORWARDED = frozenset(
         EXCHANGE_HEADER,
     }
 )
+SOCKET_BETA = b"responses_websockets="  # Codex's `openai-beta` flag for this transport
 ENDED_EARLY = "The upstream's stream ended before `response.completed`."
 
 
@@ -359,9 +360,20 @@ async def _prewarmed(relay: FrameRelay, payload: Mapping[str, Any]) -> str:
 
 
 def _http_scope(scope: Scope, length: int) -> Scope:
-    """The HTTP request a frame stands for: POST /v1/responses with the upgrade's headers (the
-    caller is already authenticated: the identity rides along)."""
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in NOT_FORWARDED]
+    """The HTTP request a frame stands for: POST /v1/responses with the upgrade's headers, less
+    those that only concern the upgrade (the caller is already authenticated: the identity
+    rides along)."""
+    headers = []
+    for name, value in scope["headers"]:
+        lower = name.lower()
+        if lower in NOT_FORWARDED or lower.startswith(b"sec-websocket-"):
+            continue
+        if lower == b"openai-beta":  # the socket's own beta flag means nothing over HTTP
+            kept = [f for f in value.split(b",") if not f.strip().startswith(SOCKET_BETA)]
+            if not kept:
+                continue
+            value = b",".join(kept).strip()
+        headers.append((name, value))
     headers += [(b"content-type", b"application/json"), (b"content-length", str(length).encode())]
     http = {k: v for k, v in scope.items() if k not in ("type", "subprotocols", "headers")}
     http.update(

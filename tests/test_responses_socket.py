@@ -211,10 +211,14 @@ async def test_the_socket_is_authenticated_at_the_upgrade_and_the_key_stays_here
                 pass
         assert refused.value.response.status_code == 401
         assert b"authentication_error" in refused.value.response.body
-    async with open_socket(gateway) as socket:
+    async with open_socket(gateway, openai_beta="responses_websockets=2026-02-06") as socket:
         completed(await answer(socket, {"model": "m", "input": "hi"}))
     [sent] = fake_upstream.requests()
     assert KEY not in json.dumps(sent["headers"])  # a gateway key is never forwarded
+    # Nor are the upgrade's own headers: the upstream gets a plain HTTP request.
+    names = {name.lower() for name, _ in sent["headers"]}
+    assert not any(name.startswith("sec-websocket-") for name in names)
+    assert "upgrade" not in names and "openai-beta" not in names
 
 
 async def test_a_warm_up_is_answered_without_the_upstream_and_can_be_continued(
