@@ -49,7 +49,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import admin
 from .asgi import Message, Scope, header
 from .config import ServerConfig
-from .errors import GatewayError, InvalidRequestError, UpstreamError
+from .errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
 from .wire.base import json_or_none, sse_events
 
 log = logging.getLogger("compactgate.websocket")
@@ -147,6 +147,7 @@ class FrameRelay:
         self.headers: dict[str, str] = {}
         self.streamed = False
         self.ended = False  # the answer's last frame has been sent
+        self.gone = False  # the client has closed the socket
         self.response_id: str | None = None
         self.output: list[Any] = []
         self._pending = b""
@@ -221,10 +222,7 @@ class FrameRelay:
         if kind is None:
             return  # not an event of this API (a `[DONE]`, a comment)
         if kind == "error":  # final on this transport only with a status
-            error = {k: v for k, v in document.items() if k not in ("type", "sequence_number")}
-            code = error.get("code")
-            status = 400 if code == "context_length_exceeded" else 502
-            await self._error_frame(status, {"type": "upstream_error", **error})
+            await self._error_frame(*_stream_error(document))
             return
         if kind == "response.output_item.done" and "item" in document:
             self.output.append(document["item"])
@@ -232,12 +230,41 @@ class FrameRelay:
             response = document.get("response")
             if isinstance(response, dict) and isinstance(response.get("id"), str):
                 self.response_id = response["id"]
-        await self.websocket.send_text(data.decode("utf-8", "replace"))
+        await self._send_text(data.decode("utf-8", "replace"))
         if kind in TERMINAL:
             self.ended = True
 
     async def send_event(self, event: Mapping[str, Any]) -> None:
-        await self.websocket.send_text(orjson.dumps(event).decode())
+        await self._send_text(orjson.dumps(event).decode())
+
+    async def _send_text(self, text: str) -> None:
+        """A frame to the client; once the client has gone, nothing (as an HTTP response's
+        body is dropped after a disconnect: the endpoint notices and cancels the upstream)."""
+        if self.gone:
+            return
+        try:
+            await self.websocket.send_text(text)
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            self.gone = True
+
+
+def _stream_error(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """An SSE `error` event as this transport's final error: a status, and the error object.
+
+    The flat form (`code`, `message`, `param` beside `type`: OpenAI's, and the gateway's own)
+    and the nested one (`error: {...}`) are both read; the status is the event's own, else the
+    one the error table gives the code, else 502.
+    """
+    nested = event.get("error")
+    if isinstance(nested, Mapping):
+        error = dict(nested)
+    else:
+        error = {k: v for k, v in event.items() if k not in ("type", "sequence_number", "status")}
+    error.setdefault("type", "upstream_error")
+    status = event.get("status")
+    if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status < 600:
+        status = status_of_code(error.get("code"))
+    return status, error
 
 
 class ResponsesSocket:

@@ -202,6 +202,43 @@ async def test_bad_frames_get_error_frames_and_the_socket_stays_usable(
     assert len(responses_requests(fake_upstream)) == 1  # nothing half-sent upstream
 
 
+async def test_a_stream_cut_off_upstream_ends_in_one_error_frame_and_the_socket_goes_on(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    """The upstream drops its connection mid-answer: the client gets the events relayed so far,
+    then one final error frame with a status (what Codex needs to stop waiting), and nothing
+    after it; the next request on the socket is answered normally."""
+    fake_upstream.script([{"kind": "drop_mid_stream", "after_chunks": 5}, {"kind": "ok"}])
+    async with open_socket(gateway) as socket:
+        cut = await answer(socket, {"model": "m", "input": "tell me"})
+        assert [f["type"] for f in cut[:2]] == ["response.created", "response.in_progress"]
+        assert cut[-1]["type"] == "error" and cut[-1]["status"] == 502, cut[-1]
+        assert cut[-1]["error"]["code"] in ("bad_gateway", "upstream_unreachable")
+        frames = await answer(socket, {"model": "m", "input": "again"})
+        assert frames[0]["type"] == "response.created"  # no leftover of the cut answer
+        assert completed(frames)["output"][0]["content"][0]["text"] == "fake answer"
+
+
+async def test_a_client_leaving_mid_answer_stops_the_upstream_call(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    """The socket closes while the upstream is still streaming (for seconds more): the request
+    ends at once as a client disconnect (499), its upstream call dropped, as on HTTP."""
+    fake_upstream.script([{"kind": "slow_stream", "interval": 1.0}])
+    left = gateway.output().count("api=responses model=m status=499")
+    async with open_socket(gateway) as socket:
+        await socket.send(json.dumps({"type": "response.create", "model": "m", "input": "hi"}))
+        first = json.loads(await asyncio.wait_for(socket.recv(), 30))
+        assert first["type"] == "response.created"
+    for _ in range(60):
+        if gateway.output().count("api=responses model=m status=499") > left:
+            break
+        await asyncio.sleep(0.05)
+    assert gateway.output().count("api=responses model=m status=499") == left + 1
+    assert metric(gateway, 'compactgate_websocket_requests_total{status="499"}') >= 1
+    assert "internal error" not in gateway.output()
+
+
 async def test_the_socket_is_authenticated_at_the_upgrade_and_the_key_stays_here(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:
