@@ -304,47 +304,13 @@ def test_a_continuation_is_the_last_input_then_its_output_then_the_new_items(
 # -- the real Codex CLI ----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_window(
-    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
-) -> None:
-    """Codex with `supports_websockets = true` runs its whole session over the socket (no
-    retries, no fallback to HTTP), and what reached the upstream was compacted to fit."""
-    codex = agent("codex")
-    window = 24_000
-    gateway = start_gateway(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": fake_upstream.base_url},
-                    "tokenizer": "chars:4",
-                    "context_window": window,
-                    "max_output_tokens": 2000,
-                }
-            ]
-        }
-    )
-    fake_upstream.configure({"context_limit": window})
-    calls = [
-        {
-            "kind": "tool_calls",
-            "reasoning": True,
-            "tool_calls": [
-                {
-                    "name": "exec_command",
-                    "arguments": {"cmd": f"seq {step}000 {step}999 | head -1600"},
-                }
-            ],
-        }
-        for step in range(1, STEPS + 1)
-    ]
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+def run_codex(gateway: GatewayProcess, tmp_path: Path, settings: str) -> str:
+    """`codex exec` through the gateway over its WebSocket; its JSON-lines output. The run must
+    finish without reconnecting or falling back to HTTP."""
     home = tmp_path / "codex-home"
     home.mkdir()
     (home / "config.toml").write_text(
-        'model = "m"\nmodel_provider = "gateway"\n'
-        "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n"
+        f'model = "m"\nmodel_provider = "gateway"\n{settings}'
         "[model_providers.gateway]\n"
         f'name = "CompactGate"\nbase_url = "{gateway.base_url}"\n'
         'env_key = "GATEWAY_KEY"\nwire_api = "responses"\nsupports_websockets = true\n'
@@ -353,21 +319,68 @@ def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_wind
     work.mkdir()
     env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "sk-codex", "NO_COLOR": "1"}
     run = subprocess.run(
-        [str(codex), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access",
-         "--json", "Inspect the numbered files and report."],
+        [str(agent("codex")), "exec", "--skip-git-repo-check", "--sandbox",
+         "danger-full-access", "--json", "Inspect the numbered files and report."],
         cwd=work,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=240,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert FINAL in run.stdout, run.stdout[-3000:]
     assert "Reconnecting" not in run.stdout and "Falling back" not in run.stdout, run.stdout
+    return run.stdout
+
+
+def model(fake: FakeUpstream, window: int) -> dict[str, Any]:
+    return {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": fake.base_url},
+                "tokenizer": "chars:4",
+                "context_window": window,
+                "max_output_tokens": 2000,
+            }
+        ]
+    }
+
+
+def shell_steps(steps: int, command: str, reasoning: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": "tool_calls",
+            "reasoning": reasoning,
+            "tool_calls": [
+                {"name": "exec_command", "arguments": {"cmd": command.format(step=step)}}
+            ],
+        }
+        for step in range(1, steps + 1)
+    ]
+
+
+@pytest.mark.slow
+def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_window(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Codex with `supports_websockets = true` runs its whole session over the socket (no
+    retries, no fallback to HTTP), and what reached the upstream was compacted to fit."""
+    window = 24_000
+    gateway = start_gateway(model(fake_upstream, window))
+    fake_upstream.configure({"context_limit": window})
+    calls = shell_steps(STEPS, "seq {step}000 {step}999 | head -1600", reasoning=True)
+    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+    run_codex(
+        gateway,
+        tmp_path,
+        "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n",
+    )
     sent = responses_requests(fake_upstream)
     assert len(sent) >= STEPS + 1
     # Every request the upstream got came over the socket, as the whole conversation.
+    assert_all_over_the_socket(gateway)
     over_socket = metric(gateway, 'compactgate_websocket_requests_total{status="200"}')
     assert over_socket == len(sent), gateway.output()[-3000:]
     assert not any("previous_response_id" in body for body in sent)
@@ -375,3 +388,32 @@ def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_wind
     sizes = [prompt_tokens(body, 4.0) for body in sent]
     assert max(sizes) <= window * 1.1
     assert "steps=tool_output_cache" in gateway.output() or "steps=fifo" in gateway.output()
+
+
+@pytest.mark.slow
+def test_codexs_own_compaction_over_its_websocket_is_answered_from_a_summary(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Past `model_auto_compact_token_limit` Codex asks for its own compaction on the socket:
+    the first request is forwarded and teaches the gateway; a later one is answered at once from
+    a summary made ahead of need, as a stream of frames Codex accepts."""
+    gateway = start_gateway(model(fake_upstream, 200_000))
+    calls = shell_steps(9, "sleep 1; seq {step}0000 {step}1500", reasoning=False)
+    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+    run_codex(
+        gateway,
+        tmp_path,
+        "model_context_window = 200000\nmodel_auto_compact_token_limit = 14000\n",
+    )
+    compactions = "compactgate_agent_compactions_total"
+    forwarded = metric(gateway, compactions + '{agent="codex",outcome="forwarded"}')
+    answered = metric(gateway, compactions + '{agent="codex",outcome="answered"}')
+    assert forwarded >= 1 and answered >= 1, (forwarded, answered, gateway.output()[-3000:])
+    assert_all_over_the_socket(gateway)
+
+
+def assert_all_over_the_socket(gateway: GatewayProcess) -> None:
+    """Every Responses request the gateway served came over a WebSocket (none over HTTP)."""
+    served = gateway.output().count(" api=responses ")
+    over_socket = metric(gateway, 'compactgate_websocket_requests_total{status="200"}')
+    assert served == over_socket > 0, (served, over_socket)
