@@ -37,22 +37,26 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from prometheus_client import Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import admin
-from .asgi import Message, Scope, header
+from .asgi import Message, Receive, Scope, Send, header
 from .config import ServerConfig
 from .errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
 from .wire.base import json_or_none, sse_events
 
+if TYPE_CHECKING:
+    from .app import Gateway
+
 log = logging.getLogger("compactgate.websocket")
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PATH = "/v1/responses"
 CREATE = "response.create"
@@ -78,7 +82,7 @@ class SocketMetrics:
     """What only this transport has: sockets, and requests per outcome (the requests
     themselves are counted with every other Responses request, api="responses")."""
 
-    def __init__(self, registry: Any) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.connections = Counter(
             "compactgate_websocket_connections",
             "Responses WebSocket connections accepted",
@@ -271,7 +275,7 @@ class ResponsesSocket:
     """The WebSocket endpoint: accepts the socket, then serves its frames one at a time through
     `endpoint` (the HTTP Responses endpoint, an ASGI app)."""
 
-    def __init__(self, gateway: Any, endpoint: Any, server: ServerConfig) -> None:
+    def __init__(self, gateway: Gateway, endpoint: ASGIApp, server: ServerConfig) -> None:
         self.gw = gateway
         self.endpoint = endpoint
         self.server = server
@@ -415,7 +419,7 @@ def _http_scope(scope: Scope, length: int) -> Scope:
     return http
 
 
-def _receive(body: bytes, closed: asyncio.Event) -> Any:
+def _receive(body: bytes, closed: asyncio.Event) -> Receive:
     """`receive` for the HTTP request: its body, then a disconnect once the socket closes."""
     sent = False
 
