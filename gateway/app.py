@@ -38,6 +38,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
+from starlette.routing import WebSocketRoute
 
 from . import admin, litellm_upstream
 from .agent_compaction import CompactionPoints, recognise
@@ -88,6 +89,7 @@ from .remote_compaction import (
     ends_with_trigger,
     without_trigger,
 )
+from .responses_socket import ResponsesSocket
 from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
@@ -1586,8 +1588,11 @@ class _Dispatch:
 
 def build_app(config: Config) -> _Dispatch:
     gateway = Gateway(config)
+    responses = ResponsesEndpoint(gateway)
+    socket = ResponsesSocket(gateway, responses, config.server)  # Codex's WebSocket transport
     app = Starlette(
         routes=[
+            WebSocketRoute("/v1/responses", socket.session),
             HttpRoute("/v1/models", logged("models", list_models), methods=["GET"]),
             HttpRoute("/v1/models/{model_id:path}", logged("models", get_model), methods=["GET"]),
             HttpRoute("/v1/compactgate/plan", plan, methods=["POST"]),
@@ -1612,7 +1617,7 @@ def build_app(config: Config) -> _Dispatch:
     app.state.gateway = gateway
     endpoints = {
         "/v1/chat/completions": Endpoint(gateway, CHAT),
-        "/v1/responses": ResponsesEndpoint(gateway),
+        "/v1/responses": responses,
         "/v1/responses/compact": CompactEndpoint(gateway),
         "/v1/messages": Endpoint(gateway, MESSAGES),
         "/v1/messages/count_tokens": CountTokens(gateway),

@@ -164,6 +164,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_config=log_config,  # every worker logs in the configured format
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
+        ws_max_size=config.server.max_body_bytes,  # a WebSocket request frame: the body limit
     )
     if args.workers > 1:
         _multiprocess_metrics_dir()

@@ -216,3 +216,12 @@ def _lookup(cls: type[GatewayError]) -> tuple[int, str, str | None]:
         if row is not None:
             return row
     return ERROR_TABLE[GatewayError]
+
+
+def status_of_code(code: object) -> int:
+    """The status the table gives an error `code` (an error event in a stream carries only its
+    code); 502 for a code the gateway does not make: the upstream failed."""
+    for status, _, known in ERROR_TABLE.values():
+        if known is not None and known == code:
+            return status
+    return 502

@@ -525,6 +525,10 @@ def add_routes(app: web.Application, state: Any) -> None:
             _frame(event["type"], {**event, "sequence_number": n})
             for n, event in enumerate(responses_events(body))
         ]
+        if step.get("kind") == "drop_mid_stream":  # the connection closes after a few events
+            return await _sse(request, frames[: int(step.get("after_chunks", 2))], drop=True)
+        if step.get("kind") == "slow_stream":
+            return await _sse(request, frames, interval=float(step.get("interval", 0.2)))
         return await _sse(request, frames)
 
     async def compact(request: web.Request) -> web.Response:
@@ -615,7 +619,11 @@ def add_routes(app: web.Application, state: Any) -> None:
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
 
 
-async def _sse(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
+async def _sse(
+    request: web.Request, frames: list[bytes], interval: float = 0.0, drop: bool = False
+) -> web.StreamResponse:
+    """`frames` as an event stream, `interval` seconds apart; with `drop`, the connection is
+    then closed without ending the stream."""
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -626,6 +634,9 @@ async def _sse(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
     await response.prepare(request)
     for frame in frames:
         await response.write(frame)
-        await asyncio.sleep(0)
+        await asyncio.sleep(interval)
+    if drop and request.transport is not None:
+        request.transport.close()
+        return response
     await response.write_eof()
     return response

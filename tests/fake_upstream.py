@@ -36,7 +36,8 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
 `POST /v1/embeddings` answers one embedding; any other `/v1/*` path echoes what it received.
 
 `/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
-formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`.
+formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`
+(streamed `/v1/responses` also takes `slow_stream` with `interval`, and `drop_mid_stream`).
 
 Non-streaming requests get the same behaviours: "chunks" are then halves of the JSON body.
 The global `context_limit` is checked before the script; a request it rejects consumes nothing.
