@@ -45,7 +45,6 @@ from .asgi import (
     header,
     read_body,
     send_bytes,
-    send_error,
 )
 from .auth import Authenticator, Identity
 from .calibration import Calibration
@@ -64,7 +63,7 @@ from .errors import (
     UpstreamError,
     UpstreamTimeoutError,
 )
-from .events import EventLog, reward
+from .events import EventLog, RequestSample, reward
 from .expansion import Expansion, Rounds
 from .limits import ConcurrencyLimits, register_gauges
 from .memory import freeze_startup_objects
@@ -117,6 +116,8 @@ class Exchange:
     api: str = "chat"
     model: str = "-"
     status: int = 0
+    reason: str = ""  # why it failed: the gateway's error code, or the upstream's status
+    stream: bool = False
     upstream_seconds: float = 0.0
     retries: int = 0
     tokens_before: int = 0
@@ -198,7 +199,7 @@ class Gateway:
             self.metrics,
             config.summaries,
             self.effective_window,
-            on_usage=self.costs.own,
+            on_usage=self.own_spend,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(
@@ -276,6 +277,11 @@ class Gateway:
         headers = upstream_headers(credentials, route, wire)
         return await self.upstream_counts.count(route, texts, headers)
 
+    def own_spend(self, route: Route, usage: Usage) -> None:
+        """A summariser call's usage: priced as the gateway's own spend, and kept for `/ui`."""
+        spent = self.costs.own(route, usage)
+        self.events.own_spend(None if spent is None or spent.partial else spent.total)
+
     def effective_window(self, route: Route) -> int | None:
         learned = self.learned_windows.get(route.name)
         if learned is None:
@@ -320,6 +326,7 @@ class Endpoint:
     """One compacting endpoint as a plain ASGI app: the request path, for one wire API."""
 
     precomputes = True  # after an answer, prepare the summaries the conversation will need
+    api_name: str | None = None  # how the operator page names this endpoint (else the wire's)
 
     def __init__(self, gateway: Gateway, wire: Wire) -> None:
         self.gw = gateway
@@ -343,6 +350,7 @@ class Endpoint:
                 receive, scope, server.max_body_bytes, server.body_read_timeout_s
             )
             request = self.wire.parse(body, server.max_messages)
+            exchange.stream = request.stream
             route = self.route(identity, request)
             request, exchange.edits = apply_to(request, route, server.max_messages)
             exchange.model = gw.metrics.model_label(route.name)
@@ -366,11 +374,11 @@ class Endpoint:
         except GatewayError as error:
             await self.report(watcher, exchange, error)
         except ClientDisconnected:
-            exchange.status = 499
+            exchange.status, exchange.reason = 499, "client_disconnected"
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if watcher.disconnected:
-                exchange.status = 499
+                exchange.status, exchange.reason = 499, "client_disconnected"
             else:  # the server's shutdown deadline passed: end the response cleanly
                 await self.report(watcher, exchange, ShuttingDownError(SHUTTING_DOWN))
         except Exception:
@@ -397,6 +405,7 @@ class Endpoint:
     ) -> None:
         """Send `error` as the response, in this API's shape; when the response has already
         started (a stream that stalled or outlived the shutdown deadline), as its last event."""
+        exchange.reason = error.code or error.error_type
         with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
             if watcher.started:
                 await watcher.end_with_error(self.wire.stream_error_event(error))
@@ -602,6 +611,7 @@ class Endpoint:
         """Out of retries: the upstream's own answer goes to the client (never a silent 200)."""
         if overflow.failed is not None:
             await self.relay_failure(send, exchange, prepared, overflow.failed)
+            exchange.reason = f"context_length_exceeded ({overflow.error.signature})"
         elif overflow.stream is not None and overflow.head:
             stream = overflow.stream
             await self.relay(send, exchange, prepared, stream, _stream(overflow.head, stream))
@@ -616,6 +626,7 @@ class Endpoint:
         """The upstream's error, relayed with its own status and body."""
         self.note(exchange, prepared)
         exchange.status = failed.status
+        exchange.reason = f"upstream {failed.status}"
         await send_bytes(
             send, failed.status, failed.body, [*failed.headers, *self.headers(exchange)], None
         )
@@ -764,9 +775,12 @@ class Endpoint:
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
-        self.gw.events.count_request()
+        if exchange.context_errors and exchange.retries and 0 < exchange.status < 400:
+            metrics.context_errors_recovered.labels(exchange.model).inc()
+        seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
-            self.log_event(exchange, total)
+            seq = self.log_event(exchange, total)
+        self.gw.events.count_request(self.sample(exchange, total, seq))
         if access_log.isEnabledFor(logging.INFO):
             access_log.info(
                 "request_id=%s api=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f "
@@ -783,8 +797,38 @@ class Endpoint:
                 exchange.retries,
             )
 
-    def log_event(self, exchange: Exchange, total: float) -> None:
-        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward)."""
+    def sample(self, exchange: Exchange, total: float, event: int | None) -> RequestSample:
+        """The request as the operator page aggregates it (`overview`)."""
+        costs = _cost_fields(exchange.priced)
+        return RequestSample(
+            ts=time.time(),
+            request_id=exchange.request_id,
+            api=self.api_name or exchange.api,
+            model=exchange.model,
+            tenant=exchange.tenant,
+            status=exchange.status,
+            reason="" if 0 < exchange.status < 400 else exchange.reason,
+            total_ms=round(total * 1000, 3),
+            upstream_ms=round(exchange.upstream_seconds * 1000, 3),
+            tokens_before=exchange.tokens_before,
+            tokens_after=exchange.tokens_after,
+            observe=exchange.observe,
+            steps=exchange.steps,
+            retries=exchange.retries,
+            context_errors=len(exchange.context_errors),
+            internal_rounds=exchange.internal_rounds,
+            stream=exchange.stream,
+            cost_usd=costs["cost_usd"],
+            counterfactual_usd=costs["counterfactual_usd"],
+            saved_usd=costs["saved_usd"],
+            agent_compaction=exchange.agent_compaction,
+            agent_outcome=exchange.agent_outcome if exchange.agent_compaction else None,
+            event=event,
+        )
+
+    def log_event(self, exchange: Exchange, total: float) -> int:
+        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward);
+        its seq."""
         prepared = exchange.prepared
         assert prepared is not None
         chain = prepared.chain
@@ -799,10 +843,12 @@ class Endpoint:
             budget is not None
             and prepared.tokens_before > budget.context_window - budget.reserved_output
         )
-        self.gw.events.record(
+        return self.gw.events.record(
             {
                 "request_id": exchange.request_id,
                 "api": exchange.api,
+                "tenant": exchange.tenant,
+                "stream": exchange.stream,
                 "model": exchange.model,
                 "mode": "observe" if exchange.observe else "enforce",
                 "status": exchange.status,
@@ -819,7 +865,10 @@ class Endpoint:
                 "would_have_failed": would_fail,
                 "phases": phases,
                 "agent_compaction": exchange.agent_compaction,
+                "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
+                "internal_rounds": exchange.internal_rounds,
                 "total_ms": round(total * 1000, 2),
+                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
                 **_cost_fields(exchange.priced),
                 "reward": round(
                     reward(
@@ -846,6 +895,7 @@ class CountTokens(Endpoint):
     """
 
     precomputes = False
+    api_name = "count_tokens"
 
     def __init__(self, gateway: Gateway) -> None:
         super().__init__(gateway, COUNT_TOKENS)
@@ -1201,7 +1251,7 @@ class _Dispatch:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
-                await send_error(send, refused)
+                await admin.send_refusal(send, scope, refused)
                 return
             if scope["method"] == "POST":
                 endpoint = self.endpoints.get(scope["path"])
@@ -1221,6 +1271,7 @@ def build_app(config: Config) -> _Dispatch:
             HttpRoute("/readyz", readyz, methods=["GET"]),
             HttpRoute("/metrics", metrics, methods=["GET"]),
             HttpRoute("/v1/compactgate/events", admin.events, methods=["GET"]),
+            HttpRoute("/v1/compactgate/overview", admin.overview, methods=["GET"]),
             HttpRoute("/ui", admin.ui, methods=["GET"]),
             HttpRoute(
                 "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]

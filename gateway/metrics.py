@@ -141,6 +141,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.context_errors_recovered = Counter(
+            "compactgate_context_errors_recovered",
+            "Context errors avoided: requests an upstream refused for their context length that "
+            "were answered after the gateway compacted harder and retried",
+            ["model"],
+            registry=r,
+        )
         self.window_lowered = Counter(
             "compactgate_window_lowered",
             "Times a model's effective window was lowered from an error",
