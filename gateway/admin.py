@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import html
+import re
 import time
 from functools import cache
 from importlib import resources
@@ -44,7 +45,8 @@ ADMIN_PATHS = frozenset(
     }
 )
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-RANGES: dict[str, float | None] = {"5m": 300.0, "1h": 3600.0, "24h": 86400.0, "all": None}
+DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 LATEST_REQUESTS = 100  # the request list under the tables
 
 ADMIN_TOKEN_HEADER = b"x-compactgate-admin-token"
@@ -133,16 +135,14 @@ async def events(request: Request) -> Response:
 
 
 def parse_range(text: str) -> float | None:
-    """`5m`, `1h`, `24h`, `all`, or a number of seconds; None means everything kept."""
-    if text in RANGES:
-        return RANGES[text]
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
+    """`all` (None: everything kept), or a duration: `90` or `90s`, `5m`, `1h`, `2d`."""
+    if text == "all":
+        return None
+    match = DURATION.fullmatch(text.strip().lower())
+    seconds = float(match[1]) * UNITS[match[2] or "s"] if match else 0.0
     if not 0 < seconds < float("inf"):
         raise InvalidRequestError(
-            f"range must be one of {', '.join(RANGES)} or a number of seconds; got {text!r}.",
+            f"range must be `all` or a duration such as 90s, 5m, 1h or 24h; got {text!r}.",
             param="range",
         )
     return seconds

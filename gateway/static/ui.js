@@ -399,8 +399,12 @@ function render(data) {
   const net = costState(Math.max(c.unpriced, c.unpriced_counterfactual), c.answered);
   setCost(document.getElementById("cost-net"), c.net_saved_usd, net === "known" && c.partial ? "partial" : net);
   setText("own-calls", c.own_calls + " summariser calls" + (c.own_unpriced ? ", " + c.own_unpriced + " unpriced" : ""));
+  const left = [];
+  if (c.unpriced) left.push(c.unpriced + " of " + c.answered + " answered requests");
+  else if (c.unpriced_counterfactual) left.push(c.unpriced_counterfactual + " of " + c.answered + " counterfactual requests");
+  if (c.own_unpriced) left.push(c.own_unpriced + " of " + c.own_calls + " summariser calls");
   setText("cost-note", c.partial
-    ? "partial: " + c.unpriced + " of " + c.answered + " answered requests and " + c.own_unpriced + " own calls have no known price and are left out"
+    ? "partial: " + left.join(" and ") + " have no known price (no usage seen, or no price for the model) and are left out"
     : c.answered + " answered requests, all priced");
 
   fill(document.getElementById("models"), view.models.map(modelRow), 13, "No requests in this range.");
@@ -437,7 +441,10 @@ async function refresh() {
   try {
     const response = await fetch("/v1/compactgate/overview?range=" + encodeURIComponent(range), {headers});
     if (response.status === 401) throw new Error("the admin token is missing or wrong (open /ui?token=<token>)");
-    if (!response.ok) throw new Error("HTTP " + response.status);
+    if (!response.ok) {
+      const body = await response.json().catch(() => null);
+      throw new Error(body && body.error ? body.error.message : "HTTP " + response.status);
+    }
     const data = await response.json();
     if (asked !== generation) return;
     latest = data;
@@ -452,14 +459,22 @@ function choose(value) {
   range = value;
   sessionStorage.setItem(RANGE_KEY, value);
   generation += 1;
+  let preset = false;
   for (const button of document.querySelectorAll("#range button")) {
     button.setAttribute("aria-pressed", String(button.dataset.range === value));
+    preset = preset || button.dataset.range === value;
   }
+  document.getElementById("range-custom").value = preset ? "" : value;
   refresh();
 }
 
 for (const button of document.querySelectorAll("#range button")) {
   button.addEventListener("click", () => choose(button.dataset.range));
 }
+document.getElementById("range-form").addEventListener("submit", event => {
+  event.preventDefault();  // a duration the gateway reads: 90s, 10m, 2h, 1d
+  const value = document.getElementById("range-custom").value.trim();
+  if (value) choose(value);
+});
 choose(range);
 setInterval(refresh, 2000);
