@@ -62,6 +62,7 @@ REQUIRED_METRICS = {
     "compactgate_compactions_total",
     "compactgate_context_errors_total",
     "compactgate_emergency_retries_total",
+    "compactgate_context_errors_recovered_total",
     "compactgate_summary_cache_total",
     "compactgate_summarizer_calls_total",
     "compactgate_summarizer_duration_seconds_bucket",
@@ -757,6 +758,7 @@ def test_traffic_drove_compaction_and_a_context_error_retry(scrape: Scrape) -> N
     assert scrape.value("compactgate_tokens_saved_total", model="small") > 0
     assert scrape.value("compactgate_context_errors_total") >= 1
     assert scrape.value("compactgate_emergency_retries_total", model="roomy") == 1
+    assert scrape.value("compactgate_context_errors_recovered_total", model="roomy") == 1
     assert scrape.value("compactgate_requests_total", status="200") == 3
     assert scrape.value("compactgate_requests_total", status="404") == 1
 

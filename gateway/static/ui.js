@@ -91,6 +91,10 @@ function td(text, cls, col) {
 
 function costCell(usd, unpriced, count) {
   const cell = td("", "num", "cost");
+  if (!count) {  // nothing was answered: nothing billed
+    cell.textContent = "–";
+    return cell;
+  }
   const why = unpriced ? unpriced + " of " + count + " answered requests have no known price" : "";
   setCost(cell, usd, costState(unpriced, count), why);
   return cell;
@@ -133,7 +137,7 @@ function modelRow(r) {
   const tr = el("tr");
   tr.dataset.model = r.key;
   tr.append(
-    td(r.key, "", "model"),
+    td(r.key === "-" ? "– (refused before routing)" : r.key, "", "model"),
     td(String(r.requests), "num", "requests"),
     td(fmtRate(r.rate_per_s), "num", "rate"),
     reasonsCell(r),
