@@ -14,10 +14,12 @@ forwards upstream. Health checks stay open on both ports for probes.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import html
 import re
 import time
+from dataclasses import fields
 from functools import cache
 from importlib import resources
 from string import Template
@@ -164,11 +166,13 @@ async def overview(request: Request) -> Response:
         return _bad_request(error.message, "range")
     log = gw.events
     now = time.time()
-    view = aggregate(
-        log.requests, log.spend, now=now, range_s=range_s, covered_from=log.covered_from()
+    kept = list(log.requests)  # copies: requests finishing meanwhile append to the log
+    # Tens of milliseconds for a full log: off the event loop, so requests are not held up.
+    view = await asyncio.to_thread(
+        aggregate, kept, list(log.spend), now=now, range_s=range_s, covered_from=log.covered_from()
     )
     since = view.since or 0.0
-    recent = [s for s in list(log.requests)[-LATEST_REQUESTS:] if s.ts >= since]
+    recent = [s for s in kept[-LATEST_REQUESTS:] if s.ts >= since]
     feed = log.snapshot(limit=50, since=since)
     body = {
         "range": text,
@@ -189,7 +193,7 @@ async def overview(request: Request) -> Response:
 def sample_view(sample: RequestSample) -> dict[str, Any]:
     """A request sample with what the page derives from it."""
     return {
-        **{name: getattr(sample, name) for name in sample.__slots__},  # type: ignore[attr-defined]
+        **{field.name: getattr(sample, field.name) for field in fields(sample)},
         "overhead_ms": round(sample.overhead_ms, 3),
         "tokens_saved": sample.tokens_saved,
         "context_error_avoided": sample.recovered,

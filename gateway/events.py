@@ -53,12 +53,14 @@ def reward(
     return max(-2.0, min(2.0, value))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestSample:
     """What one request came to, as the operator page aggregates it (no content, no keys).
 
     Costs are USD; None where the price is unknown or the answer's usage was not seen (then the
     request counts as unpriced, never as free). `event` is the seq of its compaction event.
+    A value, never changed once made; not frozen only because a frozen dataclass takes several
+    times longer to build, and one is built on every request.
     """
 
     ts: float

@@ -15,7 +15,7 @@ for its context length that the gateway then got answered by compacting harder a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .events import OwnSpend, RequestSample
@@ -56,49 +56,95 @@ class Row:
     unpriced: int  # answered requests whose cost is unknown
 
 
-def row(key: str, samples: Sequence[RequestSample], span_s: float) -> Row:
-    """Aggregate `samples` (all in one range lasting `span_s` seconds) into one row."""
-    reasons: dict[str, int] = {}
-    for s in samples:
-        if not s.answered:
-            reason = s.reason or f"status {s.status}"
-            reasons[reason] = reasons.get(reason, 0) + 1
-    totals = [s.total_ms for s in samples]
-    overheads = [s.overhead_ms for s in samples]
-    answered = [s for s in samples if s.answered]
-    return Row(
-        key=key,
-        requests=len(samples),
-        rate_per_s=len(samples) / span_s if span_s > 0 else 0.0,
-        answered=len(answered),
-        errors=len(samples) - len(answered),
-        reasons=dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
-        p50_ms=percentile(totals, 0.5),
-        p99_ms=percentile(totals, 0.99),
-        overhead_p50_ms=percentile(overheads, 0.5),
-        overhead_p99_ms=percentile(overheads, 0.99),
-        compacted=sum(s.compacted for s in samples),
-        tokens_before=sum(s.tokens_before for s in samples),
-        tokens_saved=sum(s.tokens_saved for s in samples),
-        retries=sum(s.retries for s in samples),
-        context_errors_avoided=sum(s.recovered for s in samples),
-        internal_rounds=sum(s.internal_rounds for s in samples),
-        cost_usd=sum(s.cost_usd for s in answered if s.cost_usd is not None),
-        unpriced=sum(s.cost_usd is None for s in answered),
+class Tally:
+    """Running sums for one row; `add` takes each sample once (one pass over the range feeds
+    the totals and every breakdown)."""
+
+    __slots__ = (
+        "answered",
+        "avoided",
+        "compacted",
+        "cost",
+        "overheads",
+        "reasons",
+        "requests",
+        "retries",
+        "rounds",
+        "tokens_before",
+        "tokens_saved",
+        "totals",
+        "unpriced",
     )
 
+    def __init__(self) -> None:
+        self.requests = self.answered = self.compacted = self.tokens_before = 0
+        self.tokens_saved = self.retries = self.avoided = self.rounds = self.unpriced = 0
+        self.cost = 0.0
+        self.reasons: dict[str, int] = {}
+        self.totals: list[float] = []
+        self.overheads: list[float] = []
 
-def breakdown(
-    samples: Sequence[RequestSample],
-    key: Callable[[RequestSample], str],
-    span_s: float,
-    always: Iterable[str] = (),
-) -> list[Row]:
-    """One row per distinct key (plus `always`, even when empty), busiest first."""
-    groups: dict[str, list[RequestSample]] = {name: [] for name in always}
+    def add(self, s: RequestSample) -> None:
+        self.requests += 1
+        self.totals.append(s.total_ms)
+        self.overheads.append(s.overhead_ms)
+        self.compacted += s.compacted
+        self.tokens_before += s.tokens_before
+        self.retries += s.retries
+        self.rounds += s.internal_rounds
+        if s.answered:
+            self.answered += 1
+            self.tokens_saved += s.tokens_saved
+            self.avoided += s.recovered
+            if s.cost_usd is None:
+                self.unpriced += 1
+            else:
+                self.cost += s.cost_usd
+        else:
+            reason = s.reason or f"status {s.status}"
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def row(self, key: str, span_s: float) -> Row:
+        return Row(
+            key=key,
+            requests=self.requests,
+            rate_per_s=self.requests / span_s if span_s > 0 else 0.0,
+            answered=self.answered,
+            errors=self.requests - self.answered,
+            reasons=dict(sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+            p50_ms=percentile(self.totals, 0.5),
+            p99_ms=percentile(self.totals, 0.99),
+            overhead_p50_ms=percentile(self.overheads, 0.5),
+            overhead_p99_ms=percentile(self.overheads, 0.99),
+            compacted=self.compacted,
+            tokens_before=self.tokens_before,
+            tokens_saved=self.tokens_saved,
+            retries=self.retries,
+            context_errors_avoided=self.avoided,
+            internal_rounds=self.rounds,
+            cost_usd=self.cost,
+            unpriced=self.unpriced,
+        )
+
+
+def row(key: str, samples: Iterable[RequestSample], span_s: float) -> Row:
+    """Aggregate `samples` (all in one range lasting `span_s` seconds) into one row."""
+    tally = Tally()
     for s in samples:
-        groups.setdefault(key(s), []).append(s)
-    rows = [row(name, members, span_s) for name, members in groups.items()]
+        tally.add(s)
+    return tally.row(key, span_s)
+
+
+def _group(groups: dict[str, Tally], key: str) -> Tally:
+    tally = groups.get(key)
+    if tally is None:
+        tally = groups[key] = Tally()
+    return tally
+
+
+def _rows(tallies: dict[str, Tally], span_s: float) -> list[Row]:
+    """Busiest first."""
+    rows = [tally.row(name, span_s) for name, tally in tallies.items()]
     return sorted(rows, key=lambda r: (-r.requests, r.key))
 
 
@@ -171,16 +217,24 @@ def overview(
     """
     since = None if range_s is None else now - range_s
     start = covered_from if since is None else max(since, covered_from)
-    chosen = [s for s in samples if since is None or s.ts >= since]
-    paid = [o for o in spend if since is None or o.ts >= since]
     span = max(1.0, now - start)
+    chosen = [s for s in samples if since is None or s.ts >= since]
+    totals = Tally()
+    models: dict[str, Tally] = {}
+    apis = {name: Tally() for name in APIS}
+    tenants: dict[str, Tally] = {}
+    for s in chosen:
+        totals.add(s)
+        _group(models, s.model).add(s)
+        _group(apis, s.api).add(s)
+        _group(tenants, s.tenant or "-").add(s)
     return Overview(
         since=since,
         covered_from=covered_from,
         span_s=span,
-        totals=row("all", chosen, span),
-        models=breakdown(chosen, lambda s: s.model, span),
-        apis=breakdown(chosen, lambda s: s.api, span, APIS),
-        tenants=breakdown(chosen, lambda s: s.tenant or "-", span),
-        costs=costs(chosen, paid),
+        totals=totals.row("all", span),
+        models=_rows(models, span),
+        apis=_rows(apis, span),
+        tenants=_rows(tenants, span),
+        costs=costs(chosen, [o for o in spend if since is None or o.ts >= since]),
     )
