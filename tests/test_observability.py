@@ -281,6 +281,39 @@ async def test_overview_counts_every_request_by_model_api_and_tenant(
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "range"
 
 
+async def test_overview_shows_summary_cache_summariser_health_and_own_spend(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    summarising = {
+        **model(local_upstream, pricing={"input": 1.0, "output": 4.0}),
+        "context_window": 4096,
+        "policy": "summ",
+    }
+    gw = await start_app(
+        {
+            "models": [summarising],
+            "policies": {
+                "summ": {"steps": [{"type": "compaction", "summary_tokens": 200}, {"type": "fifo"}]}
+            },
+            "summaries": {"wait_s": 30, "precompute": False},
+        }
+    )
+    client = gw.openai(max_retries=0)
+    await client.chat.completions.create(model="m", messages=long_history(30))
+    data = (await gw.http.get(f"{gw.url}/v1/compactgate/overview?range=all")).json()
+    summaries = data["summaries"]
+    assert summaries["calls"].get("ok", 0) >= 1 and summaries["health"] == "healthy"
+    hits, misses = summaries["cache_hits"], summaries["cache_misses"]
+    assert misses >= 1 and summaries["cache_hit_rate"] == hits / (hits + misses)
+    assert summaries["mean_ms"] > 0
+    costs = data["overview"]["costs"]
+    assert costs["own_calls"] == summaries["calls"]["ok"] and costs["own_unpriced"] == 0
+    assert costs["own_usd"] > 0
+    assert costs["net_saved_usd"] == pytest.approx(
+        costs["counterfactual_usd"] - costs["actual_usd"] - costs["own_usd"]
+    )
+
+
 def test_admin_port_separates_admin_surfaces(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:
