@@ -278,7 +278,8 @@ class Gateway:
         return await self.upstream_counts.count(route, texts, headers)
 
     def own_spend(self, route: Route, usage: Usage) -> None:
-        """A summariser call's usage: priced as the gateway's own spend, and kept for `/ui`."""
+        """A call the gateway made for itself (a summary, or an agent's compaction answered
+        ahead of need): priced as the gateway's own spend, and kept with its time for `/ui`."""
         spent = self.costs.own(route, usage)
         self.events.own_spend(None if spent is None or spent.partial else spent.total)
 

@@ -136,8 +136,10 @@ function setText(id, text) {
 function modelRow(r) {
   const tr = el("tr");
   tr.dataset.model = r.key;
+  const name = td(r.key === "-" ? "– (no model)" : r.key, "", "model");
+  if (r.key === "-") name.title = "refused before a model was resolved: unknown model, bad request, or authentication";
   tr.append(
-    td(r.key === "-" ? "– (refused before routing)" : r.key, "", "model"),
+    name,
     td(String(r.requests), "num", "requests"),
     td(fmtRate(r.rate_per_s), "num", "rate"),
     reasonsCell(r),
@@ -402,11 +404,11 @@ function render(data) {
   setCost(document.getElementById("cost-own"), c.own_usd, costState(c.own_unpriced, c.own_calls));
   const net = costState(Math.max(c.unpriced, c.unpriced_counterfactual), c.answered);
   setCost(document.getElementById("cost-net"), c.net_saved_usd, net === "known" && c.partial ? "partial" : net);
-  setText("own-calls", c.own_calls + " summariser calls" + (c.own_unpriced ? ", " + c.own_unpriced + " unpriced" : ""));
+  setText("own-calls", c.own_calls + " summary calls" + (c.own_unpriced ? ", " + c.own_unpriced + " unpriced" : ""));
   const left = [];
   if (c.unpriced) left.push(c.unpriced + " of " + c.answered + " answered requests");
   else if (c.unpriced_counterfactual) left.push(c.unpriced_counterfactual + " of " + c.answered + " counterfactual requests");
-  if (c.own_unpriced) left.push(c.own_unpriced + " of " + c.own_calls + " summariser calls");
+  if (c.own_unpriced) left.push(c.own_unpriced + " of " + c.own_calls + " summary calls");
   setText("cost-note", c.partial
     ? "partial: " + left.join(" and ") + " have no known price (no usage seen, or no price for the model) and are left out"
     : c.answered + " answered requests, all priced");
