@@ -397,6 +397,31 @@ def operator_traffic(gw: GatewayProcess, fake: FakeUpstream) -> dict[str, int]:
     return {"m": 6, "big": 3, "-": 1}
 
 
+def open_detail(page: Any, rows: Any, title: str) -> str:
+    """Click the first of `rows` and return the drill-down's text once it shows that row (the
+    tables are redrawn every refresh, so a click can land on a row being replaced: retried)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(5):
+        row = rows.first
+        key = row.get_attribute("data-request") or row.get_attribute("data-seq") or ""
+        row.click()
+        try:
+            page.wait_for_function(
+                """([title, key]) => {
+                    const shown = document.querySelector("#detail");
+                    const text = document.querySelector("#detail-title").textContent;
+                    return !shown.hidden && text === title + key;
+                }""",
+                arg=[title, key],
+                timeout=3_000,
+            )
+        except PlaywrightTimeout:  # the click landed on a row being redrawn
+            continue
+        return str(page.inner_text("#detail"))
+    raise AssertionError(f"the drill-down never showed {title}")
+
+
 @pytest.mark.slow
 def test_ui_shows_an_operator_what_real_traffic_did_in_a_real_browser(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
@@ -494,9 +519,7 @@ def test_ui_shows_an_operator_what_real_traffic_did_in_a_real_browser(
             # drill-down: a compacted request opens with its steps, tokens and cost
             on_m = page.locator('td[data-col="model"]', has_text=re.compile("^m$"))
             compacted = page.locator("#requests tr[data-request]", has=on_m, has_text="fifo")
-            compacted.first.click()
-            page.wait_for_selector("#detail:not([hidden])", timeout=5_000)
-            detail = page.inner_text("#detail").lower()
+            detail = open_detail(page, compacted, "Request ").lower()
             assert "compaction event #" in detail and "tokens before → after" in detail
             assert page.locator('#detail tr[data-step="fifo"]').count() >= 1
             assert "$0.0" in detail and "agent compaction" in detail
@@ -505,11 +528,10 @@ def test_ui_shows_an_operator_what_real_traffic_did_in_a_real_browser(
             recovered = page.locator("#requests tr[data-request]", has_text="big").filter(
                 has=page.locator('td[data-col="retries"]', has_text="1")
             )
-            recovered.first.click()
-            assert "recovered by a retry" in page.inner_text("#detail")
+            assert "recovered by a retry" in open_detail(page, recovered, "Request ")
             page.keyboard.press("Escape")
-            page.locator("#events tr[data-seq]").first.click()
-            assert "steps" in page.inner_text("#detail").lower()
+            event = page.locator("#events tr[data-seq]")
+            assert "steps" in open_detail(page, event, "Compaction event #").lower()
             page.keyboard.press("Escape")
             # live: later traffic appears without reloading
             time.sleep(max(0.0, first_done + 10 - time.monotonic()))

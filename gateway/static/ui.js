@@ -86,6 +86,7 @@ function el(tag, text, cls) {
 function td(text, cls, col) {
   const cell = el("td", text, cls);
   if (col) cell.dataset.col = col;
+  if (col === "tenant") cell.title = text;  // long tenant names are cut short on screen
   return cell;
 }
 
