@@ -51,7 +51,6 @@ from .asgi import (
     header,
     read_body,
     send_bytes,
-    send_error,
 )
 from .auth import Authenticator, Identity
 from .calibration import Calibration
@@ -73,7 +72,7 @@ from .errors import (
     reason_of,
     upstream_reason,
 )
-from .events import EventLog, reward
+from .events import EventLog, RequestSample, reward
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
@@ -136,6 +135,8 @@ class Exchange:
     api: str = "chat"
     model: str = "-"
     status: int = 0
+    reason: str = ""  # why it failed: the gateway's error code, or the upstream's status
+    stream: bool = False
     upstream_seconds: float = 0.0
     retries: int = 0
     tokens_before: int = 0
@@ -260,7 +261,7 @@ class Gateway:
             self.metrics,
             config.summaries,
             self.effective_window,
-            on_usage=self.costs.own,
+            on_usage=self.own_spend,
             balancer=self.balancer,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
@@ -339,6 +340,12 @@ class Gateway:
         headers = upstream_headers(credentials, route, wire)
         return await self.upstream_counts.count(route, texts, headers)
 
+    def own_spend(self, route: Route, usage: Usage) -> None:
+        """A call the gateway made for itself (a summary, or an agent's compaction answered
+        ahead of need): priced as the gateway's own spend, and kept with its time for `/ui`."""
+        spent = self.costs.own(route, usage)
+        self.events.own_spend(None if spent is None or spent.partial else spent.total)
+
     def effective_window(self, route: Route) -> int | None:
         learned = self.learned_windows.get(route.name)
         if learned is None:
@@ -389,6 +396,7 @@ class Endpoint:
 
     precomputes = True  # after an answer, prepare the summaries the conversation will need
     saves = True  # its answers are generated from the compacted prompt (tokens saved count)
+    api_name: str | None = None  # how the operator page names this endpoint (else the wire's)
 
     def __init__(self, gateway: Gateway, wire: Wire, api: str | None = None) -> None:
         self.gw = gateway
@@ -859,9 +867,10 @@ class Endpoint:
             metrics.context_errors_avoided.labels(exchange.model).inc()
         if self.over_window(exchange):
             metrics.over_window_answered.labels(exchange.model).inc()
-        self.gw.events.count_request()
+        seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
-            self.log_event(exchange, total)
+            seq = self.log_event(exchange, total)
+        self.gw.events.count_request(self.sample(exchange, total, seq))
         self.gw.finish(exchange, total)
 
     def tokens_saved(self, exchange: Exchange) -> int:
@@ -886,8 +895,38 @@ class Endpoint:
             and exchange.tokens_before > budget.context_window - budget.reserved_output
         )
 
-    def log_event(self, exchange: Exchange, total: float) -> None:
-        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward)."""
+    def sample(self, exchange: Exchange, total: float, event: int | None) -> RequestSample:
+        """The request as the operator page aggregates it (`overview`)."""
+        costs = _cost_fields(exchange.priced)
+        return RequestSample(
+            ts=time.time(),
+            request_id=exchange.request_id,
+            api=self.api_name or exchange.api,
+            model=exchange.model,
+            tenant=exchange.tenant,
+            status=exchange.status,
+            reason="" if 0 < exchange.status < 400 else exchange.reason,
+            total_ms=round(total * 1000, 3),
+            upstream_ms=round(exchange.upstream_seconds * 1000, 3),
+            tokens_before=exchange.tokens_before,
+            tokens_after=exchange.tokens_after,
+            observe=exchange.observe,
+            steps=exchange.steps,
+            retries=exchange.retries,
+            context_errors=len(exchange.context_errors),
+            internal_rounds=exchange.internal_rounds,
+            stream=exchange.stream,
+            cost_usd=costs["cost_usd"],
+            counterfactual_usd=costs["counterfactual_usd"],
+            saved_usd=costs["saved_usd"],
+            agent_compaction=exchange.agent_compaction,
+            agent_outcome=exchange.agent_outcome if exchange.agent_compaction else None,
+            event=event,
+        )
+
+    def log_event(self, exchange: Exchange, total: float) -> int:
+        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward);
+        its seq."""
         prepared = exchange.prepared
         assert prepared is not None
         chain = prepared.chain
@@ -902,10 +941,12 @@ class Endpoint:
             budget is not None
             and prepared.tokens_before > budget.context_window - budget.reserved_output
         )
-        self.gw.events.record(
+        return self.gw.events.record(
             {
                 "request_id": exchange.request_id,
                 "api": exchange.api,
+                "tenant": exchange.tenant,
+                "stream": exchange.stream,
                 "model": exchange.model,
                 "mode": "observe" if exchange.observe else "enforce",
                 "status": exchange.status,
@@ -926,7 +967,10 @@ class Endpoint:
                 "over_window": self.over_window(exchange),
                 "phases": phases,
                 "agent_compaction": exchange.agent_compaction,
+                "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
+                "internal_rounds": exchange.internal_rounds,
                 "total_ms": round(total * 1000, 2),
+                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
                 **_cost_fields(exchange.priced),
                 "reward": round(
                     reward(
@@ -1051,6 +1095,7 @@ class CountTokens(Endpoint):
 
     precomputes = False
     saves = False  # a count is not a generation: nothing billed was saved
+    api_name = "count_tokens"
 
     def __init__(self, gateway: Gateway) -> None:
         super().__init__(gateway, COUNT_TOKENS, "count_tokens")
@@ -1576,7 +1621,7 @@ class _Dispatch:
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             if (refused := admin.refusal(scope, self.server)) is not None:
-                await send_error(send, refused)
+                await admin.send_refusal(send, scope, refused)
                 return
             if scope["method"] == "POST":
                 endpoint = self.endpoints.get(scope["path"])
@@ -1600,6 +1645,7 @@ def build_app(config: Config) -> _Dispatch:
             HttpRoute("/readyz", readyz, methods=["GET"]),
             HttpRoute("/metrics", metrics, methods=["GET"]),
             HttpRoute("/v1/compactgate/events", admin.events, methods=["GET"]),
+            HttpRoute("/v1/compactgate/overview", admin.overview, methods=["GET"]),
             HttpRoute("/ui", admin.ui, methods=["GET"]),
             HttpRoute(
                 "/v1/{path:path}",

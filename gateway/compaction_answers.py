@@ -190,7 +190,7 @@ class CompactionAnswers:
             text = wire.answer_text(document) if isinstance(document, dict) else None
             usage = wire.usage_of(document) if isinstance(document, dict) else None
             if usage is not None:
-                gw.costs.own(route, usage)
+                gw.own_spend(route, usage)
             if text:
                 self._keep(self._ready, key, Ready(uids, tokens, text))
                 gw.metrics.agent_compactions.labels(template.agent, "prepared").inc()

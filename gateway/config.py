@@ -351,6 +351,9 @@ class EventLogConfig(_Strict):
     path: str | None = Field(None, description="JSON lines file; '-' for stdout; unset: off")
     log_content: bool = False
     keep: int = Field(200, ge=0, description="Latest events kept in memory for /ui")
+    keep_requests: int = Field(
+        10_000, ge=1, description="Latest requests kept in memory for /ui's per-model tables"
+    )
 
 
 class SummariesConfig(_Strict):
