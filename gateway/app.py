@@ -396,7 +396,6 @@ class Endpoint:
 
     precomputes = True  # after an answer, prepare the summaries the conversation will need
     saves = True  # its answers are generated from the compacted prompt (tokens saved count)
-    api_name: str | None = None  # how the operator page names this endpoint (else the wire's)
 
     def __init__(self, gateway: Gateway, wire: Wire, api: str | None = None) -> None:
         self.gw = gateway
@@ -901,7 +900,7 @@ class Endpoint:
         return RequestSample(
             ts=time.time(),
             request_id=exchange.request_id,
-            api=self.api_name or exchange.api,
+            api=self.api,
             model=exchange.model,
             tenant=exchange.tenant,
             status=exchange.status,
@@ -1095,7 +1094,6 @@ class CountTokens(Endpoint):
 
     precomputes = False
     saves = False  # a count is not a generation: nothing billed was saved
-    api_name = "count_tokens"
 
     def __init__(self, gateway: Gateway) -> None:
         super().__init__(gateway, COUNT_TOKENS, "count_tokens")
