@@ -57,7 +57,7 @@ from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
 from .config import Config, ServerConfig, UpstreamConfig
 from .context_errors import ContextError, classify
-from .context_management import Applied, apply_to, with_report
+from .context_management import Applied, apply_to, reported_in_stream, with_report
 from .cors import BrowserAccess
 from .costs import Accountant, Priced
 from .errors import (
@@ -620,6 +620,8 @@ class Endpoint:
                     response.close()
                     raise UpstreamError(EMPTY_STREAM)
                 chunks = _stream(head, response)
+                if exchange.edits.edits:  # emulated context_management, said where Anthropic does
+                    chunks = reported_in_stream(chunks, exchange.edits)
                 if prepared.expandable and request.api == "chat":
                     (
                         response,
@@ -647,6 +649,8 @@ class Endpoint:
                         rounds,
                         lambda message: self.wire.stream_error_event(UpstreamError(message)),
                     )
+                    if exchange.edits.edits:
+                        chunks = reported_in_stream(chunks, exchange.edits)
                     await self.relay(send, exchange, prepared, response, chunks, rounds=rounds)
                     return RELAYED
                 stripper = UsageStripper() if prepared.injected_usage else None

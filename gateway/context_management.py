@@ -19,13 +19,13 @@ know the field answers "context_management: Extra inputs are not permitted". Per
     `clear_tool_inputs` their inputs are emptied too;
   - `compact_20260112`: left to the gateway's own compaction, which already keeps the request
     under the window (the edit is not reported as applied).
-  The edits applied are reported in a non-streamed answer's `context_management.applied_edits`,
-  as Anthropic reports them.
+  The edits applied are reported as Anthropic reports them: in a non-streamed answer's
+  `context_management.applied_edits`, and in a stream's `message_delta` event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,57 @@ def with_report(body: bytes, applied: Applied) -> bytes:
         return body
     answer[FIELD] = report
     return orjson.dumps(answer)
+
+
+async def reported_in_stream(
+    chunks: AsyncIterator[bytes], applied: Applied
+) -> AsyncIterator[bytes]:
+    """A streamed Messages answer with `context_management.applied_edits` in its
+    `message_delta` event, where a stream from Anthropic carries it. Events pass as they come;
+    only a partial event waits for its end, and only until that event has gone by."""
+    report = applied.report()
+    pending = b""
+    async for chunk in chunks:
+        if report is None:
+            yield chunk
+            continue
+        data = pending + chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            pending = data
+            continue
+        complete, pending = data[: end + 2], data[end + 2 :]
+        events = complete.split(b"\n\n")[:-1]
+        out = []
+        for event in events:
+            if report is not None and b"message_delta" in event:
+                rewritten = _with_edits(event, report)
+                if rewritten is not None:
+                    event, report = rewritten, None
+            out.append(event + b"\n\n")
+        yield b"".join(out)
+        if report is None and pending:
+            yield pending
+            pending = b""
+    if pending:
+        yield pending
+
+
+def _with_edits(event: bytes, report: dict[str, Any]) -> bytes | None:
+    """The `message_delta` event with the report added, or None if `event` is not one."""
+    lines = event.split(b"\n")
+    for i, line in enumerate(lines):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            data = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(data, dict) or data.get("type") != "message_delta":
+            return None
+        lines[i] = b"data: " + orjson.dumps({**data, FIELD: report})
+        return b"\n".join(lines)
+    return None
 
 
 def _edits(value: Any) -> list[dict[str, Any]]:

@@ -481,3 +481,31 @@ async def test_context_management_is_forwarded_stripped_or_emulated(
         },
     )
     assert bad.status_code == 400 and bad.json()["type"] == "error"
+
+
+async def test_emulated_context_management_is_reported_in_a_stream(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Streamed, the edits the gateway applied come in the message_delta event, where the
+    anthropic SDK reads them; every other event is relayed as it came."""
+    settings = config(local_upstream)
+    settings["models"][0].update(context_window=100_000, context_management="emulate")
+    gw = await start_app(settings)
+    client = gw.anthropic()
+    edits = [{"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}]
+    async with client.beta.messages.stream(
+        model="m",
+        max_tokens=100,
+        messages=managed_history(),
+        context_management={"edits": edits},  # type: ignore[typeddict-item]
+        betas=["context-management-2025-06-27"],
+    ) as stream:
+        deltas = [e async for e in stream if e.type == "message_delta"]
+        final = await stream.get_final_message()
+    assert final.content  # the answer itself came through
+    [delta] = deltas
+    assert delta.context_management is not None
+    [applied] = delta.context_management.applied_edits
+    assert applied.type == "clear_thinking_20251015"
+    assert applied.cleared_thinking_turns == 3  # type: ignore[union-attr]
+    assert "context_management" not in local_upstream.requests()[-1]["json"]
