@@ -925,6 +925,8 @@ class Endpoint:
             agent_compaction=exchange.agent_compaction,
             agent_outcome=exchange.agent_outcome if exchange.agent_compaction else None,
             event=event,
+            failed_in_stream=exchange.failed_in_stream,
+            saves=self.saves,
         )
 
     def log_event(self, exchange: Exchange, total: float) -> int:

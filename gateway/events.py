@@ -86,10 +86,12 @@ class RequestSample:
     agent_compaction: str | None = None
     agent_outcome: str | None = None
     event: int | None = None
+    failed_in_stream: bool = False  # a 200 stream that ended in an error event, not the answer
+    saves: bool = True  # a generation (a count_tokens call saves nothing billed)
 
     @property
     def answered(self) -> bool:
-        return 0 < self.status < 400
+        return 0 < self.status < 400 and not self.failed_in_stream
 
     @property
     def compacted(self) -> bool:
@@ -99,7 +101,7 @@ class RequestSample:
     def tokens_saved(self) -> int:
         """Prompt tokens compaction removed from a request that was answered (a failed one
         saved nothing; shadow mode forwards the original)."""
-        if not self.answered or self.observe:
+        if not (self.saves and self.answered) or self.observe:
             return 0
         return max(0, self.tokens_before - self.tokens_after)
 

@@ -250,7 +250,7 @@ async def test_overview_counts_every_request_by_model_api_and_tenant(
     assert rows["m"]["compacted"] == 2 and rows["m"]["tokens_saved"] > 0
     assert rows["roomy"]["requests"] == 2 and rows["roomy"]["context_errors_avoided"] == 1
     assert rows["roomy"]["retries"] == 1
-    assert rows["-"]["errors"] == 1 and rows["-"]["reasons"] == {"model_not_found": 1}
+    assert rows["-"]["errors"] == 1 and rows["-"]["reasons"] == {"unknown_model": 1}
     for r in rows.values():
         assert r["p50_ms"] <= r["p99_ms"] and r["overhead_p50_ms"] <= r["overhead_p99_ms"]
     apis = {r["key"]: r["requests"] for r in view["apis"]}
@@ -484,7 +484,7 @@ def test_ui_shows_an_operator_what_real_traffic_did_in_a_real_browser(
             for name, count in per_model.items():
                 assert requests_of(name) == count, name
             assert cell("models", "model", "m", "errors") == "0"
-            assert "model_not_found" in cell("models", "model", "-", "errors")
+            assert "unknown_model" in cell("models", "model", "-", "errors")
             for col in ("p50", "p99", "overhead"):
                 assert "ms" in cell("models", "model", "m", col) or " s" in cell(
                     "models", "model", "m", col
