@@ -36,7 +36,7 @@ from urllib.parse import quote
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
@@ -1362,6 +1362,7 @@ async def get_model(request: Request, exchange: Exchange) -> Response:
     # The name is the client's: quoted into one segment, and refused if it is `.` or `..`.
     path = passthrough_path(b"/v1/models/" + quote(route.upstream_model, safe="").encode())
     answer = await _forward(gw, request, exchange, route, path, None)
+    assert isinstance(answer, Forwarded)  # asked without `stream`: read whole
     found = _json_object(answer.body) if answer.status == 200 else None
     if found is None:
         return answer.response()
@@ -1440,7 +1441,8 @@ async def passthrough(request: Request, exchange: Exchange) -> Response:
     path = passthrough_path(raw_path)
     if request.url.query:
         path += "?" + request.url.query
-    return (await _forward(gw, request, exchange, route, path, body or None)).response()
+    answer = await _forward(gw, request, exchange, route, path, body or None, stream=True)
+    return answer if isinstance(answer, StreamingResponse) else answer.response()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1458,17 +1460,26 @@ class Forwarded:
 
 
 async def _forward(
-    gw: Gateway, request: Request, exchange: Exchange, route: Route, path: str, body: bytes | None
-) -> Forwarded:
+    gw: Gateway,
+    request: Request,
+    exchange: Exchange,
+    route: Route,
+    path: str,
+    body: bytes | None,
+    stream: bool = False,
+) -> Forwarded | StreamingResponse:
     """Send the client's request to `path` under the model's upstream, with the headers
     forwarding allows (a gateway-held key goes the way the client's API wants it: Anthropic's
     when it sent `anthropic-version`). Failed over like the compacting paths, but each upstream
-    is tried once: these requests (files, batches, ...) are not ours to repeat."""
+    is tried once: these requests (files, batches, ...) are not ours to repeat. With `stream`,
+    an answer that is an event stream is relayed as it arrives (the tenant's slot held until
+    it ends) instead of being read whole."""
     wire = MESSAGES if "anthropic-version" in request.headers else CHAT
     targets = destinations(route, wire, request.scope["headers"], path=path)
     started = time.perf_counter()
-    try:
-        with gw.limits.hold(exchange.tenant):
+    with contextlib.ExitStack() as held:
+        held.enter_context(gw.limits.hold(exchange.tenant))
+        try:
             response, _ = await send_balanced(
                 gw.upstream,
                 route,
@@ -1479,15 +1490,35 @@ async def _forward(
                 method=request.method,
                 retry=False,
             )
+            if stream and response.status < 400 and "event-stream" in response.content_type:
+                return _relayed_stream(response, held.pop_all())
             try:
                 data = await response.read()
             finally:
                 response.release()
-    finally:
-        exchange.upstream_seconds += time.perf_counter() - started
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - started
     if response.status >= 400:
         exchange.reason = upstream_reason(response.status)
     return Forwarded(response.status, data, response.relay_headers())
+
+
+def _relayed_stream(response: UpstreamResponse, held: contextlib.ExitStack) -> StreamingResponse:
+    """A forwarded event stream, chunk by chunk; `held` (the tenant's slot) ends with it."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        with held:
+            try:
+                async for chunk in response.chunks():
+                    yield chunk
+            finally:
+                response.close()
+
+    relayed = StreamingResponse(chunks(), status_code=response.status)
+    relayed.raw_headers = [
+        (k, v) for k, v in relayed.raw_headers if k != b"content-type"
+    ] + response.relay_headers()
+    return relayed
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

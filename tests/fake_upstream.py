@@ -33,7 +33,8 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
 
 `GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
-`POST /v1/embeddings` answers one embedding; any other `/v1/*` path echoes what it received.
+`POST /v1/embeddings` answers one embedding; a streamed `POST /v1/completions` answers three
+legacy completion events 0.2 s apart; any other `/v1/*` path echoes what it received.
 
 `/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
 formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`
@@ -455,8 +456,14 @@ def make_app(state: State) -> web.Application:
         name = request.match_info["name"]
         return web.json_response({"id": name, "object": "model", "created": 0, "owned_by": "fake"})
 
-    async def passthrough(request: web.Request) -> web.Response:
+    async def passthrough(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        if (
+            request.method == "POST"
+            and request.path == "/v1/completions"
+            and b'"stream":true' in (raw.replace(b" ", b""))
+        ):
+            return await legacy_completion_stream(request)
         if request.method == "POST" and request.path == "/v1/embeddings":
             data = [{"object": "embedding", "index": 0, "embedding": [0.0, 0.1, 0.2]}]
             return web.json_response(
@@ -476,6 +483,20 @@ def make_app(state: State) -> web.Application:
                 "body_b64": base64.b64encode(raw).decode(),
             }
         )
+
+    async def legacy_completion_stream(request: web.Request) -> web.StreamResponse:
+        """A streamed legacy completion: three pieces 0.2 s apart, then [DONE]."""
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for index, text in enumerate(("one ", "two ", "three")):
+            if index:
+                await asyncio.sleep(0.2)
+            piece = {"id": "cmpl-fake", "object": "text_completion", "model": "fake-model",
+                     "choices": [{"index": 0, "text": text, "finish_reason": None}]}  # fmt: skip
+            await response.write(b"data: " + _dumps(piece) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
 
     async def control_requests(_: web.Request) -> web.Response:
         return web.Response(body=_dumps(state.records), content_type="application/json")

@@ -16,11 +16,13 @@ import json
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from tests.conftest import free_port
+from tests.conftest import GatewayStarter, free_port
+from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 
@@ -414,3 +416,27 @@ async def test_a_failed_forward_is_logged_with_its_reason(
     assert " model=down status=502 reason=upstream_unreachable " in line
     metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert 'compactgate_requests_total{api="passthrough",model="down",status="502"} 1.0' in metrics
+
+
+def test_a_streamed_passthrough_answer_is_relayed_as_it_arrives(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream
+) -> None:
+    """A legacy streamed completion (a path the gateway does not compact) reaches the client
+    event by event, not read whole first (a real server: the in-process transport buffers)."""
+    gw = start_gateway(
+        {"models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url}}]}
+    )
+    chunks: list[bytes] = []
+    with httpx.stream(
+        "POST",
+        f"{gw.base_url}/completions",
+        json={"model": "m", "prompt": "count", "stream": True},
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for chunk in response.iter_raw():
+            chunks.append(chunk)
+    assert b"[DONE]" not in chunks[0]  # the first event came before the upstream had finished
+    body = b"".join(chunks)
+    assert body.count(b'"text_completion"') == 3 and body.endswith(b"data: [DONE]\n\n")
