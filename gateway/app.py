@@ -76,7 +76,7 @@ from .events import EventLog, RequestSample, reward
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
-from .logs import clip, log_request, request_fields
+from .logs import clip, log_request, request_fields, tenant_label
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
@@ -906,7 +906,7 @@ class Endpoint:
             request_id=exchange.request_id,
             api=self.api,
             model=exchange.model,
-            tenant=exchange.tenant,
+            tenant=tenant_label(exchange.tenant),  # as the request log names it
             status=exchange.status,
             reason="" if 0 < exchange.status < 400 else exchange.reason,
             total_ms=round(total * 1000, 3),
@@ -950,7 +950,7 @@ class Endpoint:
             {
                 "request_id": exchange.request_id,
                 "api": exchange.api,
-                "tenant": exchange.tenant,
+                "tenant": tenant_label(exchange.tenant),
                 "stream": exchange.stream,
                 "model": exchange.model,
                 "mode": "observe" if exchange.observe else "enforce",

@@ -177,7 +177,7 @@ def _compact_mode(model: ModelConfig) -> str:
     compaction; any other upstream gets the gateway's."""
     if model.responses_compact != "auto":
         return model.responses_compact
-    host = urlsplit(model.upstream.base_url or "").hostname or ""
+    host = urlsplit(model.primary.base_url or "").hostname or ""
     return "native" if host == "api.openai.com" else "emulate"
 
 
