@@ -50,6 +50,7 @@ from .request import (
     read_model,
     read_positive,
     read_stream,
+    unchanged,
 )
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class Layout:
     spans: list[tuple[int, tuple[int, ...] | None]]  # (message index, block indices | None)
     parts: list[int]  # canonical messages made from each wire message
     marked: list[tuple[int, int]]  # (message index, block index) of each cache_control key
+    # Any block of `system` or `messages` (nested in a tool result too) has cache_control: the
+    # only blocks a rendered conversation is made of, so without one it can carry no marker.
+    markers: bool
 
 
 class MessagesWire(Wire):
@@ -122,7 +126,13 @@ class MessagesWire(Wire):
             marks=builder.marks,
             has_extension=builder.has_extension,
             max_output=max_output,
-            layout=Layout(builder.wire_messages, builder.spans, builder.parts, builder.marked),
+            layout=Layout(
+                builder.wire_messages,
+                builder.spans,
+                builder.parts,
+                builder.marked,
+                bool(builder.marked) or builder.nested_markers,
+            ),
         )
 
     def render(
@@ -131,11 +141,12 @@ class MessagesWire(Wire):
         messages: Sequence[Message] | None,
         model: str | None,
         inject_usage: bool,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         payload = dict(request.payload)
         layout: Layout = request.layout
         if messages is not None:
-            _Renderer(request, layout, payload).render(messages)
+            _Renderer(request, layout, payload).render(messages, uids)
         elif request.has_extension:
             payload["messages"] = layout.messages
         if model is not None:
@@ -269,6 +280,7 @@ class _Builder:
         self.wire_messages: list[Any] = []
         self.parts: list[int] = []
         self.marked: list[tuple[int, int]] = []  # (message, block) of each cache_control marker
+        self.nested_markers = False  # a block of `system` or in a tool result has one
         self.has_extension = False
         self._latest = -1  # the canonical message of the latest assistant message
         self._calls: set[str] = set()
@@ -281,6 +293,7 @@ class _Builder:
             content: Any = system
         elif isinstance(system, list):
             content = [_block(_checked(b, f"system[{i}]")) for i, b in enumerate(system)]
+            self.nested_markers = any("cache_control" in b for b in system)
         else:
             raise InvalidRequestError(
                 "system: must be a string or an array of text blocks.", param="system"
@@ -399,6 +412,8 @@ class _Builder:
             if type(content) is list:
                 where = f"messages.{index}"
                 content = [_block(_checked(b, where)) for b in content if type(b) is dict]
+                if any("cache_control" in part["source"] for part in content):
+                    self.nested_markers = True
             data = {"role": "tool", "tool_call_id": call_id, "content": content or ""}
             self._add(data, marks, (index, (position,)))
         if len(rest) == len(blocks):  # no tool results (or no blocks): one user message
@@ -505,10 +520,10 @@ class _Renderer:
         # (message, block) -> the block sent there; only needed to move cache markers
         self.kept: dict[tuple[int, int], Any] | None = {} if layout.marked else None
         self._index = -1  # the client message being regrouped (-1: none)
-        self._blocks: list[Any] = []
-        self._unchanged = 0
+        self._group: list[Any] = []  # its blocks so far
+        self._unchanged = 0  # its canonical messages that came back unchanged
 
-    def render(self, messages: Sequence[Message]) -> None:
+    def render(self, messages: Sequence[Message], uids: Sequence[int | None]) -> None:
         layout, originals, out, kept = self.layout, self.originals, self.out, self.kept
         spans, parts, wires = layout.spans, layout.parts, layout.messages
         appended_system: list[dict[str, Any]] = []
@@ -523,49 +538,59 @@ class _Renderer:
                     out.append({"role": role, "content": _wire_blocks(message.data.get("content"))})
                 continue
             index, positions = spans[origin]
-            data, original = message.data, originals[origin]
-            same = data is original or data == original
+            data = message.data
+            same = unchanged(message, originals[origin], uids)
             if index == SYSTEM:
                 if not same:
                     self.payload["system"] = _system_of(data.get("content"))
-            elif same and parts[index] == 1:  # one canonical message, unchanged
-                self._flush()
+            elif parts[index] == 1:  # the only canonical message of its client message
+                if self._index >= 0:
+                    self._flush()
                 wire = wires[index]
-                out.append(wire)
-                if kept is not None and positions is not None:
-                    content = wire["content"]
-                    kept.update(((index, p), content[p]) for p in positions)
+                if same:
+                    out.append(wire)
+                    if kept is not None and positions is not None:
+                        content = wire["content"]
+                        kept.update(((index, p), content[p]) for p in positions)
+                elif positions is None:  # string content
+                    out.append({**wire, "content": content_text(data.get("content"))})
+                else:
+                    out.append({**wire, "content": self._blocks(index, positions, data, same)})
+            elif index == self._index:  # (a message of several parts has blocks, no string)
+                self._group.extend(self._blocks(index, positions or (), data, same))
+                self._unchanged += same
             else:
-                self._add(index, positions, data, same)
+                self._flush()
+                self._index, self._unchanged = index, int(same)
+                self._group = self._blocks(index, positions or (), data, same)
         self._flush()
         if appended_system:
             self.payload["system"] = _system_with(self.payload.get("system"), appended_system)
         self.payload["messages"] = out
         if kept is not None:
             _move_breakpoints(self.payload, layout, kept)
-        _limit_breakpoints(self.payload)
+        _limit_breakpoints(self.payload, layout.markers)
 
-    def _add(
-        self, index: int, positions: tuple[int, ...] | None, data: Mapping[str, Any], same: bool
-    ) -> None:
-        """One canonical message of a client message that is changed or made of several."""
-        wire = self.layout.messages[index]
-        if positions is None:  # string content
-            blocks: list[Any] = [wire["content"] if same else content_text(data.get("content"))]
-        else:
-            source = wire["content"]
-            pairs = [(p, source[p]) for p in positions]
-            if not same:
-                pairs = _changed(data, pairs)
-            blocks = [block for _, block in pairs]
-            if self.kept is not None:
-                self.kept.update(((index, p), block) for p, block in pairs if p is not None)
-        if index == self._index:
-            self._blocks.extend(blocks)
-            self._unchanged += same
-        else:
-            self._flush()
-            self._index, self._blocks, self._unchanged = index, blocks, int(same)
+    def _blocks(
+        self, index: int, positions: tuple[int, ...], data: Mapping[str, Any], same: bool
+    ) -> list[dict[str, Any]]:
+        """The blocks one canonical message puts back into client message `index`."""
+        source, kept = self.layout.messages[index]["content"], self.kept
+        if same:
+            blocks = [source[p] for p in positions]
+            if kept is not None:
+                kept.update(((index, p), source[p]) for p in positions)
+            return blocks
+        if data.get("role") == "tool":  # one tool result, its content changed (masked, cut)
+            position = positions[0]
+            block = _result(source[position], data.get("content"))
+            if kept is not None:
+                kept[(index, position)] = block
+            return [block]
+        pairs = _changed(data, [(p, source[p]) for p in positions])
+        if kept is not None:
+            kept.update(((index, p), block) for p, block in pairs if p is not None)
+        return [block for _, block in pairs]
 
     def _flush(self) -> None:
         """Close the client message being regrouped."""
@@ -573,13 +598,18 @@ class _Renderer:
         if index < 0:
             return
         self._index = -1
-        wire, blocks = self.layout.messages[index], self._blocks
+        wire = self.layout.messages[index]
         if self._unchanged == self.layout.parts[index]:
             self.out.append(wire)  # every part of it, unchanged: exactly as sent
-        elif len(blocks) == 1 and isinstance(blocks[0], str):
-            self.out.append({**wire, "content": blocks[0]})
         else:
-            self.out.append({**wire, "content": [b for b in blocks if not isinstance(b, str)]})
+            self.out.append({**wire, "content": self._group})
+
+
+def _result(block: Mapping[str, Any], content: Any) -> dict[str, Any]:
+    """A `tool_result` block with the content a step gave its tool message."""
+    if isinstance(content, list):
+        return {**block, "content": [_wire_block(p) for p in content]}
+    return {**block, "content": content_text(content)}
 
 
 def _changed(
@@ -589,11 +619,6 @@ def _changed(
     each with the position of the block it replaces (None for a block that replaces none)."""
     role = data.get("role")
     content = data.get("content")
-    if role == "tool":
-        position, block = blocks[0]
-        if isinstance(content, list):
-            return [(position, {**block, "content": [_wire_block(p) for p in content]})]
-        return [(position, {**block, "content": content_text(content)})]
     if role == "assistant":
         text = content_text(content)
         calls = data.get("tool_calls")
@@ -668,14 +693,17 @@ def _move_breakpoints(
         _replace_blocks(payload, lambda block: moved.get(id(block), block))
 
 
-def _limit_breakpoints(payload: dict[str, Any]) -> None:
-    """At most four markers, and `1h` never after `5m`: later offenders lose their marker."""
+def _limit_breakpoints(payload: dict[str, Any], in_messages: bool) -> None:
+    """At most four markers, and `1h` never after `5m`: later offenders lose their marker.
+
+    `in_messages`: the messages may carry markers (else only tools and system are read).
+    """
     marked: list[Any] = []
     for key in ("tools", "system"):
         value = payload.get(key)
         if isinstance(value, list):
             marked.extend(b for b in value if _marked(b))
-    for message in payload["messages"]:
+    for message in payload["messages"] if in_messages else ():
         content = message["content"]
         if type(content) is list:
             # every sent block is a dict: checked on the way in, or made by us

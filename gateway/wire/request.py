@@ -73,11 +73,33 @@ class WireRequest:
         return replace(self, payload=payload, body=orjson.dumps(payload), max_output=value)
 
     def forward_payload(
-        self, messages: Sequence[Message] | None, model: str | None, inject_usage: bool = False
+        self,
+        messages: Sequence[Message] | None,
+        model: str | None,
+        inject_usage: bool = False,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         """The payload to forward: the client's, with the compacted conversation (None: the
-        client's own) and the upstream's model name when given."""
-        return self.wire.render(self, messages, model, inject_usage)
+        client's own) and the upstream's model name when given. `uids`: those the prefix memo
+        gave the client's messages, when known (see `unchanged`)."""
+        return self.wire.render(self, messages, model, inject_usage, uids)
+
+
+def unchanged(message: Message, original: Any, uids: Sequence[int | None]) -> bool:
+    """`message`, kept from the client's message `original`, is that message as sent.
+
+    Equal uids mean equal data (`gateway.prefix`), and a step that changes a message drops its
+    uid: a kept message whose uid is the client message's own is known unchanged without
+    comparing the two (a held result's messages are the previous request's equal objects, and
+    comparing a long agent history costs as much as rendering it).
+    """
+    data = message.data
+    if data is original:
+        return True
+    uid = message.uid
+    if uid is not None and message.origin < len(uids) and uids[message.origin] == uid:
+        return True
+    return data == original
 
 
 def read_marks(value: Any, where: str) -> Marks:

@@ -46,6 +46,7 @@ from .request import (
     read_model,
     read_positive,
     read_stream,
+    unchanged,
 )
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class ResponsesWire(Wire):
         messages: Sequence[Message] | None,
         model: str | None,
         inject_usage: bool,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         payload = dict(request.payload)
         layout: Layout = request.layout
@@ -137,8 +139,7 @@ class ResponsesWire(Wire):
                     out.append(_new_item(message.data))
                     continue
                 span = layout.spans[origin]
-                original = request.messages[origin]
-                same = message.data is original or message.data == original
+                same = unchanged(message, request.messages[origin], uids)
                 if span == (INSTRUCTIONS,):
                     if not same:
                         payload["instructions"] = content_text(message.data.get("content"))
