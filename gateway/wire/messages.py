@@ -527,7 +527,7 @@ class _Renderer:
         layout, originals, out, kept = self.layout, self.originals, self.out, self.kept
         spans, parts, wires = layout.spans, layout.parts, layout.messages
         appended_system: list[dict[str, Any]] = []
-        for message in messages:
+        for message, same in zip(messages, unchanged(messages, originals, uids), strict=True):
             origin = message.origin
             if origin < 0:
                 if message.role == "system":
@@ -539,7 +539,6 @@ class _Renderer:
                 continue
             index, positions = spans[origin]
             data = message.data
-            same = unchanged(message, originals[origin], uids)
             if index == SYSTEM:
                 if not same:
                     self.payload["system"] = _system_of(data.get("content"))

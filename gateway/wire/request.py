@@ -85,21 +85,28 @@ class WireRequest:
         return self.wire.render(self, messages, model, inject_usage, uids)
 
 
-def unchanged(message: Message, original: Any, uids: Sequence[int | None]) -> bool:
-    """`message`, kept from the client's message `original`, is that message as sent.
+def unchanged(
+    messages: Sequence[Message], originals: Sequence[Any], uids: Sequence[int | None]
+) -> list[bool]:
+    """For each of `messages`, whether it is the client's message it came from (`originals`,
+    by `origin`), as sent; False for a message a step made.
 
     Equal uids mean equal data (`gateway.prefix`), and a step that changes a message drops its
     uid: a kept message whose uid is the client message's own is known unchanged without
     comparing the two (a held result's messages are the previous request's equal objects, and
     comparing a long agent history costs as much as rendering it).
     """
-    data = message.data
-    if data is original:
-        return True
-    uid = message.uid
-    if uid is not None and message.origin < len(uids) and uids[message.origin] == uid:
-        return True
-    return data == original
+    if len(uids) != len(originals):
+        uids = [None] * len(originals)
+    return [
+        m.origin >= 0
+        and (
+            m.data is originals[m.origin]
+            or (m.uid is not None and m.uid == uids[m.origin])
+            or m.data == originals[m.origin]
+        )
+        for m in messages
+    ]
 
 
 def read_marks(value: Any, where: str) -> Marks:

@@ -133,13 +133,14 @@ class ResponsesWire(Wire):
         layout: Layout = request.layout
         if messages is not None:
             out: list[Any] = []
-            for message in messages:
+            for message, same in zip(
+                messages, unchanged(messages, request.messages, uids), strict=True
+            ):
                 origin = message.origin
                 if origin < 0:
                     out.append(_new_item(message.data))
                     continue
                 span = layout.spans[origin]
-                same = unchanged(message, request.messages[origin], uids)
                 if span == (INSTRUCTIONS,):
                     if not same:
                         payload["instructions"] = content_text(message.data.get("content"))
