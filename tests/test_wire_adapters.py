@@ -101,6 +101,55 @@ def test_any_drop_the_policies_may_make_renders_a_valid_body(
         assert messages_violations(request.payload, sent) == []
 
 
+@SETTINGS
+@given(messages_bodies(), st.data())
+def test_a_removed_blocks_breakpoint_moves_to_the_nearest_kept_block_before_it(
+    body: dict[str, Any], data: Any
+) -> None:
+    """Whatever is dropped, the markers sent are exactly those of the kept blocks, plus, for
+    each removed marked block, one on the nearest kept block before it (at most four and in
+    a valid order to begin with, so none is over the limit)."""
+    request = MESSAGES.parse(orjson.dumps(body), 10_000)
+    conversation = conversation_of(request)
+    indices = data.draw(st.sets(st.integers(0, len(conversation) - 1)))
+    result, _ = drop(conversation, indices)
+    sent = request.forward_payload(result.messages, None)
+    blocks = [
+        ((i, p), block)
+        for i, message in enumerate(body["messages"])
+        if isinstance(message["content"], list)
+        for p, block in enumerate(message["content"])
+    ]
+    kept: list[tuple[int, int]] = []
+    marked_sent: set[tuple[int, int]] = set()
+    at = 0
+    for message in sent["messages"]:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            # drop() removes, never rewrites: a block sent is the client's, or a copy of it
+            # that gained a marker
+            rest = range(at, len(blocks))
+            same = next((k for k in rest if blocks[k][1] is block), None)
+            at = (
+                same
+                if same is not None
+                else next(k for k in rest if _bare(blocks[k][1]) == _bare(block))
+            )
+            kept.append(blocks[at][0])
+            if "cache_control" in block:
+                marked_sent.add(blocks[at][0])
+            at += 1
+    expected = {where for where, block in blocks if "cache_control" in block and where in kept}
+    for where, block in blocks:
+        before = [k for k in kept if k < where]
+        if "cache_control" in block and where not in kept and before:
+            expected.add(before[-1])
+    assert marked_sent == expected
+
+
+def _bare(block: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
 def _texts(message: dict[str, Any]) -> list[Any]:
     content = message["content"]
     return [content] if isinstance(content, str) else [b for b in content if b["type"] == "text"]
