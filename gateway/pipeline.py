@@ -313,7 +313,7 @@ class Pipeline:
                 body = serialise(request.forward_payload(None, rename, inject))
             sent: list[Any] = request.messages
         else:
-            payload = request.forward_payload(result.messages, rename, inject)
+            payload = request.forward_payload(result.messages, rename, inject, counted.uids)
             if (
                 chain is not None
                 and chain.stored

@@ -7,10 +7,14 @@ registered step and for chains of random subsets of them:
 - the output passes `invariants.check` (R3.1-R3.6);
 - the chain fits the budget whenever the irreducible part does;
 - the same input gives the same output;
-- a chain's output, once under the trigger, is left alone by a second run (idempotent).
+- a chain's output, once under the trigger, is left alone by a second run (idempotent);
+- a message keeps its uid only while its data is the client message's own (the wire adapters
+  render such a message as the client sent it, without comparing the two).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -82,3 +86,29 @@ def test_chains_keep_invariants_fit_and_are_deterministic_and_idempotent(
         twice = run_chain(result.conversation, budget, policy, env(FakeSummaries(status)))
         assert twice.conversation == result.conversation
         assert not twice.changed
+
+
+@SETTINGS
+@given(
+    conversation=conversations(),
+    budget=budgets,
+    chosen=st.lists(st.sampled_from(STEP_TYPES), min_size=0, max_size=4),
+    status=summary_sources,
+)
+def test_a_message_a_chain_changed_or_made_has_no_uid(
+    conversation: Conversation, budget: Budget, chosen: list[str], status: str
+) -> None:
+    """Equal uids mean equal data: a step that changes a message must drop its uid, or the
+    adapters would forward the client's message in place of the change."""
+    seen = Conversation(
+        tuple(replace(m, uid=1000 + i) for i, m in enumerate(conversation.messages))
+    )
+    policy = build_policy("p", [{"type": t} for t in chosen] if chosen else None)
+    result = run_chain(seen, budget, policy, env(FakeSummaries(status)), force=True)
+    for message in result.conversation.messages:
+        if message.uid is None:
+            continue
+        assert message.origin >= 0
+        original = seen.messages[message.origin]
+        assert message.uid == original.uid
+        assert message.data == original.data

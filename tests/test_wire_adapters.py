@@ -15,6 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.app import Gateway
+from gateway.config import parse_config
 from gateway.errors import InvalidRequestError
 from gateway.wire import MESSAGES, RESPONSES, wire_of
 from policies import build_policy, run_chain
@@ -99,6 +101,55 @@ def test_any_drop_the_policies_may_make_renders_a_valid_body(
         assert messages_violations(request.payload, sent) == []
 
 
+@SETTINGS
+@given(messages_bodies(), st.data())
+def test_a_removed_blocks_breakpoint_moves_to_the_nearest_kept_block_before_it(
+    body: dict[str, Any], data: Any
+) -> None:
+    """Whatever is dropped, the markers sent are exactly those of the kept blocks, plus, for
+    each removed marked block, one on the nearest kept block before it (at most four and in
+    a valid order to begin with, so none is over the limit)."""
+    request = MESSAGES.parse(orjson.dumps(body), 10_000)
+    conversation = conversation_of(request)
+    indices = data.draw(st.sets(st.integers(0, len(conversation) - 1)))
+    result, _ = drop(conversation, indices)
+    sent = request.forward_payload(result.messages, None)
+    blocks = [
+        ((i, p), block)
+        for i, message in enumerate(body["messages"])
+        if isinstance(message["content"], list)
+        for p, block in enumerate(message["content"])
+    ]
+    kept: list[tuple[int, int]] = []
+    marked_sent: set[tuple[int, int]] = set()
+    at = 0
+    for message in sent["messages"]:
+        for block in message["content"] if isinstance(message["content"], list) else ():
+            # drop() removes, never rewrites: a block sent is the client's, or a copy of it
+            # that gained a marker
+            rest = range(at, len(blocks))
+            same = next((k for k in rest if blocks[k][1] is block), None)
+            at = (
+                same
+                if same is not None
+                else next(k for k in rest if _bare(blocks[k][1]) == _bare(block))
+            )
+            kept.append(blocks[at][0])
+            if "cache_control" in block:
+                marked_sent.add(blocks[at][0])
+            at += 1
+    expected = {where for where, block in blocks if "cache_control" in block and where in kept}
+    for where, block in blocks:
+        before = [k for k in kept if k < where]
+        if "cache_control" in block and where not in kept and before:
+            expected.add(before[-1])
+    assert marked_sent == expected
+
+
+def _bare(block: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
 def _texts(message: dict[str, Any]) -> list[Any]:
     content = message["content"]
     return [content] if isinstance(content, str) else [b for b in content if b["type"] == "text"]
@@ -110,7 +161,71 @@ def test_an_unchanged_conversation_renders_to_the_body_as_sent(body: dict[str, A
     wire = RESPONSES if "input" in body else MESSAGES
     request = wire.parse(orjson.dumps(body), 10_000)
     conversation = conversation_of(request)
-    assert request.forward_payload(conversation.messages, None) == body
+    assert orjson.dumps(request.forward_payload(conversation.messages, None)) == request.body
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(responses_bodies(), messages_bodies()), st.sampled_from(CHAINS))
+async def test_a_growing_session_renders_as_when_each_kept_message_is_compared(
+    body: dict[str, Any], steps: Any
+) -> None:
+    """Through the pipeline, turn after turn (compaction events, then held results whose
+    messages are the previous request's): the body forwarded is byte for byte the one
+    rendered by comparing every kept message with the client's, and keeps the providers'
+    rules. The pipeline tells the renderer which messages are unchanged by their uids."""
+    wire = RESPONSES if "input" in body else MESSAGES
+    key = "input" if wire is RESPONSES else "messages"
+    gw = Gateway(parse_config(_config(steps)))
+    route = gw.router.resolve("m")
+    assert route is not None
+    for turn in _turns(body, key):
+        request = wire.parse(orjson.dumps(turn), 10_000)
+        prepared = await gw.pipeline.prepare(request, route, "t", window=WINDOW)
+        sent = orjson.loads(prepared.body)
+        if prepared.chain is None or not prepared.chain.changed:
+            continue
+        compared = request.forward_payload(prepared.chain.conversation.messages, None)
+        assert orjson.dumps(sent[key]) == orjson.dumps(compared[key])
+        assert sent.get("system") == compared.get("system")
+        if wire is RESPONSES:  # (the rules follow the client's objects, hence `compared`)
+            assert responses_violations(request.layout.items, compared["input"]) == []
+        else:
+            recovered = prepared.chain.recovery is not None
+            assert messages_violations(request.payload, compared, recovered) == []
+
+
+WINDOW = 1200
+
+
+def _config(steps: Any) -> dict[str, Any]:
+    policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": 0.5}
+    if steps is not None:
+        policy["steps"] = steps
+    model = {
+        "name": "m",
+        "upstream": {"base_url": "http://127.0.0.1:9/v1"},
+        "tokenizer": "chars:4",
+        "context_window": WINDOW,
+        "max_output_tokens": 100,
+        "policy": "p",
+    }
+    return {"models": [model], "policies": {"p": policy}}
+
+
+def _turns(body: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """The requests an agent sent on its way to `body`: its history up to each user message,
+    or tool output, after which no call is left unanswered."""
+    items = body[key]
+    turns = []
+    for end in range(1, len(items) + 1):
+        last = items[end - 1]
+        if last.get("role") != "user" and not str(last.get("type", "")).endswith("_output"):
+            continue
+        history = items[:end]
+        calls = {i["call_id"] for i in history if "call_id" in i and "output" not in i}
+        if calls <= {i["call_id"] for i in history if "output" in i}:
+            turns.append({**body, key: history})
+    return turns
 
 
 def test_a_masked_function_output_changes_only_the_output() -> None:

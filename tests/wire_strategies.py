@@ -141,8 +141,19 @@ def messages_bodies(draw: st.DrawFn) -> dict[str, Any]:
     ids = itertools.count(1)
     messages: list[dict[str, Any]] = []
     breakpoints = 0
+
+    def marked(block: dict[str, Any], ttl: str = "5m") -> dict[str, Any]:
+        """Now and then, a prompt-cache breakpoint on `block` (never more than four)."""
+        nonlocal breakpoints
+        if breakpoints < 4 and draw(st.integers(0, 5)) == 0:
+            breakpoints += 1
+            marker = {"type": "ephemeral"} if ttl == "5m" else {"type": "ephemeral", "ttl": ttl}
+            return {**block, "cache_control": marker}
+        return block
+
+    system = marked({"type": "text", "text": "You are Claude Code. " + draw(text(1, 20))}, "1h")
     for _ in range(draw(st.integers(1, 6))):
-        user: list[dict[str, Any]] = [{"type": "text", "text": draw(text())}]
+        user: list[dict[str, Any]] = [marked({"type": "text", "text": draw(text())})]
         if messages and messages[-1]["role"] == "user":
             messages[-1]["content"].extend(user)
         else:
@@ -155,25 +166,21 @@ def messages_bodies(draw: st.DrawFn) -> dict[str, Any]:
                     {"type": "thinking", "thinking": draw(text(1, 10)), "signature": f"sig{n}=="}
                 )
             if draw(st.booleans()):
-                blocks.append({"type": "text", "text": draw(text())})
+                blocks.append(marked({"type": "text", "text": draw(text())}))
             uses = []
             for _ in range(draw(st.integers(1, 2))):
                 n = next(ids)
                 use = {"type": "tool_use", "id": f"toolu_{n}", "name": "Bash", "input": {"n": n}}
-                blocks.append(use)
+                blocks.append(marked(use))
                 uses.append(use)
             messages.append({"role": "assistant", "content": blocks})
             results = []
             for use in uses:
-                result: dict[str, Any] = {
-                    "type": "tool_result",
-                    "tool_use_id": use["id"],
-                    "content": draw(text(1, 200)),
-                }
-                if breakpoints < 4 and draw(st.integers(0, 4)) == 0:
-                    result["cache_control"] = {"type": "ephemeral"}
-                    breakpoints += 1
-                results.append(result)
+                content: Any = draw(text(1, 200))
+                if draw(st.integers(0, 4)) == 0:  # blocks, one perhaps with its own marker
+                    content = [marked({"type": "text", "text": content})]
+                result = {"type": "tool_result", "tool_use_id": use["id"], "content": content}
+                results.append(marked(result))
             messages.append({"role": "user", "content": results})
         if draw(st.booleans()):
             final = [{"type": "text", "text": draw(text())}]
@@ -182,7 +189,7 @@ def messages_bodies(draw: st.DrawFn) -> dict[str, Any]:
     if messages[-1]["role"] == "assistant":
         messages.append({"role": "user", "content": draw(text())})
     if draw(st.booleans()):
-        body["system"] = [{"type": "text", "text": "You are Claude Code. " + draw(text(1, 20))}]
+        body["system"] = [system]
     return body
 
 
@@ -232,6 +239,13 @@ def messages_violations(
             marked += sum(1 for b in value if isinstance(b, dict) and b.get("cache_control"))
     if marked > 4:
         problems.append(f"{marked} cache_control markers")
+    ttls = [
+        b["cache_control"].get("ttl", "5m")
+        for b in [*(sent.get("system") or []), *blocks_sent]
+        if isinstance(b, dict) and b.get("cache_control")
+    ]
+    if "5m" in ttls and "1h" in ttls[ttls.index("5m") :]:
+        problems.append("a 1h cache marker after a 5m one")
     last = (
         max(i for i, m in enumerate(original["messages"]) if m["role"] == "assistant")
         if any(m["role"] == "assistant" for m in original["messages"])

@@ -100,7 +100,10 @@ class Wire:
         messages: Sequence[Message] | None,
         model: str | None,
         inject_usage: bool,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
+        """The payload to forward: the client's, with `messages` (None: the client's own
+        conversation) and `model`. `uids`: those of the client's messages (`unchanged`)."""
         raise NotImplementedError
 
     def max_output_field(self, payload: Mapping[str, Any]) -> str:

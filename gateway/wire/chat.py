@@ -95,6 +95,7 @@ class ChatWire(Wire):
         messages: Sequence[Message] | None,
         model: str | None,
         inject_usage: bool,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         payload = dict(request.payload)
         if inject_usage:

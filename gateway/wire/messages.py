@@ -27,6 +27,7 @@ marker, and there are never more than four.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ from .request import (
     read_model,
     read_positive,
     read_stream,
+    unchanged,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +86,10 @@ class Layout:
     messages: list[Any]  # the messages as forwarded (our extension stripped)
     spans: list[tuple[int, tuple[int, ...] | None]]  # (message index, block indices | None)
     parts: list[int]  # canonical messages made from each wire message
+    marked: list[tuple[int, int]]  # (message index, block index) of each cache_control key
+    # Any block of `system` or `messages` (nested in a tool result too) has cache_control: the
+    # only blocks a rendered conversation is made of, so without one it can carry no marker.
+    markers: bool
 
 
 class MessagesWire(Wire):
@@ -106,12 +112,9 @@ class MessagesWire(Wire):
         check_count(len(raw), max_messages, "messages")
         builder = _Builder()
         builder.system(payload.get("system"))
-        last_assistant = max(
-            (i for i, m in enumerate(raw) if isinstance(m, dict) and m.get("role") == "assistant"),
-            default=-1,
-        )
         for index, message in enumerate(raw):
-            builder.message(message, index, pinned=index == last_assistant)
+            builder.message(message, index)
+        builder.finish()
         check_tools(payload, "tools")
         return WireRequest(
             wire=self,
@@ -123,7 +126,13 @@ class MessagesWire(Wire):
             marks=builder.marks,
             has_extension=builder.has_extension,
             max_output=max_output,
-            layout=Layout(builder.wire_messages, builder.spans, builder.parts),
+            layout=Layout(
+                builder.wire_messages,
+                builder.spans,
+                builder.parts,
+                builder.marked,
+                bool(builder.marked) or builder.nested_markers,
+            ),
         )
 
     def render(
@@ -132,11 +141,12 @@ class MessagesWire(Wire):
         messages: Sequence[Message] | None,
         model: str | None,
         inject_usage: bool,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         payload = dict(request.payload)
         layout: Layout = request.layout
         if messages is not None:
-            _Renderer(request, layout, payload).render(messages)
+            _Renderer(request, layout, payload).render(messages, uids)
         elif request.has_extension:
             payload["messages"] = layout.messages
         if model is not None:
@@ -256,7 +266,12 @@ def _usage(usage: Mapping[str, Any], known: Usage | None) -> Usage:
 
 
 class _Builder:
-    """Splits messages into canonical messages, remembering which blocks made each one."""
+    """Splits messages into canonical messages, remembering which blocks made each one.
+
+    It runs on every message of every request (an agent resends its whole history), so the
+    common blocks are read in straight loops, and the place of an error is spelled out only
+    once there is one.
+    """
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
@@ -264,7 +279,10 @@ class _Builder:
         self.spans: list[tuple[int, tuple[int, ...] | None]] = []
         self.wire_messages: list[Any] = []
         self.parts: list[int] = []
+        self.marked: list[tuple[int, int]] = []  # (message, block) of each cache_control marker
+        self.nested_markers = False  # a block of `system` or in a tool result has one
         self.has_extension = False
+        self._latest = -1  # the canonical message of the latest assistant message
         self._calls: set[str] = set()
         self._previous_calls: set[str] = set()
 
@@ -274,16 +292,19 @@ class _Builder:
         if isinstance(system, str):
             content: Any = system
         elif isinstance(system, list):
-            content = [_block(b, f"system[{i}]") for i, b in enumerate(system)]
+            content = [_block(_checked(b, f"system[{i}]")) for i, b in enumerate(system)]
+            self.nested_markers = any("cache_control" in b for b in system)
         else:
             raise InvalidRequestError(
                 "system: must be a string or an array of text blocks.", param="system"
             )
-        self._add({"role": "system", "content": content}, NO_MARKS, (SYSTEM, None))
+        self.messages.append({"role": "system", "content": content})
+        self.marks.append(NO_MARKS)
+        self.spans.append((SYSTEM, None))
 
-    def message(self, message: Any, index: int, *, pinned: bool) -> None:
-        where = f"messages.{index}"
-        if not isinstance(message, dict):
+    def message(self, message: Any, index: int) -> None:
+        if type(message) is not dict:
+            where = f"messages.{index}"
             raise InvalidRequestError(f"{where}: must be an object.", param=where)
         marks = NO_MARKS
         if EXTENSION in message:
@@ -291,65 +312,72 @@ class _Builder:
             marks = read_marks(message[EXTENSION], f"messages[{index}]")
             message = {k: v for k, v in message.items() if k != EXTENSION}
         self.wire_messages.append(message)
-        self.parts.append(0)
+        before = len(self.messages)
         role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequestError(
-                f"{where}.role: Input should be 'user' or 'assistant'", param=f"{where}.role"
-            )
         content = message.get("content")
-        if pinned:
-            marks = Marks(pin=True, priority=marks.priority, kind=marks.kind)
-        if isinstance(content, str):
-            self._add({"role": role, "content": content}, marks, (index, None))
-        elif isinstance(content, list):
-            blocks = [_checked(b, f"{where}.content.{i}") for i, b in enumerate(content)]
-            if role == "assistant":
-                self._assistant(blocks, index, marks)
-            elif role == "user":
-                self._user(blocks, index, marks, where)
-            else:
-                data = {"role": role, "content": [_block(b, where) for b in blocks]}
-                self._add(data, marks, (index, tuple(range(len(blocks)))))
-        else:
+        if role not in ROLES:
+            where = f"messages.{index}.role"
             raise InvalidRequestError(
-                f"{where}.content: must be a string or an array of content blocks.",
-                param=f"{where}.content",
+                f"{where}: Input should be 'user' or 'assistant'", param=where
             )
+        if type(content) is str:
+            self._add({"role": role, "content": content}, marks, (index, None))
+        elif type(content) is list:
+            if role == "assistant":
+                self._assistant(content, index, marks)
+            elif role == "user":
+                self._user(content, index, marks)
+            else:
+                self._scan(content, index)
+                data = {"role": role, "content": [_block(b) for b in content]}
+                self._add(data, marks, (index, _positions(len(content))))
+        else:
+            where = f"messages.{index}.content"
+            raise InvalidRequestError(
+                f"{where}: must be a string or an array of content blocks.", param=where
+            )
+        self.parts.append(len(self.messages) - before)
         if role == "assistant":
+            self._latest = before
             self._previous_calls = self._calls
             self._calls = set()
 
-    def _assistant(self, blocks: list[dict[str, Any]], index: int, marks: Marks) -> None:
+    def finish(self) -> None:
+        """Pin the latest assistant message: its thinking goes back exactly as it came."""
+        if self._latest >= 0:
+            marks = self.marks[self._latest]
+            self.marks[self._latest] = Marks(pin=True, priority=marks.priority, kind=marks.kind)
+
+    def _assistant(self, blocks: list[Any], index: int, marks: Marks) -> None:
         texts: list[str] = []
         thinking: list[str] = []
         calls: list[dict[str, Any]] = []
         opaque: list[Any] = []
-        for block in blocks:
-            kind = block["type"]
-            if kind == "text":
-                texts.append(str(block.get("text", "")))
-            elif kind == "thinking":
-                thinking.append(str(block.get("thinking", "")))
-            elif kind == "tool_use":
+        for position, block in enumerate(blocks):
+            kind = _kind(block, index, position)
+            if "cache_control" in block:
+                self.marked.append((index, position))
+            if kind == "tool_use":
                 call_id = block.get("id")
-                if not isinstance(call_id, str):
+                if type(call_id) is not str:
                     raise InvalidRequestError("tool_use.id: Field required", param="messages")
                 self._calls.add(call_id)
-                calls.append(
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {
-                            "name": str(block.get("name", "")),
-                            "arguments": orjson.dumps(block.get("input", {})).decode(),
-                        },
-                    }
-                )
+                name = block.get("name", "")
+                function = {
+                    "name": name if type(name) is str else str(name),
+                    "arguments": orjson.dumps(block.get("input", {})).decode(),
+                }
+                calls.append({"id": call_id, "type": "function", "function": function})
+            elif kind == "text":
+                text = block.get("text", "")
+                texts.append(text if type(text) is str else str(text))
+            elif kind == "thinking":
+                text = block.get("thinking", "")
+                thinking.append(text if type(text) is str else str(text))
             else:
                 opaque.append(block)
-            if kind == "compaction":
-                marks = Marks(pin=True, priority=marks.priority, kind=marks.kind)
+                if kind == "compaction":
+                    marks = Marks(pin=True, priority=marks.priority, kind=marks.kind)
         data: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
         if calls:
             data["tool_calls"] = calls
@@ -357,35 +385,50 @@ class _Builder:
             data["reasoning_content"] = "\n".join(thinking)
         if opaque:
             data["opaque"] = opaque
-        self._add(data, marks, (index, tuple(range(len(blocks)))))
+        self._add(data, marks, (index, _positions(len(blocks))))
 
-    def _user(self, blocks: list[dict[str, Any]], index: int, marks: Marks, where: str) -> None:
+    def _user(self, blocks: list[Any], index: int, marks: Marks) -> None:
         rest: list[int] = []
         for position, block in enumerate(blocks):
-            if block["type"] != "tool_result":
+            kind = _kind(block, index, position)
+            if "cache_control" in block:
+                self.marked.append((index, position))
+            if kind != "tool_result":
                 rest.append(position)
                 continue
             call_id = block.get("tool_use_id")
-            if not isinstance(call_id, str):
-                raise InvalidRequestError(
-                    f"{where}.content.{position}.tool_use_id: Field required",
-                    param=f"{where}.content.{position}.tool_use_id",
-                )
+            if type(call_id) is not str:
+                where = f"messages.{index}.content.{position}.tool_use_id"
+                raise InvalidRequestError(f"{where}: Field required", param=where)
             if call_id not in self._previous_calls:
+                where = f"messages.{index}.content.{position}"
                 raise InvalidRequestError(
-                    f"{where}.content.{position}: unexpected `tool_use_id` found in "
-                    f"`tool_result` blocks: {call_id}. Each `tool_result` block must have a "
-                    "corresponding `tool_use` block in the previous message.",
-                    param=f"{where}.content.{position}",
+                    f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{call_id}. Each `tool_result` block must have a corresponding `tool_use` "
+                    "block in the previous message.",
+                    param=where,
                 )
             content = block.get("content")
-            if isinstance(content, list):
-                content = [_block(b, where) for b in content if isinstance(b, dict)]
+            if type(content) is list:
+                where = f"messages.{index}"
+                content = [_block(_checked(b, where)) for b in content if type(b) is dict]
+                if any("cache_control" in part["source"] for part in content):
+                    self.nested_markers = True
             data = {"role": "tool", "tool_call_id": call_id, "content": content or ""}
             self._add(data, marks, (index, (position,)))
-        if rest or not blocks:
-            content = [_block(blocks[p], where) for p in rest]
-            self._add({"role": "user", "content": content}, marks, (index, tuple(rest)))
+        if len(rest) == len(blocks):  # no tool results (or no blocks): one user message
+            data = {"role": "user", "content": [_block(b) for b in blocks]}
+            self._add(data, marks, (index, _positions(len(rest))))
+        elif rest:
+            data = {"role": "user", "content": [_block(blocks[p]) for p in rest]}
+            self._add(data, marks, (index, tuple(rest)))
+
+    def _scan(self, blocks: list[Any], index: int) -> None:
+        """Check each block has a type, and note the ones that carry a cache marker."""
+        for position, block in enumerate(blocks):
+            _kind(block, index, position)
+            if "cache_control" in block:
+                self.marked.append((index, position))
 
     def _add(
         self, data: dict[str, Any], marks: Marks, span: tuple[int, tuple[int, ...] | None]
@@ -393,8 +436,24 @@ class _Builder:
         self.messages.append(data)
         self.marks.append(marks)
         self.spans.append(span)
-        if span[0] >= 0:
-            self.parts[span[0]] += 1
+
+
+_POSITIONS = [tuple(range(n)) for n in range(64)]
+
+
+def _positions(count: int) -> tuple[int, ...]:
+    """(0, 1, ... count - 1), shared: most messages have a handful of blocks."""
+    return _POSITIONS[count] if count < len(_POSITIONS) else tuple(range(count))
+
+
+def _kind(block: Any, index: int, position: int) -> str:
+    """A content block's `type`; a 400 naming the block when it has none."""
+    if type(block) is dict:
+        kind = block.get("type")
+        if type(kind) is str:
+            return kind
+    where = f"messages.{index}.content.{position}"
+    raise InvalidRequestError(f"{where}.type: Field required", param=where)
 
 
 def _checked(block: Any, where: str) -> dict[str, Any]:
@@ -403,12 +462,12 @@ def _checked(block: Any, where: str) -> dict[str, Any]:
     return block
 
 
-def _block(block: Any, where: str) -> dict[str, Any]:
-    """A content block as a canonical part the counter and the policies understand."""
-    block = _checked(block, where)
+def _block(block: dict[str, Any]) -> dict[str, Any]:
+    """A checked content block as a canonical part the counter and the policies understand."""
     kind = block["type"]
     if kind == "text":
-        return {"type": "text", "text": str(block.get("text", "")), "source": block}
+        text = block.get("text", "")
+        return {"type": "text", "text": text if type(text) is str else str(text), "source": block}
     if kind == "image":
         source = block.get("source")
         url = ""
@@ -445,69 +504,111 @@ def _wire_blocks(content: Any) -> list[dict[str, Any]]:
 
 
 class _Renderer:
-    """Puts a compacted canonical conversation back into messages and blocks."""
+    """Puts a compacted canonical conversation back into messages and blocks.
+
+    The canonical messages made from one client message come one after the other; they are
+    regrouped into it. A client message whose canonical messages all came back unchanged is
+    forwarded as the client's own object; the usual one (a single canonical message) is
+    recognised without regrouping.
+    """
 
     def __init__(self, request: WireRequest, layout: Layout, payload: dict[str, Any]) -> None:
-        self.request = request
         self.layout = layout
+        self.originals = request.messages
         self.payload = payload
+        self.out: list[Any] = []
+        # (message, block) -> the block sent there; only needed to move cache markers
+        self.kept: dict[tuple[int, int], Any] | None = {} if layout.marked else None
+        self._index = -1  # the client message being regrouped (-1: none)
+        self._group: list[Any] = []  # its blocks so far
+        self._unchanged = 0  # its canonical messages that came back unchanged
 
-    def render(self, messages: Sequence[Message]) -> None:
-        layout, originals = self.layout, self.request.messages
-        groups: list[list[Any]] = []  # [wire index | None, role, blocks, unchanged parts]
+    def render(self, messages: Sequence[Message], uids: Sequence[int | None]) -> None:
+        layout, originals, out, kept = self.layout, self.originals, self.out, self.kept
+        spans, parts, wires = layout.spans, layout.parts, layout.messages
         appended_system: list[dict[str, Any]] = []
-        kept: dict[tuple[int, int], dict[str, Any]] = {}  # (message, block) -> block sent
-        for message in messages:
+        for message, same in zip(messages, unchanged(messages, originals, uids), strict=True):
             origin = message.origin
             if origin < 0:
                 if message.role == "system":
                     appended_system.extend(_wire_blocks(message.data.get("content")))
                 else:
+                    self._flush()
                     role = "assistant" if message.role == "assistant" else "user"
-                    groups.append([None, role, _wire_blocks(message.data.get("content")), 0])
+                    out.append({"role": role, "content": _wire_blocks(message.data.get("content"))})
                 continue
-            index, positions = layout.spans[origin]
-            original = originals[origin]
-            same = message.data is original or message.data == original
+            index, positions = spans[origin]
+            data = message.data
             if index == SYSTEM:
                 if not same:
-                    self.payload["system"] = _system_of(message.data.get("content"))
-                continue
-            wire = layout.messages[index]
-            if positions is None:  # string content
-                content = wire["content"] if same else content_text(message.data.get("content"))
-                blocks: list[Any] = [content]
+                    self.payload["system"] = _system_of(data.get("content"))
+            elif parts[index] == 1:  # the only canonical message of its client message
+                if self._index >= 0:
+                    self._flush()
+                wire = wires[index]
+                if same:
+                    out.append(wire)
+                    if kept is not None and positions is not None:
+                        content = wire["content"]
+                        kept.update(((index, p), content[p]) for p in positions)
+                elif positions is None:  # string content
+                    out.append({**wire, "content": content_text(data.get("content"))})
+                else:
+                    out.append({**wire, "content": self._blocks(index, positions, data, same)})
+            elif index == self._index:  # (a message of several parts has blocks, no string)
+                self._group.extend(self._blocks(index, positions or (), data, same))
+                self._unchanged += same
             else:
-                source = wire["content"]
-                pairs = (
-                    [(p, source[p]) for p in positions]
-                    if same
-                    else _changed(message.data, [(p, source[p]) for p in positions])
-                )
-                blocks = [block for _, block in pairs]
-                kept.update(((index, p), block) for p, block in pairs if p is not None)
-            if groups and groups[-1][0] == index:
-                groups[-1][2].extend(blocks)
-                groups[-1][3] += 1 if same else 0
-            else:
-                role = wire.get("role", "user")
-                groups.append([index, role, list(blocks), 1 if same else 0])
-        out = [self._message(group) for group in groups]
+                self._flush()
+                self._index, self._unchanged = index, int(same)
+                self._group = self._blocks(index, positions or (), data, same)
+        self._flush()
         if appended_system:
             self.payload["system"] = _system_with(self.payload.get("system"), appended_system)
         self.payload["messages"] = out
-        _move_breakpoints(self.payload, layout, kept)
+        if kept is not None:
+            _move_breakpoints(self.payload, layout, kept)
+        _limit_breakpoints(self.payload, layout.markers)
 
-    def _message(self, group: list[Any]) -> dict[str, Any]:
-        index, role, blocks, unchanged = group
-        if index is None:
-            return {"role": role, "content": blocks}
+    def _blocks(
+        self, index: int, positions: tuple[int, ...], data: Mapping[str, Any], same: bool
+    ) -> list[dict[str, Any]]:
+        """The blocks one canonical message puts back into client message `index`."""
+        source, kept = self.layout.messages[index]["content"], self.kept
+        if same:
+            blocks = [source[p] for p in positions]
+            if kept is not None:
+                kept.update(((index, p), source[p]) for p in positions)
+            return blocks
+        if data.get("role") == "tool":  # one tool result, its content changed (masked, cut)
+            position = positions[0]
+            block = _result(source[position], data.get("content"))
+            if kept is not None:
+                kept[(index, position)] = block
+            return [block]
+        pairs = _changed(data, [(p, source[p]) for p in positions])
+        if kept is not None:
+            kept.update(((index, p), block) for p, block in pairs if p is not None)
+        return [block for _, block in pairs]
+
+    def _flush(self) -> None:
+        """Close the client message being regrouped."""
+        index = self._index
+        if index < 0:
+            return
+        self._index = -1
         wire = self.layout.messages[index]
-        if unchanged == self.layout.parts[index]:
-            return wire  # every part of it, unchanged: exactly as sent
-        if len(blocks) == 1 and isinstance(blocks[0], str):
-            return {**wire, "content": blocks[0]}
-        return {**wire, "content": [b for b in blocks if not isinstance(b, str)]}
+        if self._unchanged == self.layout.parts[index]:
+            self.out.append(wire)  # every part of it, unchanged: exactly as sent
+        else:
+            self.out.append({**wire, "content": self._group})
+
+
+def _result(block: Mapping[str, Any], content: Any) -> dict[str, Any]:
+    """A `tool_result` block with the content a step gave its tool message."""
+    if isinstance(content, list):
+        return {**block, "content": [_wire_block(p) for p in content]}
+    return {**block, "content": content_text(content)}
 
 
 def _changed(
@@ -517,11 +618,6 @@ def _changed(
     each with the position of the block it replaces (None for a block that replaces none)."""
     role = data.get("role")
     content = data.get("content")
-    if role == "tool":
-        position, block = blocks[0]
-        if isinstance(content, list):
-            return [(position, {**block, "content": [_wire_block(p) for p in content]})]
-        return [(position, {**block, "content": content_text(content)})]
     if role == "assistant":
         text = content_text(content)
         calls = data.get("tool_calls")
@@ -570,44 +666,47 @@ def _system_text(system: Any) -> str | None:
 def _move_breakpoints(
     payload: dict[str, Any], layout: Layout, kept: Mapping[tuple[int, int], Any]
 ) -> None:
-    """Keep the prompt-cache breakpoints of removed blocks usable, and at most four in all.
+    """Keep the prompt-cache breakpoints of removed blocks usable.
 
     A removed block's marker moves to the nearest kept block before it (in the messages), so the
-    prefix up to there is still cached. Then `_limit_breakpoints` applies Anthropic's rules.
-    The client's own lists are never modified: what changes is copied.
+    prefix up to there is still cached. The client's own lists are never modified: what changes
+    is copied.
     """
     moved: dict[int, dict[str, Any]] = {}  # id of a sent block -> its copy with a marker
-    last_kept: tuple[int, int] | None = None
-    for index, message in enumerate(layout.messages):
-        content = message.get("content")
-        if not isinstance(content, list):
+    order: list[tuple[int, int]] | None = None
+    for index, position in layout.marked:
+        if (index, position) in kept:
             continue
-        for p, block in enumerate(content):
-            if (index, p) in kept:
-                last_kept = (index, p)
-                continue
-            marker = block.get("cache_control") if isinstance(block, dict) else None
-            if marker is None or last_kept is None:
-                continue
-            target = kept[last_kept]
-            if isinstance(target, dict) and target.get("cache_control") is None:
-                moved[id(target)] = {**target, "cache_control": marker}
+        marker = layout.messages[index]["content"][position].get("cache_control")
+        if marker is None:
+            continue
+        if order is None:
+            order = sorted(kept)
+        before = bisect_left(order, (index, position))
+        if before == 0:
+            continue
+        target = kept[order[before - 1]]
+        if isinstance(target, dict) and target.get("cache_control") is None:
+            moved[id(target)] = {**target, "cache_control": marker}
     if moved:
         _replace_blocks(payload, lambda block: moved.get(id(block), block))
-    _limit_breakpoints(payload)
 
 
-def _limit_breakpoints(payload: dict[str, Any]) -> None:
-    """At most four markers, and `1h` never after `5m`: later offenders lose their marker."""
+def _limit_breakpoints(payload: dict[str, Any], in_messages: bool) -> None:
+    """At most four markers, and `1h` never after `5m`: later offenders lose their marker.
+
+    `in_messages`: the messages may carry markers (else only tools and system are read).
+    """
     marked: list[Any] = []
     for key in ("tools", "system"):
         value = payload.get(key)
         if isinstance(value, list):
             marked.extend(b for b in value if _marked(b))
-    for message in payload["messages"]:
-        content = message.get("content")
-        if isinstance(content, list):
-            marked.extend(b for b in content if _marked(b))
+    for message in payload["messages"] if in_messages else ():
+        content = message["content"]
+        if type(content) is list:
+            # every sent block is a dict: checked on the way in, or made by us
+            marked.extend([b for b in content if b.get("cache_control") is not None])
     if len(marked) <= 1:
         return
     seen_short = False

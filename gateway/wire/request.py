@@ -73,11 +73,40 @@ class WireRequest:
         return replace(self, payload=payload, body=orjson.dumps(payload), max_output=value)
 
     def forward_payload(
-        self, messages: Sequence[Message] | None, model: str | None, inject_usage: bool = False
+        self,
+        messages: Sequence[Message] | None,
+        model: str | None,
+        inject_usage: bool = False,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         """The payload to forward: the client's, with the compacted conversation (None: the
-        client's own) and the upstream's model name when given."""
-        return self.wire.render(self, messages, model, inject_usage)
+        client's own) and the upstream's model name when given. `uids`: those the prefix memo
+        gave the client's messages, when known (see `unchanged`)."""
+        return self.wire.render(self, messages, model, inject_usage, uids)
+
+
+def unchanged(
+    messages: Sequence[Message], originals: Sequence[Any], uids: Sequence[int | None]
+) -> list[bool]:
+    """For each of `messages`, whether it is the client's message it came from (`originals`,
+    by `origin`), as sent; False for a message a step made.
+
+    Equal uids mean equal data (`gateway.prefix`), and a step that changes a message drops its
+    uid: a kept message whose uid is the client message's own is known unchanged without
+    comparing the two (a held result's messages are the previous request's equal objects, and
+    comparing a long agent history costs as much as rendering it).
+    """
+    if len(uids) != len(originals):
+        uids = [None] * len(originals)
+    return [
+        m.origin >= 0
+        and (
+            m.data is originals[m.origin]
+            or (m.uid is not None and m.uid == uids[m.origin])
+            or m.data == originals[m.origin]
+        )
+        for m in messages
+    ]
 
 
 def read_marks(value: Any, where: str) -> Marks:

@@ -46,6 +46,7 @@ from .request import (
     read_model,
     read_positive,
     read_stream,
+    unchanged,
 )
 
 if TYPE_CHECKING:
@@ -126,19 +127,20 @@ class ResponsesWire(Wire):
         messages: Sequence[Message] | None,
         model: str | None,
         inject_usage: bool,
+        uids: Sequence[int | None] = (),
     ) -> dict[str, Any]:
         payload = dict(request.payload)
         layout: Layout = request.layout
         if messages is not None:
             out: list[Any] = []
-            for message in messages:
+            for message, same in zip(
+                messages, unchanged(messages, request.messages, uids), strict=True
+            ):
                 origin = message.origin
                 if origin < 0:
                     out.append(_new_item(message.data))
                     continue
                 span = layout.spans[origin]
-                original = request.messages[origin]
-                same = message.data is original or message.data == original
                 if span == (INSTRUCTIONS,):
                     if not same:
                         payload["instructions"] = content_text(message.data.get("content"))
