@@ -1,6 +1,7 @@
 """What a run measures: the cases, which targets each one compares, and how much load.
 
-A case is one request shape sent the same way to several targets, measured in rounds so that
+A case is one request shape, in one client API (chat, Responses, Messages), sent the same way to
+several targets, measured in rounds so that
 whatever else the machine is doing hits them alike: at concurrency 1 the targets alternate
 request by request (`load.run_paired`); above it they take turns batch by batch, the order
 rotating every round. Every number the report compares comes from one case.
@@ -11,6 +12,8 @@ Targets:
     gateway              CompactGate, model `bench-passthrough` (1M window: nothing compacted)
     relay                the Starlette + aiohttp relay (the Python floor)
     litellm              the LiteLLM proxy (pinned), configured to the same upstream
+    headroom             the headroom proxy (pinned), a Python compaction proxy that speaks chat,
+                         Responses and Messages, pointed at the same upstream
     gateway-compact      CompactGate, model `bench-compact` (32k window: masking + trimming)
     gateway-emergency    CompactGate, a model whose upstream rejects the request once with
                          `context_length_exceeded`, so the gateway compacts and retries
@@ -24,7 +27,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PEERS = ("direct", "gateway", "relay", "litellm")
+PEERS = ("direct", "gateway", "relay", "litellm", "headroom")
+# Neither LiteLLM nor the relay keeps anything per conversation, so a first-seen request costs
+# them what a seen one does; at c=32, where a LiteLLM batch of these bodies takes tens of seconds,
+# first-seen cases leave LiteLLM out (its seen figure holds for both).
+FIRST_C32 = ("direct", "gateway", "relay", "headroom")
 
 
 @dataclass(frozen=True)
@@ -39,13 +46,15 @@ class Load:
 class Case:
     key: str
     title: str
-    shape: str  # small | agent
+    shape: str  # small | agent | codex | claude
     variant: str  # fixed | appended | first_time
     stream: bool
     concurrency: int
     targets: tuple[str, ...]
     full: Load
     quick: Load
+    api: str = "chat"  # chat | responses | messages: the path, headers and stream end
+    rounds: tuple[int, int] | None = None  # (full, quick) instead of the run's rounds
 
     def load(self, quick: bool) -> Load:
         return self.quick if quick else self.full
@@ -114,7 +123,7 @@ CASES: tuple[Case, ...] = (
         "first_time",
         False,
         1,
-        ("direct", "gateway", "litellm"),
+        ("direct", "gateway", "litellm", "headroom"),
         Load(30, 6),
         Load(8, 3),
     ),
@@ -185,6 +194,67 @@ CASES: tuple[Case, ...] = (
         Load(8, 3),
     ),
 )
+
+
+def _agent_api_cases(shape: str, api: str, label: str) -> tuple[Case, ...]:
+    """Seen and first-seen, c=1 and c=32, streamed as the agents stream."""
+    c1, c32 = (Load(12, 3), Load(5, 1.5)), (Load(50_000, 1.5), Load(50_000, 0.5))
+    return (
+        Case(
+            f"{shape}-seen",
+            f"{label}, same conversation + 1 new item, streaming, c=1",
+            shape,
+            "appended",
+            True,
+            1,
+            PEERS,
+            *c1,
+            api,
+            (3, 2),
+        ),
+        Case(
+            f"{shape}-first",
+            f"{label}, first time seen (every item new), streaming, c=1",
+            shape,
+            "first_time",
+            True,
+            1,
+            PEERS,
+            *c1,
+            api,
+            (3, 2),
+        ),
+        Case(
+            f"{shape}-seen-c32",
+            f"{label}, seen before, streaming, c=32",
+            shape,
+            "appended",
+            True,
+            32,
+            PEERS,
+            *c32,
+            api,
+            (2, 1),
+        ),
+        Case(
+            f"{shape}-first-c32",
+            f"{label}, first time seen, streaming, c=32",
+            shape,
+            "first_time",
+            True,
+            32,
+            FIRST_C32,
+            *c32,
+            api,
+            (2, 1),
+        ),
+    )
+
+
+AGENT_API_CASES = _agent_api_cases(
+    "codex", "responses", "Codex-like /v1/responses"
+) + _agent_api_cases("claude", "messages", "Claude-Code-like /v1/messages")
+CASES += AGENT_API_CASES
 
 ROUNDS_FULL = 4
 ROUNDS_QUICK = 2
