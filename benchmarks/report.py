@@ -352,12 +352,12 @@ def keep_tail(previous: str) -> str:
     """The hand-written sections of an earlier report: what follows `GENERATED_END`, or, in a
     report from before that line existed, every section after "Versions and machine"."""
     if GENERATED_END in previous:
-        return previous.split(GENERATED_END, 1)[1]
-    facts = previous.find("\n## Versions and machine")
-    if facts < 0:
-        return ""
-    following = previous.find("\n## ", facts + 1)
-    return "" if following < 0 else "\n" + previous[following:].lstrip("\n")
+        tail = previous.split(GENERATED_END, 1)[1]
+    else:
+        facts = previous.find("\n## Versions and machine")
+        following = previous.find("\n## ", facts + 1) if facts >= 0 else -1
+        tail = "" if following < 0 else previous[following:]
+    return "\n" + tail.lstrip("\n") if tail.strip() else ""
 
 
 def render(
