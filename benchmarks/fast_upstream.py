@@ -10,8 +10,8 @@ It must never be the bottleneck, so it does almost nothing: every POST gets the 
 ends in `/responses` or `/messages` (query aside) gets the same in that API's shape instead
 (`benchmarks.agent_answers`: a Responses or Anthropic Messages JSON body, or its SSE events).
 Whether a body streams is found with a byte search for the key `"stream"` (in JSON text a key's
-quotes are never escaped, so text inside messages cannot match). Any GET gets a models list.
-Keep-alive as the client asks.
+quotes are never escaped, so text inside messages cannot match). Any GET gets a models list (a
+HEAD its headers). Keep-alive as the client asks.
 
 Emergency mode (`--reject-above BYTES`): a POST whose body is larger than BYTES is answered with
 OpenAI's 400 `context_length_exceeded` body, once per conversation: the conversation is named by
@@ -235,7 +235,10 @@ class Connection(asyncio.Protocol):
             return
         answers = self.answers
         answers.requests += 1
-        if self.parser.get_method() != b"POST":
+        method = self.parser.get_method()
+        if method == b"HEAD":  # the headers a GET would get, and no body (RFC 9110 §9.3.2)
+            transport.write(answers.models.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+        elif method != b"POST":
             transport.write(answers.models)
         else:
             body = self.body[0] if len(self.body) == 1 else b"".join(self.body)

@@ -2,7 +2,10 @@
 
 * `litellm`: the LiteLLM proxy (`litellm --config`), no database, one worker, a master key.
   Chat and Responses go to the fast upstream as an OpenAI provider; the Messages cases' model is
-  an Anthropic provider with the upstream as its base URL, so `/v1/messages` stays Messages.
+  an Anthropic provider with the upstream as its base URL, so `/v1/messages` stays Messages. The
+  agent models are named upstream as the agents' real models (`gpt-5-codex`, `claude-sonnet-4-5`)
+  so that LiteLLM's model map lets their `reasoning` and `thinking` through, as it would for a
+  real user; the fast upstream ignores the name.
 * `headroom`: the headroom proxy (`headroom proxy`), a Python compaction proxy that speaks chat,
   Responses and Messages, with its OpenAI and Anthropic base URLs at the fast upstream.
 
@@ -21,7 +24,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .targets import MESSAGES_MODEL, PASSTHROUGH_MODEL, PEERS, Service, free_port, spawn
+from .targets import (
+    MESSAGES_MODEL,
+    PASSTHROUGH_MODEL,
+    PEERS,
+    RESPONSES_MODEL,
+    Service,
+    free_port,
+    spawn,
+)
 
 LITELLM_VERSION = "1.106.2"  # pinned; never 1.107.0 (a compromised release)
 HEADROOM_VERSION = "0.42.0"
@@ -99,11 +110,12 @@ class Peer:
 
 
 LITELLM = Peer("litellm", "litellm", (f"litellm[proxy]=={LITELLM_VERSION}",))
-# headroom requires litellm; pinned to the LiteLLM peer's version (a later one could be 1.107.0)
+# headroom requires litellm (and a filelock that LiteLLM's pin excludes): its litellm is pinned
+# to the release the resolver picked for it, so that a later install can never pick 1.107.0
 HEADROOM = Peer(
     "headroom",
     "headroom-ai",
-    (f"headroom-ai[proxy]=={HEADROOM_VERSION}", f"litellm=={LITELLM_VERSION}"),
+    (f"headroom-ai[proxy]=={HEADROOM_VERSION}", "litellm==1.110.2"),
 )
 
 
@@ -124,9 +136,14 @@ def litellm_config(upstream: Service, master_key: str) -> str:
         f"      model: openai/{PASSTHROUGH_MODEL}\n"
         f"      api_base: {upstream.origin}/v1\n"
         "      api_key: sk-bench-upstream\n"
+        f"  - model_name: {RESPONSES_MODEL}\n"
+        "    litellm_params:\n"
+        "      model: openai/gpt-5-codex\n"
+        f"      api_base: {upstream.origin}/v1\n"
+        "      api_key: sk-bench-upstream\n"
         f"  - model_name: {MESSAGES_MODEL}\n"
         "    litellm_params:\n"
-        f"      model: anthropic/{MESSAGES_MODEL}\n"
+        "      model: anthropic/claude-sonnet-4-5\n"
         f"      api_base: {upstream.origin}\n"
         "      api_key: sk-ant-bench-upstream\n"
         "litellm_settings:\n"
@@ -172,6 +189,15 @@ HEADROOM_ENV: dict[str, str | None] = {
 }
 
 
+def headroom_tiktoken_dir() -> Path | None:
+    """The BPE files that the litellm in headroom's venv ships, named as tiktoken's cache names
+    them: pointed at by TIKTOKEN_CACHE_DIR, headroom counts tokens without downloading them."""
+    found = sorted(
+        HEADROOM.venv.glob("lib/python*/site-packages/litellm/litellm_core_utils/tokenizers")
+    )
+    return found[0] if found else None
+
+
 def start_headroom(workdir: Path, upstream: Service) -> Service:
     port = free_port()
     argv = [
@@ -185,6 +211,17 @@ def start_headroom(workdir: Path, upstream: Service) -> Service:
         f"{upstream.origin}/v1",
         "--anthropic-api-url",
         upstream.origin,
+        "--no-rate-limit",  # its default of 60 requests a minute would throttle the benchmark
+        "--no-cache",  # a response cache would answer without the upstream: not a relay then
+        "--no-telemetry",
+        # Kompress, its ML compressor, downloads a model from a hub at start and retries in the
+        # background; with nothing to download it passes text through. Its structural
+        # compressors (JSON, logs, code, search results, tool outputs) stay on.
+        "--disable-kompress",
     ]
-    process, log = spawn("headroom", argv, workdir, HEADROOM_ENV)
+    env = dict(HEADROOM_ENV)
+    tiktoken_dir = headroom_tiktoken_dir()
+    if tiktoken_dir is not None:
+        env["TIKTOKEN_CACHE_DIR"] = str(tiktoken_dir)
+    process, log = spawn("headroom", argv, workdir, env)
     return Service("headroom", process, port, log)

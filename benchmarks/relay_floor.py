@@ -24,7 +24,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-
 FORWARDED = ("authorization", "x-api-key", "anthropic-version", "anthropic-beta")
 
 

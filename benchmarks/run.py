@@ -162,10 +162,8 @@ class Bench:
             build = {
                 "small": workloads.small,
                 "agent": workloads.agent,
-                "codex": agent_bodies.codex,
-                "claude": lambda _model, stream: agent_bodies.claude(
-                    targets.MESSAGES_MODEL, stream
-                ),
+                "codex": lambda _, stream: agent_bodies.codex(targets.RESPONSES_MODEL, stream),
+                "claude": lambda _, stream: agent_bodies.claude(targets.MESSAGES_MODEL, stream),
             }[shape]
             self.workloads[key] = build(model, stream)
         return self.workloads[key]
