@@ -566,7 +566,12 @@ def _section_absolute(results: Results) -> list[str]:
         "every item new (the instructions too). The fast upstream answers each API in its own "
         "shape (`benchmarks/agent_answers.py`: Responses events ending in `response.completed`, "
         "Messages events ending in `message_stop`); a stream without its last event counts as "
-        "an error.",
+        "an error. headroom serves one request at a time at 20-200 ms of CPU on chat and up to "
+        "seconds on these bodies, so at c=32 it is measured on the seen agent API requests only "
+        "(its c=1 CPU per request bounds its throughput: 1000 / CPU ms requests per second); "
+        "first-seen c=32 cases leave LiteLLM out too (it keeps nothing per conversation: its "
+        "seen figure holds), and at c=32 neither peer gets a warm-up batch on these bodies (a "
+        "reopened connection costs a millisecond of their seconds).",
     ]
     return [*lines, ""]
 

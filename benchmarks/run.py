@@ -366,7 +366,7 @@ class Bench:
     async def run_case(self, session: aiohttp.ClientSession, case: Case) -> None:
         """Rounds; at concurrency 1 the targets alternate request by request, above it they
         take turns batch by batch (the order rotating every round)."""
-        available = [t for t in case.targets if self.service_of(t) is not None]
+        available = [t for t in case.targets_for(self.quick) if self.service_of(t) is not None]
         merged = {t: Batch() for t in available}
         budget = case.load(self.quick)
         self.results[case.key] = merged
@@ -388,8 +388,13 @@ class Bench:
                 continue
             shift = round_number % len(available)
             for name in available[shift:] + available[:shift]:
+                # A peer that takes a second or more per agent API request gets no warm-up
+                # batch: the connections it reopens cost a millisecond of that.
+                warmup = case.api == "chat" or name not in ("litellm", "headroom")
                 merged[name].merge(
-                    await self.batch(session, case, name, budget.requests, budget.seconds)
+                    await self.batch(
+                        session, case, name, budget.requests, budget.seconds, warmup=warmup
+                    )
                 )
         for target in available:
             f = report.figures(self.results, case.key, target)
