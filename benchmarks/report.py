@@ -399,7 +399,7 @@ def _section_targets(results: Results) -> list[str]:
     rows = [
         [v.goal, v.shown(), v.wanted(), f"**{v.status}**", f"`{v.case}`"] for v in verdicts(results)
     ]
-    lines = ["## Targets (issue 9)", ""]
+    lines = ["## Targets", ""]
     lines += _table(("target", "measured", "goal", "result", "case"), rows)
     return [*lines, ""]
 

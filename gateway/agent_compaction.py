@@ -40,6 +40,11 @@ class Signature(BaseModel):
     starts_with: str = Field(min_length=8, description="The latest user text begins with this")
     contains: str | None = Field(None, description="... and contains this, when set")
     fixture: str | None = Field(None, description="The captured request it was written from")
+    answerable: bool = Field(
+        True,
+        description="The request carries the history as messages, so a summary made ahead of "
+        "need can answer it; false for an agent that sends its history as one transcript",
+    )
 
 
 DEFAULT_SIGNATURES: tuple[Signature, ...] = (
@@ -55,6 +60,13 @@ DEFAULT_SIGNATURES: tuple[Signature, ...] = (
         starts_with="CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
         contains="summary of the conversation so far",
         fixture="tests/fixtures/agents/claude_compact_request.json",
+    ),
+    Signature(
+        name="opencode",  # the same prompt whichever API its provider speaks
+        starts_with="Here is the conversation so far:",
+        contains="Create a new anchored summary from the conversation history",
+        fixture="tests/fixtures/agents/opencode_compaction_request.json",
+        answerable=False,  # its history comes as one transcript inside the prompt
     ),
 )
 

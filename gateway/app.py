@@ -5,12 +5,16 @@
       2. resolve the model to a Route (404), authorize it (403), hold a tenant slot (429)
       3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
          trigger, check the invariants, render the exact bytes to forward in the client's API
-      4. attempt: send upstream (429/5xx/connection failures retried with backoff) and look at
-         the answer; the result is an Outcome: Relayed, Failed (an upstream error) or Overflow
-         (the upstream says the context window was exceeded)
+      4. attempt: send upstream (to one of the model's upstreams, failing over to the next and
+         retried with backoff on 429/5xx/connection failures: retry.py) and look at the answer;
+         the result is an Outcome: Relayed, Failed (an upstream error) or Overflow (the
+         upstream says the context window was exceeded)
       5. match the outcome: an Overflow with retries left learns the real window and prepares the
          client's original request again against it; anything else is answered
     POST /v1/messages/count_tokens: steps 1-3, then the size of what would be forwarded
+    POST /v1/responses/compact (and a `compaction_trigger` item): forwarded where the upstream
+      implements it, else answered with a compaction item the gateway issues; in step 1 the
+      Responses endpoints read the gateway's own compaction items back into summaries
 
 Everything else (models list, passthrough of other /v1/* paths, plan, health, metrics) is below
 the proxy path. `build_app(config)` wires it up.
@@ -24,15 +28,17 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
+from starlette.routing import WebSocketRoute
 
 from . import admin, litellm_upstream
 from .agent_compaction import CompactionPoints, recognise
@@ -45,14 +51,14 @@ from .asgi import (
     header,
     read_body,
     send_bytes,
-    send_error,
 )
 from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
-from .config import Config, ServerConfig
+from .config import Config, ServerConfig, UpstreamConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, with_report
+from .cors import BrowserAccess
 from .costs import Accountant, Priced
 from .errors import (
     ContextLengthExceededError,
@@ -63,14 +69,27 @@ from .errors import (
     ShuttingDownError,
     UpstreamError,
     UpstreamTimeoutError,
+    reason_of,
+    upstream_reason,
 )
-from .events import EventLog, reward
+from .events import EventLog, RequestSample, reward
 from .expansion import Expansion, Rounds
+from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
+from .logs import clip, log_request, request_fields
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared
-from .retry import send_with_retries
+from .readiness import Readiness
+from .remote_compaction import (
+    AGENT,
+    RemoteCompaction,
+    compacted_body,
+    ends_with_trigger,
+    without_trigger,
+)
+from .responses_socket import ResponsesSocket
+from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
 from .stores import open_store
@@ -99,7 +118,6 @@ from .wire import (
 )
 
 log = logging.getLogger("compactgate")
-access_log = logging.getLogger("compactgate.access")
 
 INTERNAL_ERROR = "The gateway failed on this request; it has been logged with the request id."
 IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
@@ -117,6 +135,8 @@ class Exchange:
     api: str = "chat"
     model: str = "-"
     status: int = 0
+    reason: str = ""  # why it failed: the gateway's error code, or the upstream's status
+    stream: bool = False
     upstream_seconds: float = 0.0
     retries: int = 0
     tokens_before: int = 0
@@ -134,6 +154,46 @@ class Exchange:
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
+    failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
+    requested: str = ""  # the model name the client sent (the log line's `model`)
+    stream: bool = False
+    reason: str = ""  # the failure kind, when the request failed (errors.REASONS, upstream_*)
+    compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
+
+    @property
+    def answered(self) -> bool:
+        """The client got its answer: a 2xx that did not end in an error event."""
+        return 200 <= self.status < 300 and not self.failed_in_stream
+
+    @property
+    def recovered(self) -> bool:
+        """Answered although the upstream refused it with a context-window error first: the
+        gateway compacted and retried (a refusal that ran out of retries is not answered)."""
+        return self.answered and bool(self.context_errors)
+
+    def failed(self, error: GatewayError) -> None:
+        """Note one of our errors as this request's answer."""
+        self.status = error.status
+        self.reason = reason_of(error)
+
+    def line(self, total: float) -> dict[str, Any]:
+        """The request's log line (`logs.request_fields`)."""
+        return request_fields(
+            request_id=clip(self.request_id),
+            tenant=self.tenant,
+            api=self.api,
+            model=clip(self.requested) if self.requested else self.model,
+            status=self.status,
+            reason=self.reason,
+            stream=self.stream,
+            tokens_before=self.tokens_before,
+            tokens_after=self.tokens_after,
+            steps=self.steps,
+            retries=self.retries,
+            internal_rounds=self.internal_rounds,
+            total_s=total,
+            upstream_s=self.upstream_seconds,
+        )
 
 
 # -- what one upstream attempt came to --------------------------------------------------------
@@ -186,19 +246,23 @@ class Gateway:
         self.metrics = Metrics()
         self.router = Router(config)
         self.upstream = UpstreamClient(config.server)
+        self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
+        self.readiness = Readiness(config, self.store)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         self.costs = Accountant(self.metrics)
         self.compaction_points = CompactionPoints()  # where each tenant's agents compact
         self.compaction_answers = CompactionAnswers(self)  # ... and their answers, ahead of need
+        self.remote_compaction = RemoteCompaction(self)  # Responses compaction on any upstream
         summarizer = Summarizer(
             self.upstream,
             self.router,
             self.metrics,
             config.summaries,
             self.effective_window,
-            on_usage=self.costs.own,
+            on_usage=self.own_spend,
+            balancer=self.balancer,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(
@@ -224,7 +288,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()
-        if any(m.upstream.provider == "litellm" for m in self.config.models):
+        if any(u.provider == "litellm" for m in self.config.models for u in m.targets):
             await litellm_upstream.warm_up()  # import it now, not on the first request
         self.pipeline.ref_secret = await self.shared_secret()
         freeze_startup_objects()  # last: everything start-up made stays out of collections
@@ -276,6 +340,12 @@ class Gateway:
         headers = upstream_headers(credentials, route, wire)
         return await self.upstream_counts.count(route, texts, headers)
 
+    def own_spend(self, route: Route, usage: Usage) -> None:
+        """A call the gateway made for itself (a summary, or an agent's compaction answered
+        ahead of need): priced as the gateway's own spend, and kept with its time for `/ui`."""
+        spent = self.costs.own(route, usage)
+        self.events.own_spend(None if spent is None or spent.partial else spent.total)
+
     def effective_window(self, route: Route) -> int | None:
         learned = self.learned_windows.get(route.name)
         if learned is None:
@@ -295,6 +365,11 @@ class Gateway:
     def tenant(self, scope: Scope) -> str:
         """Who the request belongs to: the key's tenant, else a tenant header or credential hash."""
         return self.authenticate(scope).tenant
+
+    def finish(self, exchange: Exchange, total: float) -> None:
+        """Count a served request and write its log line (every API, passthrough included)."""
+        self.metrics.requests.labels(exchange.model, str(exchange.status), exchange.api).inc()
+        log_request(exchange.line(total))
 
     def learn_window(self, route: Route, error: ContextError) -> None:
         """Lower the model's effective window from an upstream's stated limit; never raise it."""
@@ -320,10 +395,12 @@ class Endpoint:
     """One compacting endpoint as a plain ASGI app: the request path, for one wire API."""
 
     precomputes = True  # after an answer, prepare the summaries the conversation will need
+    saves = True  # its answers are generated from the compacted prompt (tokens saved count)
 
-    def __init__(self, gateway: Gateway, wire: Wire) -> None:
+    def __init__(self, gateway: Gateway, wire: Wire, api: str | None = None) -> None:
         self.gw = gateway
         self.wire = wire
+        self.api = api or wire.name  # as logs and metrics name it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -331,7 +408,7 @@ class Endpoint:
         exchange = Exchange(
             request_id=incoming_id.decode("latin-1") if incoming_id else uuid.uuid4().hex,
             started=time.perf_counter(),
-            api=self.wire.name,
+            api=self.api,
         )
         gw.metrics.inflight.inc()
         watcher = DisconnectWatcher(receive, send)
@@ -342,7 +419,8 @@ class Endpoint:
             body = await read_body(
                 receive, scope, server.max_body_bytes, server.body_read_timeout_s
             )
-            request = self.wire.parse(body, server.max_messages)
+            request = await self.parse(body, identity.tenant)
+            exchange.requested, exchange.stream = request.model, request.stream
             route = self.route(identity, request)
             request, exchange.edits = apply_to(request, route, server.max_messages)
             exchange.model = gw.metrics.model_label(route.name)
@@ -354,7 +432,8 @@ class Endpoint:
                 gw.compaction_answers.after_response(
                     identity.tenant, route, request, exchange.prepared, scope["headers"]
                 )
-            if exchange.status < 400 and self.precomputes:  # ahead of need: never delays this
+            # Ahead of need, never delaying this answer (not after a compaction made here).
+            if exchange.status < 400 and self.precomputes and exchange.compacted is None:
                 gw.precompute.after_response(
                     request,
                     route,
@@ -366,11 +445,11 @@ class Endpoint:
         except GatewayError as error:
             await self.report(watcher, exchange, error)
         except ClientDisconnected:
-            exchange.status = 499
+            exchange.status, exchange.reason = 499, "client_disconnected"
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if watcher.disconnected:
-                exchange.status = 499
+                exchange.status, exchange.reason = 499, "client_disconnected"
             else:  # the server's shutdown deadline passed: end the response cleanly
                 await self.report(watcher, exchange, ShuttingDownError(SHUTTING_DOWN))
         except Exception:
@@ -380,6 +459,10 @@ class Endpoint:
             watcher.stop()
             gw.metrics.inflight.dec()
             self.record(exchange)
+
+    async def parse(self, body: bytes, tenant: str) -> WireRequest:
+        """The body as this API's request (400 when it is not one)."""
+        return self.wire.parse(body, self.gw.config.server.max_messages)
 
     def route(self, identity: Identity, request: WireRequest) -> Route:
         """The request's model as a Route this caller may use (404, 403)."""
@@ -397,6 +480,7 @@ class Endpoint:
     ) -> None:
         """Send `error` as the response, in this API's shape; when the response has already
         started (a stream that stalled or outlived the shutdown deadline), as its last event."""
+        exchange.reason = reason_of(error)
         with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
             if watcher.started:
                 await watcher.end_with_error(self.wire.stream_error_event(error))
@@ -431,10 +515,12 @@ class Endpoint:
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
         if agent is not None:  # the agent compacting its own history: answered if a summary
             exchange.agent_compaction = agent.name  # made ahead of need covers it
+        if agent is not None and agent.answerable:
             counted = gw.pipeline.counts(request, route, tenant)
             text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
             if text is not None and not observe:
-                await self.answer_from_summary(send, exchange, request, route, text)
+                exchange.tokens_before = sum(counted.counts)  # the history it replaces;
+                await self.answer_from_summary(send, exchange, request, route, text)  # 0 sent
                 return
         prepared = await gw.pipeline.prepare(
             request,
@@ -447,15 +533,13 @@ class Endpoint:
         gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
         if agent is not None:  # forwarded: where and how this agent compacts is learnt
             gw.compaction_points.seen(tenant, agent.name, prepared.tokens_before)
-            gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
+            if agent.answerable:
+                gw.compaction_answers.learn(tenant, agent.name, request, prepared.tokens_before)
             gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
-        url = upstream_url(route, self.wire)
-        headers = upstream_headers(scope["headers"], route, self.wire)
+        targets = destinations(route, self.wire, scope["headers"])
         retries = Retries(route.max_retries)
         while True:
-            outcome = await self.attempt(
-                send, request, route, prepared, exchange, url, headers, tenant
-            )
+            outcome = await self.attempt(send, request, route, prepared, exchange, targets, tenant)
             match outcome:
                 case Relayed():
                     return
@@ -494,21 +578,32 @@ class Endpoint:
         route: Route,
         prepared: Prepared,
         exchange: Exchange,
-        url: str,
-        headers: dict[str, str],
+        targets: list[Destination],
         tenant: str,
     ) -> Outcome:
-        """Send `prepared` upstream once and say what came of it; answers are relayed here."""
+        """Send `prepared` upstream once (to one of the model's upstreams, failing over) and say
+        what came of it; answers are relayed here."""
         gw = self.gw
         started = time.perf_counter()
         if prepared.stored:
             await gw.tool_outputs.save(tenant, prepared.stored)
-        sending = headers
         if prepared.expandable:  # we read the answer to find internal calls: no gzip
-            sending = {k: v for k, v in headers.items() if k != "accept-encoding"}
-        response = await send_with_retries(
-            gw.upstream, route, url, sending, prepared.body, gw.metrics
-        )
+            targets = [
+                Destination(
+                    d.upstream,
+                    d.url,
+                    {k: v for k, v in d.headers.items() if k != "accept-encoding"},
+                )
+                for d in targets
+            ]
+        try:
+            response, chosen = await send_balanced(
+                gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer
+            )
+        except GatewayError:  # the time spent trying is the upstream's too
+            exchange.upstream_seconds += time.perf_counter() - started
+            raise
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
         try:
             if response.status >= 400:
                 body = await response.read()
@@ -602,8 +697,10 @@ class Endpoint:
         """Out of retries: the upstream's own answer goes to the client (never a silent 200)."""
         if overflow.failed is not None:
             await self.relay_failure(send, exchange, prepared, overflow.failed)
+            exchange.reason = "context_overflow"
         elif overflow.stream is not None and overflow.head:
             stream = overflow.stream
+            exchange.failed_in_stream = True  # the stream relayed is the upstream's refusal
             await self.relay(send, exchange, prepared, stream, _stream(overflow.head, stream))
         else:
             if overflow.stream is not None:
@@ -615,7 +712,7 @@ class Endpoint:
     ) -> None:
         """The upstream's error, relayed with its own status and body."""
         self.note(exchange, prepared)
-        exchange.status = failed.status
+        exchange.status, exchange.reason = failed.status, upstream_reason(failed.status)
         await send_bytes(
             send, failed.status, failed.body, [*failed.headers, *self.headers(exchange)], None
         )
@@ -685,7 +782,9 @@ class Endpoint:
             log.warning(
                 "request %s: upstream stream failed: %s", exchange.request_id, error.message
             )
+            exchange.reason = reason_of(error)
             event = self.wire.stream_error_event(error)
+            exchange.failed_in_stream = True
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
             response.close()
@@ -742,12 +841,13 @@ class Endpoint:
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
             *_cost_headers(exchange.priced),
             *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
+            *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
+            * (exchange.compacted is not None),
         ]
 
     def record(self, exchange: Exchange) -> None:
         metrics = self.gw.metrics
         total = time.perf_counter() - exchange.started
-        metrics.requests.labels(exchange.model, str(exchange.status)).inc()
         metrics.request_seconds.labels(exchange.model).observe(total)
         if exchange.upstream_seconds:
             metrics.upstream_seconds.labels(exchange.model).observe(exchange.upstream_seconds)
@@ -757,41 +857,82 @@ class Endpoint:
         if exchange.tokens_before:
             metrics.tokens_before.labels(exchange.model).inc(exchange.tokens_before)
             metrics.tokens_after.labels(exchange.model).inc(exchange.tokens_after)
-            if not exchange.observe and exchange.tokens_after < exchange.tokens_before:
-                metrics.tokens_saved.labels(exchange.model).inc(
-                    exchange.tokens_before - exchange.tokens_after
-                )
+            if saved := self.tokens_saved(exchange):
+                metrics.tokens_saved.labels(exchange.model).inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
-        self.gw.events.count_request()
+        if exchange.recovered:
+            metrics.context_errors_avoided.labels(exchange.model).inc()
+        if self.over_window(exchange):
+            metrics.over_window_answered.labels(exchange.model).inc()
+        seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
-            self.log_event(exchange, total)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request_id=%s api=%s model=%s status=%d total_ms=%.2f upstream_ms=%.2f "
-                "tokens_before=%d tokens_after=%d steps=%s retries=%d",
-                exchange.request_id,
-                exchange.api,
-                exchange.model,
-                exchange.status,
-                total * 1000,
-                exchange.upstream_seconds * 1000,
-                exchange.tokens_before,
-                exchange.tokens_after,
-                exchange.steps,
-                exchange.retries,
-            )
+            seq = self.log_event(exchange, total)
+        self.gw.events.count_request(self.sample(exchange, total, seq))
+        self.gw.finish(exchange, total)
 
-    def log_event(self, exchange: Exchange, total: float) -> None:
-        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward)."""
+    def tokens_saved(self, exchange: Exchange) -> int:
+        """Prompt tokens compaction saved on this request: an answered generation only (not a
+        failed request, a count, or shadow mode, which forwards the original)."""
+        if not (self.saves and exchange.answered) or exchange.observe:
+            return 0
+        return max(0, exchange.tokens_before - exchange.tokens_after)
+
+    def over_window(self, exchange: Exchange) -> bool:
+        """Whether an answered request was, as the client sent it, larger than the model's
+        window by our estimate, and compaction made it fit before the upstream saw it (no
+        context error on the way; never in shadow mode, which forwards the original)."""
+        prepared = exchange.prepared
+        budget = prepared.budget if prepared is not None else None
+        return (
+            budget is not None
+            and self.saves
+            and exchange.answered
+            and not exchange.observe
+            and not exchange.context_errors
+            and exchange.tokens_before > budget.context_window - budget.reserved_output
+        )
+
+    def sample(self, exchange: Exchange, total: float, event: int | None) -> RequestSample:
+        """The request as the operator page aggregates it (`overview`)."""
+        costs = _cost_fields(exchange.priced)
+        return RequestSample(
+            ts=time.time(),
+            request_id=exchange.request_id,
+            api=self.api,
+            model=exchange.model,
+            tenant=exchange.tenant,
+            status=exchange.status,
+            reason="" if 0 < exchange.status < 400 else exchange.reason,
+            total_ms=round(total * 1000, 3),
+            upstream_ms=round(exchange.upstream_seconds * 1000, 3),
+            tokens_before=exchange.tokens_before,
+            tokens_after=exchange.tokens_after,
+            observe=exchange.observe,
+            steps=exchange.steps,
+            retries=exchange.retries,
+            context_errors=len(exchange.context_errors),
+            internal_rounds=exchange.internal_rounds,
+            stream=exchange.stream,
+            cost_usd=costs["cost_usd"],
+            counterfactual_usd=costs["counterfactual_usd"],
+            saved_usd=costs["saved_usd"],
+            agent_compaction=exchange.agent_compaction,
+            agent_outcome=exchange.agent_outcome if exchange.agent_compaction else None,
+            event=event,
+        )
+
+    def log_event(self, exchange: Exchange, total: float) -> int:
+        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward);
+        its seq."""
         prepared = exchange.prepared
         assert prepared is not None
         chain = prepared.chain
         budget = prepared.budget
         changed = [s for s in prepared.steps if s.changed]
         recovery = chain.recovery if chain is not None else None
-        success = 0 < exchange.status < 400
+        success = exchange.answered
         phases = ["detection", *dict.fromkeys(s.type for s in changed)]  # each step once
         phases += ["recovery"] if recovery else []
         phases += ["success"] if success else ["failure"]
@@ -799,10 +940,12 @@ class Endpoint:
             budget is not None
             and prepared.tokens_before > budget.context_window - budget.reserved_output
         )
-        self.gw.events.record(
+        return self.gw.events.record(
             {
                 "request_id": exchange.request_id,
                 "api": exchange.api,
+                "tenant": exchange.tenant,
+                "stream": exchange.stream,
                 "model": exchange.model,
                 "mode": "observe" if exchange.observe else "enforce",
                 "status": exchange.status,
@@ -817,9 +960,16 @@ class Endpoint:
                 "retries": exchange.retries,
                 "context_errors": exchange.context_errors,
                 "would_have_failed": would_fail,
+                "answered": success,
+                "tokens_saved": self.tokens_saved(exchange),
+                "context_error_recovered": exchange.recovered,
+                "over_window": self.over_window(exchange),
                 "phases": phases,
                 "agent_compaction": exchange.agent_compaction,
+                "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
+                "internal_rounds": exchange.internal_rounds,
                 "total_ms": round(total * 1000, 2),
+                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
                 **_cost_fields(exchange.priced),
                 "reward": round(
                     reward(
@@ -837,6 +987,103 @@ class Endpoint:
         )
 
 
+class ResponsesEndpoint(Endpoint):
+    """POST /v1/responses: the gateway's own compaction items become their summaries as the
+    request is parsed (400/410 before anything is sent), and a trailing
+    `compaction_trigger` is answered by the gateway where the upstream cannot (`emulate`)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        super().__init__(gateway, RESPONSES)
+
+    async def parse(self, body: bytes, tenant: str) -> WireRequest:
+        request = await super().parse(body, tenant)
+        expanded = await self.gw.remote_compaction.expand(request.payload, tenant)
+        return request if expanded is None else await super().parse(expanded, tenant)
+
+    async def serve(
+        self,
+        scope: Scope,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        exchange: Exchange,
+        identity: Identity,
+    ) -> None:
+        if route.responses_compact == "native" or not ends_with_trigger(request):
+            await super().serve(scope, send, request, route, exchange, identity)
+            return
+        gw = self.gw
+        history = without_trigger(request, gw.config.server.max_messages)
+        compacted = await gw.remote_compaction.compact(
+            history, route, identity.tenant, scope["headers"]
+        )
+        content_type, body = answers.compaction(compacted.item, route.name, request.stream)
+        await self.send_compaction(send, exchange, compacted.outcome, body, content_type)
+
+    async def send_compaction(
+        self, send: Send, exchange: Exchange, outcome: str, body: bytes, content_type: bytes
+    ) -> None:
+        exchange.status = 200
+        exchange.compacted = outcome
+        self.gw.metrics.agent_compactions.labels(AGENT, outcome).inc()
+        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+
+
+class CompactEndpoint(ResponsesEndpoint):
+    """POST /v1/responses/compact: forwarded to an upstream that implements it (`native`),
+    else the gateway summarises the input and answers in OpenAI's shape (`emulate`)."""
+
+    precomputes = False
+
+    async def serve(
+        self,
+        scope: Scope,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        exchange: Exchange,
+        identity: Identity,
+    ) -> None:
+        gw = self.gw
+        if route.responses_compact == "native":
+            await self.forward(scope, send, request, route, exchange)
+            return
+        compacted = await gw.remote_compaction.compact(
+            request, route, identity.tenant, scope["headers"]
+        )
+        body = orjson.dumps(compacted_body(request.payload, compacted.item, route.name))
+        await self.send_compaction(send, exchange, compacted.outcome, body, b"application/json")
+
+    async def forward(
+        self, scope: Scope, send: Send, request: WireRequest, route: Route, exchange: Exchange
+    ) -> None:
+        """The compact request, as the client sent it (our own items read back), upstream."""
+        if route.upstream.base_url is None or route.upstream.provider == "litellm":
+            raise NotFoundError(f"The model `{route.name}` has no upstream for /responses/compact.")
+        body = request.body
+        if route.renamed or request.has_extension:  # our marks never reach an upstream
+            model = route.upstream_model if route.renamed else None
+            body = orjson.dumps(self.wire.render(request, None, model, False))
+        started = time.perf_counter()
+        response, _ = await send_balanced(
+            self.gw.upstream,
+            route,
+            destinations(route, self.wire, scope["headers"], suffix="/compact"),
+            body,
+            self.gw.metrics,
+            self.gw.balancer,
+        )
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+            exchange.upstream_seconds += time.perf_counter() - started
+        exchange.status = response.status
+        await send_bytes(
+            send, response.status, data, [*response.relay_headers(), *self.headers(exchange)], None
+        )
+
+
 class CountTokens(Endpoint):
     """POST /v1/messages/count_tokens: the size of what the gateway would forward.
 
@@ -846,9 +1093,10 @@ class CountTokens(Endpoint):
     """
 
     precomputes = False
+    saves = False  # a count is not a generation: nothing billed was saved
 
     def __init__(self, gateway: Gateway) -> None:
-        super().__init__(gateway, COUNT_TOKENS)
+        super().__init__(gateway, COUNT_TOKENS, "count_tokens")
 
     async def serve(
         self,
@@ -870,11 +1118,12 @@ class CountTokens(Endpoint):
         )
         self.note(exchange, prepared)
         tokens = prepared.sent_tokens
-        url = upstream_url(route, self.wire) + "/count_tokens"
-        headers = upstream_headers(scope["headers"], route, self.wire)
+        targets = destinations(route, self.wire, scope["headers"], suffix="/count_tokens")
         started = time.perf_counter()
         with contextlib.suppress(GatewayError):
-            response = await gw.upstream.open("POST", url, headers, prepared.body)
+            response, _ = await send_balanced(
+                gw.upstream, route, targets, prepared.body, gw.metrics, gw.balancer, retry=False
+            )
             try:
                 data = await response.read() if response.status == 200 else b""
             finally:
@@ -929,27 +1178,55 @@ async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[byte
         yield chunk
 
 
-def upstream_url(route: Route, wire: Wire) -> str:
-    """Where this API's requests for `route` go: the upstream speaks the client's API."""
-    if route.upstream.provider == "litellm":
+def upstream_url(route: Route, wire: Wire, upstream: UpstreamConfig | None = None) -> str:
+    """Where this API's requests for `route` go (to `upstream`, default: the route's first):
+    the upstream speaks the client's API."""
+    upstream = upstream or route.upstream
+    if upstream.provider == "litellm":
         if wire.name != "chat":
             raise InvalidRequestError(
                 f"The model `{route.name}` is served through litellm, which this gateway "
                 f"uses for chat completions only; use /v1/chat/completions.",
                 param="model",
             )
-        return litellm_upstream.url_for(route.upstream.base_url)
-    if route.upstream.base_url is None:
+        return litellm_upstream.url_for(upstream.base_url)
+    if upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no upstream for {wire.name}.")
-    return route.upstream.base_url + wire.upstream_path
+    return upstream.base_url + wire.upstream_path
 
 
-def upstream_headers(client: list[tuple[bytes, bytes]], route: Route, wire: Wire) -> dict[str, str]:
+def upstream_headers(
+    client: list[tuple[bytes, bytes]],
+    route: Route,
+    wire: Wire,
+    upstream: UpstreamConfig | None = None,
+) -> dict[str, str]:
     """The client's headers for the upstream; a gateway-held key goes the way the API wants."""
-    key = route.upstream.api_key
-    return forward_headers(
-        client, wire.credential_headers(key) if key else None, route.upstream.headers
-    )
+    upstream = upstream or route.upstream
+    key = upstream.api_key
+    return forward_headers(client, wire.credential_headers(key) if key else None, upstream.headers)
+
+
+def destinations(
+    route: Route,
+    wire: Wire,
+    client: list[tuple[bytes, bytes]],
+    suffix: str = "",
+    path: str | None = None,
+) -> list[Destination]:
+    """Each of the route's upstreams as this request would reach it: the API's URL plus
+    `suffix`, or `path` appended to the base_url (passthrough), and its headers."""
+    return [
+        Destination(
+            upstream,
+            upstream_url(route, wire, upstream) + suffix
+            if path is None
+            else f"{upstream.base_url}{path}",
+            upstream_headers(client, route, wire, upstream),
+        )
+        for upstream in route.targets
+        if path is None or upstream.base_url is not None
+    ]
 
 
 def _retry_window(
@@ -996,52 +1273,126 @@ def _retry_window(
 
 # -- GET /v1/models, other /v1/* paths -------------------------------------------------------
 
+Handler = Callable[[Request, Exchange], Awaitable[Response]]
 
-async def list_models(request: Request) -> Response:
+
+def logged(api: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint around `handler` that counts the request and leaves its log line,
+    whatever it answers (an error raised is noted, then answered by the error handler)."""
+
+    async def endpoint(request: Request) -> Response:
+        gw: Gateway = request.app.state.gateway
+        exchange = Exchange(request_id=_request_id(request), started=time.perf_counter(), api=api)
+        try:
+            response = await handler(request, exchange)
+            exchange.status = response.status_code
+            response.headers["x-compactgate-request-id"] = exchange.request_id
+            return response
+        except GatewayError as error:
+            exchange.failed(error)
+            error.headers.setdefault("x-compactgate-request-id", exchange.request_id)
+            raise
+        except Exception:
+            exchange.status, exchange.reason = 500, "internal"
+            raise
+        finally:
+            gw.finish(exchange, time.perf_counter() - exchange.started)
+
+    return endpoint
+
+
+def _request_id(request: Request) -> str:
+    incoming = request.headers.get("x-request-id")
+    return incoming if incoming else uuid.uuid4().hex
+
+
+async def list_models(request: Request, exchange: Exchange) -> Response:
     """The configured models, with the context window each is compacted to, in the fields
     agents and SDKs read (`context_window`, OpenRouter's `context_length`, vLLM's
     `max_model_len`, `max_input_tokens`/`max_output_tokens`); in Anthropic's list shape when the
-    client sends `anthropic-version`."""
+    client sends `anthropic-version`. With only glob models configured, the upstream's list."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
-    routes = [r for r in gw.router.routes() if identity.may_use(r.name)]
+    exchange.tenant = identity.tenant
     if not gw.router.routes():
-        return await passthrough(request)
+        return await passthrough(request, exchange)
     created = int(time.time())
-    data = []
-    for route in routes:
-        window = gw.effective_window(route)
-        entry: dict[str, Any] = {
-            "id": route.name,
-            "object": "model",
-            "created": created,
-            "owned_by": "compactgate",
-        }
-        if window is not None:
-            entry.update(context_window=window, context_length=window, max_model_len=window)
-            entry["max_input_tokens"] = window - (route.max_output_tokens or 0)
-        if route.max_output_tokens is not None:
-            entry["max_output_tokens"] = route.max_output_tokens
-        data.append(entry)
+    data = [
+        _model_entry(gw, route, created)
+        for route in gw.router.routes()
+        if identity.may_use(route.name)
+    ]
     if "anthropic-version" in request.headers:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
-        anthropic = [
-            {
-                "type": "model",
-                "id": e["id"],
-                "display_name": e["id"],
-                "created_at": stamp,
-                **{k: e[k] for k in ("max_input_tokens", "max_output_tokens") if k in e},
-                **({"context_window": e["context_window"]} if "context_window" in e else {}),
-            }
-            for e in data
-        ]
+        anthropic = [_anthropic_entry(e) for e in data]
         first = anthropic[0]["id"] if anthropic else None
         last = anthropic[-1]["id"] if anthropic else None
         return JSONResponse(
             {"data": anthropic, "has_more": False, "first_id": first, "last_id": last}
         )
     return JSONResponse({"object": "list", "data": data})
+
+
+async def get_model(request: Request, exchange: Exchange) -> Response:
+    """GET /v1/models/{id}: a configured model's entry, as the list gives it. A name only a glob
+    entry matches is asked of that entry's upstream (under its upstream name), and its answer
+    gets the client's name and the gateway's window. A name no route serves is 404."""
+    gw: Gateway = request.app.state.gateway
+    identity = gw.authenticate(request.scope)
+    exchange.tenant = identity.tenant
+    name = request.path_params["model_id"]
+    exchange.requested = name
+    gw.auth.authorize(identity, name)
+    route = gw.router.resolve(name)
+    if route is None:
+        raise ModelNotFoundError(
+            f"The model `{name}` does not exist or is not served by this gateway.", param="model"
+        )
+    exchange.model = gw.metrics.model_label(route.name)
+    entry = _model_entry(gw, route, int(time.time()))
+    anthropic = "anthropic-version" in request.headers
+    configured = any(r.name == route.name for r in gw.router.routes())
+    if configured or route.upstream.base_url is None:
+        return JSONResponse(_anthropic_entry(entry) if anthropic else entry)
+    # The name is the client's: quoted into one segment, and refused if it is `.` or `..`.
+    path = passthrough_path(b"/v1/models/" + quote(route.upstream_model, safe="").encode())
+    answer = await _forward(gw, request, exchange, route, path, None)
+    found = _json_object(answer.body) if answer.status == 200 else None
+    if found is None:
+        return answer.response()
+    window = {k: v for k, v in entry.items() if k not in ("object", "created", "owned_by")}
+    if anthropic:
+        window = {k: v for k, v in _anthropic_entry(entry).items() if k != "created_at"}
+    return JSONResponse({**found, **window})
+
+
+def _model_entry(gw: Gateway, route: Route, created: int) -> dict[str, Any]:
+    """A model as the gateway serves it, in OpenAI's model object with the window fields."""
+    window = gw.effective_window(route)
+    entry: dict[str, Any] = {
+        "id": route.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "compactgate",
+    }
+    if window is not None:
+        entry.update(context_window=window, context_length=window, max_model_len=window)
+        entry["max_input_tokens"] = window - (route.max_output_tokens or 0)
+    if route.max_output_tokens is not None:
+        entry["max_output_tokens"] = route.max_output_tokens
+    return entry
+
+
+def _anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI model entry in Anthropic's model shape."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["created"]))
+    return {
+        "type": "model",
+        "id": entry["id"],
+        "display_name": entry["id"],
+        "created_at": stamp,
+        **{k: entry[k] for k in ("max_input_tokens", "max_output_tokens") if k in entry},
+        **({"context_window": entry["context_window"]} if "context_window" in entry else {}),
+    }
 
 
 async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
@@ -1055,52 +1406,103 @@ async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
         return None
 
 
-async def passthrough(request: Request) -> Response:
-    """Any other /v1/* path, forwarded unchanged to the model's (or the default) upstream."""
+async def passthrough(request: Request, exchange: Exchange) -> Response:
+    """Any other /v1/* path, forwarded to the upstream of the body's `model` (else the first
+    configured one). The body goes as it came, except that a renamed model's `model` gets its
+    upstream name, as on the compacting paths."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
+    exchange.tenant = identity.tenant
     body = await _read_limited(gw, request)
     if body is None:
+        exchange.reason = "client_disconnected"
         return Response(status_code=499)
-    route = _route_for_passthrough(gw, body)
+    fields = _json_object(body)
+    model = fields.get("model") if fields is not None else None
+    if isinstance(model, str):
+        exchange.requested = model
+    exchange.stream = fields is not None and fields.get("stream") is True
+    route = _route_for_passthrough(gw, model if isinstance(model, str) else None)
     gw.auth.authorize(identity, route.name)
-    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
-    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    exchange.model = gw.metrics.model_label(route.name)
     if route.upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
-    url = route.upstream.base_url + passthrough_path(raw_path)
+    if fields is not None and model == route.name and route.renamed:
+        body = orjson.dumps({**fields, "model": route.upstream_model})
+    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
+    raw_path = request.scope.get("raw_path") or request.url.path.encode()
+    path = passthrough_path(raw_path)
     if request.url.query:
-        url += "?" + request.url.query
-    headers = upstream_headers(request.scope["headers"], route, CHAT)
-    with gw.limits.hold(identity.tenant):
-        response = await gw.upstream.open(request.method, url, headers, body or None)
-        try:
-            data = await response.read()
-        finally:
-            response.release()
-    return Response(
-        data,
-        status_code=response.status,
-        headers=dict(
-            (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.relay_headers()
-        ),
-    )
+        path += "?" + request.url.query
+    return (await _forward(gw, request, exchange, route, path, body or None)).response()
 
 
-def _route_for_passthrough(gw: Gateway, body: bytes) -> Route:
-    model: Any = None
-    if body[:1] == b"{":
-        with contextlib.suppress(orjson.JSONDecodeError):
-            parsed = orjson.loads(body)
-            model = parsed.get("model") if isinstance(parsed, dict) else None
-    if isinstance(model, str):
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """An upstream's whole answer to a forwarded request."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]]
+
+    def response(self) -> Response:
+        response = Response(self.body, status_code=self.status)
+        response.raw_headers.extend(self.headers)
+        return response
+
+
+async def _forward(
+    gw: Gateway, request: Request, exchange: Exchange, route: Route, path: str, body: bytes | None
+) -> Forwarded:
+    """Send the client's request to `path` under the model's upstream, with the headers
+    forwarding allows (a gateway-held key goes the way the client's API wants it: Anthropic's
+    when it sent `anthropic-version`). Failed over like the compacting paths, but each upstream
+    is tried once: these requests (files, batches, ...) are not ours to repeat."""
+    wire = MESSAGES if "anthropic-version" in request.headers else CHAT
+    targets = destinations(route, wire, request.scope["headers"], path=path)
+    started = time.perf_counter()
+    try:
+        with gw.limits.hold(exchange.tenant):
+            response, _ = await send_balanced(
+                gw.upstream,
+                route,
+                targets,
+                body,
+                gw.metrics,
+                gw.balancer,
+                method=request.method,
+                retry=False,
+            )
+            try:
+                data = await response.read()
+            finally:
+                response.release()
+    finally:
+        exchange.upstream_seconds += time.perf_counter() - started
+    if response.status >= 400:
+        exchange.reason = upstream_reason(response.status)
+    return Forwarded(response.status, data, response.relay_headers())
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    if body[:1] != b"{":
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _route_for_passthrough(gw: Gateway, model: str | None) -> Route:
+    if model is not None:
         route = gw.router.resolve(model)
         if route is not None and route.upstream.base_url:
             return route
     for route in gw.router.routes():
         if route.upstream.base_url:
             return route
-    route = gw.router.resolve(model if isinstance(model, str) else "default")
+    route = gw.router.resolve(model if model is not None else "default")
     if route is None:
         raise NotFoundError("No upstream is configured for this path.")
     return route
@@ -1161,7 +1563,11 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    return JSONResponse({"status": "ready"})
+    """503 with the reasons while the store does not answer or a model has no reachable
+    upstream (see readiness.py: cached a few seconds, hosts only in the log)."""
+    gw: Gateway = request.app.state.gateway
+    report = await gw.readiness.report()
+    return JSONResponse(report.body(), status_code=200 if report.ready else 503)
 
 
 async def metrics(request: Request) -> Response:
@@ -1173,9 +1579,14 @@ async def metrics(request: Request) -> Response:
 
 
 async def _on_gateway_error(request: Request, error: Exception) -> Response:
+    """Our error in the client's API's shape: Anthropic's when it sent `anthropic-version`."""
     assert isinstance(error, GatewayError)
+    wire = MESSAGES if "anthropic-version" in request.headers else CHAT
     return Response(
-        error.body(), status_code=error.status, media_type="application/json", headers=error.headers
+        wire.error_body(error),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
     )
 
 
@@ -1189,19 +1600,26 @@ async def _on_http_error(request: Request, error: Exception) -> Response:
 
 
 class _Dispatch:
-    """The compacting endpoints skip Starlette's router; everything else goes through it."""
+    """Browser access first (CORS, see cors.py), then the admin gate; the compacting endpoints
+    skip Starlette's router; everything else goes through it."""
 
     def __init__(self, endpoints: dict[str, Any], app: Starlette, server: ServerConfig) -> None:
         self.endpoints = endpoints
         self.app = app
         self.state = app.state
         self.server = server
-        self.gated = server.admin_port is not None or server.admin_token is not None
+        self.browser = BrowserAccess(self.dispatch, server.cors_origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.browser.cross_origin(scope):
+            await self.browser(scope, receive, send)  # then dispatch, if it may go on
+            return
+        await self.dispatch(scope, receive, send)
+
+    async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if self.gated and (refused := admin.refusal(scope, self.server)) is not None:
-                await send_error(send, refused)
+            if (refused := admin.refusal(scope, self.server)) is not None:
+                await admin.send_refusal(send, scope, refused)
                 return
             if scope["method"] == "POST":
                 endpoint = self.endpoints.get(scope["path"])
@@ -1213,17 +1631,24 @@ class _Dispatch:
 
 def build_app(config: Config) -> _Dispatch:
     gateway = Gateway(config)
+    responses = ResponsesEndpoint(gateway)
+    socket = ResponsesSocket(gateway, responses, config.server)  # Codex's WebSocket transport
     app = Starlette(
         routes=[
-            HttpRoute("/v1/models", list_models, methods=["GET"]),
+            WebSocketRoute("/v1/responses", socket.session),
+            HttpRoute("/v1/models", logged("models", list_models), methods=["GET"]),
+            HttpRoute("/v1/models/{model_id:path}", logged("models", get_model), methods=["GET"]),
             HttpRoute("/v1/compactgate/plan", plan, methods=["POST"]),
             HttpRoute("/healthz", healthz, methods=["GET"]),
             HttpRoute("/readyz", readyz, methods=["GET"]),
             HttpRoute("/metrics", metrics, methods=["GET"]),
             HttpRoute("/v1/compactgate/events", admin.events, methods=["GET"]),
+            HttpRoute("/v1/compactgate/overview", admin.overview, methods=["GET"]),
             HttpRoute("/ui", admin.ui, methods=["GET"]),
             HttpRoute(
-                "/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+                "/v1/{path:path}",
+                logged("passthrough", passthrough),
+                methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             ),
         ],
         exception_handlers={
@@ -1236,7 +1661,8 @@ def build_app(config: Config) -> _Dispatch:
     app.state.gateway = gateway
     endpoints = {
         "/v1/chat/completions": Endpoint(gateway, CHAT),
-        "/v1/responses": Endpoint(gateway, RESPONSES),
+        "/v1/responses": responses,
+        "/v1/responses/compact": CompactEndpoint(gateway),
         "/v1/messages": Endpoint(gateway, MESSAGES),
         "/v1/messages/count_tokens": CountTokens(gateway),
     }

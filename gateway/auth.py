@@ -19,7 +19,8 @@ tenant is never chosen by something another tenant could forge. Two modes, fixed
 
 A tenant id is opaque (`t:<name>`, `k:<hash>`, `h:<header value>`): it keys per-tenant state
 (summaries, tool output refs, concurrency limits) and never appears in a log line or a metric
-label. Neither does a presented key.
+label. Neither does a presented key. A request's log line names a keyed tenant by its configured
+name, any other by a pseudonym (`logs.tenant_label`).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) ->
     environment, which litellm uses when the client sends none)."""
     if config.auth is not None and config.auth.keys:
         return None
-    if _is_loopback(host):
+    if is_loopback(host):
         return None
     provider_env = sorted(
         name
@@ -167,16 +168,17 @@ def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) ->
     held: list[str] = []
     sources: set[str] = set()
     for model in config.models:
-        upstream = model.upstream
-        if upstream.api_key:
-            sources.add("upstream.api_key")
-        elif any(name.lower().encode() in CREDENTIAL_HEADERS for name in upstream.headers):
-            sources.add("a credential in upstream.headers")
-        elif upstream.provider == "litellm" and provider_env:
-            sources.add(f"litellm reading {', '.join(provider_env)} from the environment")
-        else:
-            continue
-        held.append(model.name)
+        found = set()
+        for upstream in model.targets:
+            if upstream.api_key:
+                found.add("upstream.api_key")
+            elif any(name.lower().encode() in CREDENTIAL_HEADERS for name in upstream.headers):
+                found.add("a credential in upstream.headers")
+            elif upstream.provider == "litellm" and provider_env:
+                found.add(f"litellm reading {', '.join(provider_env)} from the environment")
+        if found:
+            sources |= found
+            held.append(model.name)
     if not held:
         return None
     shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
@@ -189,11 +191,14 @@ def open_relay_warning(config: Config, host: str, environ: Mapping[str, str]) ->
     )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether an address (or `localhost`) stays on this machine; IPv4-mapped IPv6 included."""
     name = host.strip().strip("[]").lower()
     if name in _LOOPBACK_NAMES:
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        address = ipaddress.ip_address(name)
     except ValueError:
         return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)

@@ -1,4 +1,6 @@
-"""The `compactgate` command: serve, check-config, hash-key, plan, demo (contract C)."""
+"""The `compactgate` command: run the gateway, check a config, hash a gateway key, convert a
+LiteLLM proxy config, show what the gateway would send for a request, or watch it work in an
+offline demo."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
@@ -51,6 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
         "prints the `key_sha256: <hex>` line for an entry of the config's auth.keys list. "
         "The key itself never needs to be in the config.",
     )
+
+    convert = commands.add_parser(
+        "import-litellm",
+        help="convert a LiteLLM proxy config (model_list) into this gateway's config",
+        description="Reads a LiteLLM proxy config and writes this gateway's YAML: one model per "
+        "model_name, several deployments of a name as its upstreams (weight from weight, rpm or "
+        "tpm), os.environ/X as ${X}. What has no equivalent is named on stderr.",
+    )
+    convert.add_argument("path", help="the LiteLLM config.yaml")
+    convert.add_argument("-o", "--output", help="write the config here (default: stdout)")
 
     plan = commands.add_parser("plan", help="show what the gateway would send for a request body")
     plan.add_argument(
@@ -96,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(args.path)
     if args.command == "hash-key":
         return _hash_key()
+    if args.command == "import-litellm":
+        return _import_litellm(args.path, args.output)
     if args.command == "plan":
         from .plan_cli import run_plan
 
@@ -124,17 +138,20 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from . import connections
+    from .admin import exposure_warning
     from .auth import open_relay_warning
+    from .logs import configure_logging
     from .memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    warning = open_relay_warning(config, args.host, os.environ)
-    if warning:
-        logging.getLogger("compactgate.serve").warning(warning)
+    log_config = configure_logging(args.log_level, config.server.log_format)
+    for warning in (
+        open_relay_warning(config, args.host, os.environ),
+        exposure_warning(config.server, args.host),
+    ):
+        if warning:
+            logging.getLogger("compactgate.serve").warning(warning)
     raise_open_files_limit(config.server.max_open_files)
     if path:
         os.environ[CONFIG_ENV] = os.path.abspath(path)
@@ -144,8 +161,10 @@ def _serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http=connections.protocol(HTTP, config.server.header_read_timeout_s, IdleTrim()),
         log_level=args.log_level,
+        log_config=log_config,  # every worker logs in the configured format
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
+        ws_max_size=config.server.max_body_bytes,  # a WebSocket request frame: the body limit
     )
     if args.workers > 1:
         _multiprocess_metrics_dir()
@@ -218,23 +237,34 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
         sock.listen(2048)  # connections queue until uvicorn accepts them
         sock.set_inheritable(True)
         sockets.append(sock)
-    print(
+    announcement = (
         f"CompactGate listening on http://{args.host}:{args.port} (proxy), "
-        f"admin surfaces on port {config.server.admin_port}",
-        flush=True,
+        f"admin surfaces on port {config.server.admin_port}"
     )
     options = {k: v for k, v in options.items() if k not in ("host", "port")}
     if args.workers > 1:
         uv_config = uvicorn.Config(
             "gateway.app:create_app", factory=True, workers=args.workers, **options
         )
+        _announce(announcement, config.server.log_format)
         Multiprocess(uv_config, sockets=sockets).run()  # each worker runs its own Server
     else:
         from .app import build_app
 
         server = uvicorn.Server(uvicorn.Config(build_app(config), **options))
+        _announce(announcement, config.server.log_format)  # once the app is built: ready
         server.run(sockets=sockets)
     return 0
+
+
+def _announce(text: str, log_format: str) -> None:
+    """A line on stdout whatever the log level (scripts wait for it), in the log's format."""
+    if log_format == "json":
+        from .logs import JsonFormatter
+
+        record = logging.LogRecord("compactgate.serve", logging.INFO, "", 0, text, None, None)
+        text = JsonFormatter().format(record)
+    print(text, flush=True)
 
 
 def _multiprocess_metrics_dir() -> None:
@@ -267,6 +297,55 @@ def _hash_key() -> int:
     return 0
 
 
+def _import_litellm(path: str, output: str | None) -> int:
+    """Write our config for a LiteLLM proxy config; exit 1 if it cannot be read or converted."""
+    import yaml
+
+    from .config import parse_config
+    from .litellm_import import convert
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+        converted = convert(raw if isinstance(raw, dict) else {})
+    except (OSError, yaml.YAMLError, ValueError) as error:
+        print(f"import-litellm: {path}: {error}", file=sys.stderr)
+        return 1
+    try:  # what we write must load: checked with every ${VAR} standing for a value
+        parse_config(converted.config, _AnyVariable())
+    except ConfigError as error:
+        print(f"import-litellm: {path}: the converted config is not valid:", file=sys.stderr)
+        for problem in error.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    for warning in converted.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    text = (
+        f"# Converted from the LiteLLM config {os.path.basename(path)} by compactgate "
+        "import-litellm.\n# Check it with `compactgate check-config`; config.example.yaml "
+        "documents every key.\n" + yaml.safe_dump(converted.config, sort_keys=False)
+    )
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return 0
+
+
+class _AnyVariable(Mapping[str, str]):
+    """An environment in which every variable is set (to a URL, valid wherever one may stand)."""
+
+    def __getitem__(self, name: str) -> str:
+        return "http://set.invalid"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
 def _check(path: str) -> int:
     try:
         config = load_config(path)
@@ -281,6 +360,7 @@ def _check(path: str) -> int:
 
 def summarise(config: Config, path: str) -> str:
     """One screen: models with their windows/tokenizers/policies, and each policy's chain."""
+    from .admin import admin_token
     from .routing import Router
 
     router = Router(config)
@@ -290,12 +370,17 @@ def summarise(config: Config, path: str) -> str:
         window = (
             f"{route.context_window} ({route.window_source})" if route else "from registry per name"
         )
-        upstream = model.upstream.base_url or f"litellm:{model.upstream.model or model.name}"
+        upstream = ", ".join(
+            mask_url(u.base_url or f"litellm:{u.model or model.name}")
+            + (f" (weight {u.weight:g})" if len(model.targets) > 1 else "")
+            for u in model.targets
+        )
+        held = any(u.api_key for u in model.targets)
         lines.append(
-            f"  {model.name:<24} -> {mask_url(upstream)}  window={window}  "
+            f"  {model.name:<24} -> {upstream}  window={window}  "
             f"tokenizer={(route.tokenizer if route else model.tokenizer) or 'auto'}  "
             f"policy={model.policy}  mode={model.mode or config.mode}  "
-            f"upstream_key={'gateway (***)' if model.upstream.api_key else 'client'}"
+            f"upstream_key={'gateway (***)' if held else 'client'}"
         )
     lines += ["", "policies:"]
     names = sorted({*config.policies, "default"})
@@ -307,7 +392,10 @@ def summarise(config: Config, path: str) -> str:
             f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
             f"recovery={pc.recovery_mode}: {chain}"
         )
-    admin = "token (***)" if config.server.admin_token else "open"
+    if admin_token(config.server) is not None:
+        admin = "token (***)"
+    else:
+        admin = "no token, " + ("open" if config.server.admin_port else "this machine only")
     if config.server.admin_port is not None:
         admin += f" on port {config.server.admin_port}"
     lines += [

@@ -83,16 +83,33 @@ class CompactionAnswers:
             Template(agent, fields, conversation[-1], tokens),
         )
 
+    def agent_of(self, tenant: str, api: str) -> str | None:
+        """The agent whose compaction request was learnt for this tenant and API, if any."""
+        template = self._templates.get((tenant, api))
+        return template.agent if template is not None else None
+
     def answer(
         self, tenant: str, request: WireRequest, uids: Sequence[int | None], counts: Sequence[int]
     ) -> str | None:
         """The summary answering this compaction request, when one covers its history."""
+        # The last canonical message is the compaction prompt.
+        return self.covering(tenant, request, uids, counts, len(uids) - 1)
+
+    def covering(
+        self,
+        tenant: str,
+        request: WireRequest,
+        uids: Sequence[int | None],
+        counts: Sequence[int],
+        history: int,
+    ) -> str | None:
+        """A summary made ahead of need of the first `history` canonical messages of `request`
+        (with their short uncovered tail appended), when there is one."""
         if not uids or uids[0] is None:
             return None
         ready = self._ready.get((tenant, request.api, uids[0]))
         if ready is None or tuple(uids[: len(ready.uids)]) != ready.uids:
             return None
-        history = len(uids) - 1  # the last canonical message is the compaction prompt
         if len(ready.uids) > history:
             return None
         tail = request.messages[len(ready.uids) : history]
@@ -143,8 +160,8 @@ class CompactionAnswers:
         tokens: int,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        from .app import upstream_headers, upstream_url
-        from .retry import send_with_retries
+        from .app import destinations
+        from .retry import send_balanced
 
         gw = self._gw
         try:
@@ -154,13 +171,13 @@ class CompactionAnswers:
             prepared = await gw.pipeline.prepare(
                 call, route, key[0], window=gw.effective_window(route), remember=False
             )
-            response = await send_with_retries(
+            response, _ = await send_balanced(
                 gw.upstream,
                 route,
-                upstream_url(route, wire),
-                upstream_headers(list(headers), route, wire),
+                destinations(route, wire, list(headers)),
                 prepared.body,
                 gw.metrics,
+                gw.balancer,
             )
             try:
                 data = await response.read()
@@ -173,7 +190,7 @@ class CompactionAnswers:
             text = wire.answer_text(document) if isinstance(document, dict) else None
             usage = wire.usage_of(document) if isinstance(document, dict) else None
             if usage is not None:
-                gw.costs.own(route, usage)
+                gw.own_spend(route, usage)
             if text:
                 self._keep(self._ready, key, Ready(uids, tokens, text))
                 gw.metrics.agent_compactions.labels(template.agent, "prepared").inc()

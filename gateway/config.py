@@ -4,6 +4,13 @@ Nothing at request time reads raw config dicts: `load_config` returns a frozen `
 `ConfigError` listing every problem with its YAML path, e.g.
 `models[1].context_window: must be > 0`. `check-config` prints exactly these.
 
+All problems come in one pass, never in rounds: unset variables, pydantic's aggregated field
+errors (an unknown key with the nearest known key at its level: "did you mean ..."), and the
+checks across entries (`semantic_problems`: duplicate model names, unknown policies, summariser
+models that name no configured model, `max_output_tokens` that leaves no room in the window),
+which read the raw data so that they run even when a field elsewhere is invalid. LiteLLM's
+syntax (`os.environ/X`, a `model_list`) is answered with what to write instead.
+
 With no config file the gateway runs `default_config()`: every model name forwarded to
 `COMPACTGATE_UPSTREAM` (default: OpenAI's public API), windows from litellm's model registry,
 the default policy chain.
@@ -11,8 +18,11 @@ the default policy chain.
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import os
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -28,6 +38,18 @@ from .agent_compaction import DEFAULT_SIGNATURES, Signature
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+_LITELLM_ENV = re.compile(r"os\.environ/([A-Za-z_][A-Za-z0-9_]*)")
+# LiteLLM proxy config keys, answered with how to convert rather than a bare "unknown key".
+_LITELLM_KEYS = frozenset(
+    {"model_list", "litellm_settings", "router_settings", "general_settings", "litellm_params"}
+)
+LITELLM_HINT = (
+    "LiteLLM's proxy config is not read here; convert it with "
+    "`compactgate import-litellm <litellm config.yaml>`, which writes this gateway's `models:`"
+)
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
+# Pages served from this machine may call the gateway from a browser; other sites may not.
+LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
 
 
 class PathProblems(ValueError):
@@ -76,6 +98,30 @@ class ServerConfig(_Strict):
     admin_port: int | None = Field(
         None, gt=0, lt=65536, description="Serve admin surfaces there only"
     )
+    readiness_upstreams: bool = Field(
+        True, description="/readyz also needs one upstream per model to accept connections"
+    )
+    readiness_cache_s: float = Field(
+        5.0, ge=0, description="How long /readyz reuses its last round of checks"
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: key=value lines; json: one JSON object per line"
+    )
+    cors_origins: list[str] = Field(
+        default_factory=lambda: list(LOOPBACK_ORIGINS),
+        description="Browser origins allowed to call the gateway: exact, `*`, or ending in `:*`",
+    )
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        bad = [o for o in value if o != "*" and not _ORIGIN.fullmatch(o)]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not an origin: use scheme://host[:port], scheme://host:* "
+                "(any port) or *"
+            )
+        return value
 
 
 class UpstreamConfig(_Strict):
@@ -86,6 +132,9 @@ class UpstreamConfig(_Strict):
     api_key: str | None = Field(None, description="Gateway-held key; else the client's is passed")
     provider: Literal["openai", "litellm"] = "openai"
     headers: dict[str, str] = Field(default_factory=dict, description="Extra headers to send")
+    weight: float = Field(
+        1.0, gt=0, description="Share of requests when a model lists several upstreams"
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -114,6 +163,14 @@ class RetryConfig(_Strict):
     )
     backoff_base_seconds: float = Field(0.5, ge=0)
     max_delay_seconds: float = Field(10.0, ge=0)
+    cooldown_seconds: float = Field(
+        5.0,
+        ge=0,
+        description=(
+            "With several upstreams: one that failed (connection, 5xx, 429) is tried last for "
+            "this long; a 429's Retry-After, when longer, is honoured instead"
+        ),
+    )
 
 
 class PricingConfig(_Strict):
@@ -143,7 +200,12 @@ class ModelConfig(_Strict):
     name: str = Field(
         min_length=1, description="What clients send as `model`; globs like gpt-4o* work"
     )
-    upstream: UpstreamConfig
+    upstream: UpstreamConfig | None = Field(None, description="The one upstream (or upstreams)")
+    upstreams: list[UpstreamConfig] | None = Field(
+        None,
+        min_length=1,
+        description="Several upstreams for this name: balanced by weight, failed over",
+    )
     context_window: int | None = Field(None, gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
     tokenizer: str | None = Field(
@@ -168,6 +230,14 @@ class ModelConfig(_Strict):
             "(emulate) or removed (strip) for upstreams that reject it"
         ),
     )
+    responses_compact: Literal["auto", "native", "emulate"] = Field(
+        "auto",
+        description=(
+            "POST /v1/responses/compact and compaction_trigger items: forwarded to an upstream "
+            "that implements them (native), or answered by the gateway with a signed reference "
+            "to a summary it holds (emulate); auto: native for api.openai.com, else emulate"
+        ),
+    )
 
     @field_validator("tokenizer")
     @classmethod
@@ -188,6 +258,31 @@ class ModelConfig(_Strict):
                     "chars:<n> needs a positive number of characters per token"
                 ) from None
         return value
+
+    @model_validator(mode="after")
+    def _one_or_several_upstreams(self) -> ModelConfig:
+        if (self.upstream is None) == (self.upstreams is None):
+            raise ValueError("give either upstream (one) or upstreams (a list), not both")
+        listed = self.upstreams or []
+        # The request is counted and renamed once, for the model: every upstream must take it.
+        if len({(u.provider, u.model) for u in listed}) > 1:
+            raise ValueError(
+                "the upstreams of one model must share provider and model (the name sent "
+                "upstream); list a differently named model as a model of its own"
+            )
+        return self
+
+    @property
+    def targets(self) -> tuple[UpstreamConfig, ...]:
+        """Every upstream of this model, the first being the one that names and prices it."""
+        if self.upstreams is not None:
+            return tuple(self.upstreams)
+        assert self.upstream is not None
+        return (self.upstream,)
+
+    @property
+    def primary(self) -> UpstreamConfig:
+        return self.targets[0]
 
 
 def _step_union() -> Any:
@@ -256,6 +351,9 @@ class EventLogConfig(_Strict):
     path: str | None = Field(None, description="JSON lines file; '-' for stdout; unset: off")
     log_content: bool = False
     keep: int = Field(200, ge=0, description="Latest events kept in memory for /ui")
+    keep_requests: int = Field(
+        10_000, ge=1, description="Latest requests kept in memory for /ui's per-model tables"
+    )
 
 
 class SummariesConfig(_Strict):
@@ -292,6 +390,17 @@ class SummariesConfig(_Strict):
     token_limit_param: Literal["max_tokens", "max_completion_tokens", "none"] = Field(
         "max_tokens", description="Request field that bounds the summary's length"
     )
+    remote_compaction_ttl_s: float = Field(
+        7 * 86_400.0,
+        gt=0,
+        description=(
+            "How long the summary behind an issued Responses compaction item is kept after the "
+            "last request carrying the item"
+        ),
+    )
+    remote_compaction_tokens: int = Field(
+        2000, ge=16, description="Longest summary asked for when answering a Responses compaction"
+    )
 
 
 class ToolOutputsConfig(_Strict):
@@ -305,7 +414,10 @@ class ToolOutputsConfig(_Strict):
     max_rounds: int = Field(4, ge=1, le=10, description="Internal tool rounds per request")
     ref_secret: str | None = Field(
         None,
-        description="Key of ref ids; default: shared via a Redis store, else random per process",
+        description=(
+            "Key of ref ids and of compaction item references; default: shared via a Redis "
+            "store, else random per process"
+        ),
     )
 
 
@@ -343,14 +455,10 @@ class Config(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _policies_exist(self) -> Config:
-        missing = [
-            f"models[{i}].policy: unknown policy {m.policy!r}"
-            for i, m in enumerate(self.models)
-            if m.policy != "default" and m.policy not in self.policies
-        ]
-        if missing:
-            raise PathProblems(missing)
+    def _entries_agree(self) -> Config:
+        problems = semantic_problems(self.model_dump(include={"models", "policies"}))
+        if problems:
+            raise PathProblems(problems)
         return self
 
     def policy(self, name: str) -> PolicyConfig:
@@ -379,16 +487,73 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
 
 
 def parse_config(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate `raw`; every problem at once (variables, fields, entries that disagree)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(["(top level): must be a mapping"])
     problems: list[str] = []
     data = _interpolate(raw, os.environ if environ is None else environ, "", problems)
-    if problems:
-        raise ConfigError(problems)
+    # A value whose variable is unset is reported at its path: not again there or, as a missing
+    # value, at its parent.
+    reported = {line.partition(": ")[0] for line in problems}
+    reported |= {path.rpartition(".")[0] for path in reported}
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        found = [p for p in format_validation_error(exc) if p.partition(": ")[0] not in reported]
+        problems += [*found, *semantic_problems(data)]
+    else:
+        if not problems:
+            return config
+    raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def semantic_problems(data: Mapping[str, Any]) -> list[str]:
+    """Problems across entries, read from the raw data (so found even when a field elsewhere is
+    invalid); values of the wrong type are skipped here, pydantic reports them."""
+    listed = data.get("models")
+    models = (
+        [m if isinstance(m, Mapping) else {} for m in listed or []]
+        if isinstance(listed, list)
+        else []
+    )
+    policies = data.get("policies")
+    policies = policies if isinstance(policies, Mapping) else {}
+    problems: list[str] = []
+    first: dict[str, int] = {}
+    for i, model in enumerate(models):
+        name = model.get("name")
+        if isinstance(name, str) and name:
+            seen = first.setdefault(name, i)
+            if seen != i:
+                problems.append(
+                    f"models[{i}].name: {name!r} is already models[{seen}].name, which would "
+                    "always win; list several upstreams under one model (upstreams:) instead"
+                )
+        policy = model.get("policy")
+        if isinstance(policy, str) and policy != "default" and policy not in policies:
+            problems.append(f"models[{i}].policy: unknown policy {policy!r}")
+        window, output = model.get("context_window"), model.get("max_output_tokens")
+        if _count(window) and _count(output) and output >= window:
+            problems.append(
+                f"models[{i}].max_output_tokens: {output} leaves no room for the prompt in "
+                f"context_window {window}; it must be below it"
+            )
+    names = list(dict.fromkeys(m["name"] for m in models if isinstance(m.get("name"), str)))
+    for policy_name, policy in policies.items():
+        steps = policy.get("steps") if isinstance(policy, Mapping) else None
+        for k, step in enumerate(steps if isinstance(steps, list) else []):
+            wanted = step.get("model") if isinstance(step, Mapping) else None
+            if isinstance(wanted, str) and not any(fnmatch.fnmatchcase(wanted, n) for n in names):
+                configured = ", ".join(names) if names else "none"
+                problems.append(
+                    f"policies.{policy_name}.steps[{k}].model: {wanted!r} names no configured "
+                    f"model (models: {configured}); the summariser calls a model of this gateway"
+                )
+    return problems
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def default_config(environ: Mapping[str, str] | None = None) -> Config:
@@ -399,6 +564,16 @@ def default_config(environ: Mapping[str, str] | None = None) -> Config:
 
 def _interpolate(value: Any, environ: Mapping[str, str], path: str, problems: list[str]) -> Any:
     if isinstance(value, str):
+        litellm_env = _LITELLM_ENV.fullmatch(value.strip())
+        if litellm_env:
+            # LiteLLM reads `os.environ/X` from the environment; sent as it stands it would be a
+            # literal (wrong) key. This config has one syntax for variables: say which.
+            name = litellm_env.group(1)
+            problems.append(
+                f"{path or '(top level)'}: {value.strip()!r} is LiteLLM's syntax for an "
+                f"environment variable; write ${{{name}}} here"
+            )
+            return ""
 
         def replace(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
@@ -430,9 +605,64 @@ def format_validation_error(exc: ValidationError) -> list[str]:
         cause = (error.get("ctx") or {}).get("error")
         if isinstance(cause, PathProblems):
             lines.extend(cause.problems)
+        elif error.get("type") == "extra_forbidden":
+            lines.append(f"{_format_loc(error['loc'])}: {_unknown_key(error['loc'])}")
         else:
             lines.append(f"{_format_loc(error['loc'])}: {_format_msg(error)}")
     return lines
+
+
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """ "unknown key", with the nearest key known at that level, or how to convert LiteLLM's."""
+    key = str(loc[-1])
+    if key in _LITELLM_KEYS or (key == "model_name" and "models" in loc):
+        return f"unknown key: {LITELLM_HINT}"
+    known = known_keys(loc[:-1])
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
+
+
+def known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys a mapping at `loc` (a pydantic error location) may have."""
+    node: Any = Config
+    for part in loc:
+        node = _descend(node, part)
+        if node is None:
+            return []
+    return [
+        field.alias or name
+        for option in _options(node)
+        if isinstance(option, type) and issubclass(option, BaseModel)
+        for name, field in option.model_fields.items()
+    ]
+
+
+def _options(node: Any) -> list[Any]:
+    """A type annotation's alternatives: Optional, unions and Annotated unwrapped."""
+    origin = typing.get_origin(node)
+    if origin is Annotated:
+        return _options(typing.get_args(node)[0])
+    if origin is typing.Union or type(node).__name__ == "UnionType":
+        return [o for arg in typing.get_args(node) for o in _options(arg)]
+    return [node]
+
+
+def _descend(node: Any, part: Any) -> Any:
+    for option in _options(node):
+        origin = typing.get_origin(option)
+        if isinstance(option, type) and issubclass(option, BaseModel) and isinstance(part, str):
+            field = option.model_fields.get(part)
+            if field is not None:
+                return field.annotation
+        if origin is list and isinstance(part, int):
+            return typing.get_args(option)[0]
+        if origin is dict and isinstance(part, str):
+            return typing.get_args(option)[1]
+    if isinstance(part, str) and part in STEPS:  # the discriminator's tag in a step's path
+        step_class = STEPS[part][0]
+        if step_class in _options(node):
+            return step_class
+    return None
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

@@ -314,12 +314,14 @@ class Accountant:
             metrics.net_saved_usd.inc(priced.saved)
         return priced
 
-    def own(self, route: Any, usage: Usage) -> None:
-        """A summariser call: the gateway's own spend, taken off the net saving."""
+    def own(self, route: Any, usage: Usage) -> Bill | None:
+        """A summariser call: the gateway's own spend, taken off the net saving (its bill, None
+        when no price is known)."""
         prices = self.prices(route)
         result = bill(usage, prices) if prices is not None else None
         if result is None or result.partial:
             self._metrics.cost_partial.labels("actual").inc()
-            return
+            return result
         self._metrics.cost_usd.labels("actual", "summaries").inc(result.total)
         self._metrics.net_saved_usd.dec(result.total)
+        return result

@@ -5,21 +5,26 @@ code. The hierarchy:
 
     GatewayError
     ├── InvalidRequestError          400 invalid_request_error   (bad JSON, bad fields)
-    │   └── ContextLengthExceededError  400, code context_length_exceeded (recovery_mode: error)
+    │   ├── ContextLengthExceededError  400, code context_length_exceeded (recovery_mode: error)
+    │   └── InvalidCompactionError      400, code invalid_encrypted_content (forged, other tenant's)
     ├── AuthenticationError          401 authentication_error
     ├── PermissionDeniedError        403 permission_error
+    │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
     ├── NotFoundError                404 invalid_request_error
     │   └── ModelNotFoundError          code model_not_found
     ├── BodyTooLargeError            413 invalid_request_error
     ├── RequestTimeoutError          408 (a client that trickles its body too slowly)
+    ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
     ├── TooManyRequestsError         429 rate_limit_error (per-tenant concurrency)
     ├── UpstreamError                502 upstream_error
     │   └── UpstreamUnreachableError    code upstream_unreachable
     ├── UpstreamTimeoutError         504 upstream_timeout
-    └── ShuttingDownError            503 (the shutdown deadline ended a response)
+    ├── ShuttingDownError            503 (the shutdown deadline ended a response)
+    └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
-unchanged (R1.1).
+unchanged (R1.1). Each class also names a failure kind (`REASONS`), the `reason` of its request's
+log line.
 """
 
 from __future__ import annotations
@@ -78,12 +83,29 @@ class ContextLengthExceededError(InvalidRequestError):
     """Nothing the policy chain could do made the request fit (recovery_mode: error)."""
 
 
+class InvalidCompactionError(InvalidRequestError):
+    """A compaction item claims to be the gateway's but is not valid for this caller."""
+
+
+class CompactionExpiredError(GatewayError):
+    """A compaction item the gateway issued, whose summary is no longer in the store."""
+
+
+class StoreUnavailableError(GatewayError):
+    """The store holding what the request refers to cannot be reached."""
+
+
 class AuthenticationError(GatewayError):
     """No valid gateway key (only when `auth.keys` is configured)."""
 
 
 class PermissionDeniedError(GatewayError):
-    """A valid gateway key that may not use this model."""
+    """A caller not allowed here: a valid gateway key that may not use this model, or an admin
+    surface asked from another machine while no admin token is set."""
+
+
+class OriginNotAllowedError(PermissionDeniedError):
+    """A web page from an origin `server.cors_origins` does not allow."""
 
 
 class NotFoundError(GatewayError):
@@ -127,8 +149,12 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     GatewayError: (500, "server_error", None),
     InvalidRequestError: (400, "invalid_request_error", None),
     ContextLengthExceededError: (400, "invalid_request_error", "context_length_exceeded"),
+    InvalidCompactionError: (400, "invalid_request_error", "invalid_encrypted_content"),
+    CompactionExpiredError: (410, "invalid_request_error", "compaction_expired"),
+    StoreUnavailableError: (503, "server_error", "store_unavailable"),
     AuthenticationError: (401, "authentication_error", "invalid_api_key"),
     PermissionDeniedError: (403, "permission_error", "model_not_allowed"),
+    OriginNotAllowedError: (403, "permission_error", "origin_not_allowed"),
     NotFoundError: (404, "invalid_request_error", "not_found"),
     ModelNotFoundError: (404, "invalid_request_error", "model_not_found"),
     BodyTooLargeError: (413, "invalid_request_error", "request_too_large"),
@@ -141,9 +167,61 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
 }
 
 
+# class -> the failure kind a request's log line names as its `reason` (errors relayed from the
+# upstream are named by `upstream_reason`). Subclasses not listed inherit their parent's kind.
+REASONS: dict[type[GatewayError], str] = {
+    GatewayError: "internal",
+    InvalidRequestError: "bad_request",
+    ContextLengthExceededError: "context_overflow",
+    AuthenticationError: "auth",
+    PermissionDeniedError: "forbidden",
+    OriginNotAllowedError: "origin_not_allowed",
+    NotFoundError: "not_found",
+    ModelNotFoundError: "unknown_model",
+    BodyTooLargeError: "body_too_large",
+    RequestTimeoutError: "client_timeout",
+    TooManyRequestsError: "tenant_limit",
+    UpstreamError: "upstream_error",
+    UpstreamUnreachableError: "upstream_unreachable",
+    UpstreamTimeoutError: "upstream_timeout",
+    ShuttingDownError: "shutting_down",
+}
+
+
+def reason_of(error: GatewayError) -> str:
+    """The failure kind of one of our errors, for logs."""
+    for klass in type(error).__mro__:
+        found = REASONS.get(klass)  # type: ignore[arg-type]
+        if found is not None:
+            return found
+    return REASONS[GatewayError]
+
+
+def upstream_reason(status: int) -> str:
+    """The failure kind of an error answer relayed from the upstream, by its status."""
+    if status in (401, 403):
+        return "upstream_auth"
+    if status == 404:
+        return "upstream_not_found"
+    if status == 429:
+        return "upstream_rate_limited"
+    if status >= 500:
+        return "upstream_server_error"
+    return "upstream_bad_request"
+
+
 def _lookup(cls: type[GatewayError]) -> tuple[int, str, str | None]:
     for klass in cls.__mro__:
         row = ERROR_TABLE.get(klass)  # type: ignore[arg-type]
         if row is not None:
             return row
     return ERROR_TABLE[GatewayError]
+
+
+def status_of_code(code: object) -> int:
+    """The status the table gives an error `code` (an error event in a stream carries only its
+    code); 502 for a code the gateway does not make: the upstream failed."""
+    for status, _, known in ERROR_TABLE.values():
+        if known is not None and known == code:
+            return status
+    return 502

@@ -1,4 +1,4 @@
-"""Prometheus metrics (R1.6, R5.1), all prefixed `compactgate_`.
+"""Prometheus metrics, all prefixed `compactgate_`.
 
 Each app gets its own registry (tests build several apps in one process). With several uvicorn
 workers, set `PROMETHEUS_MULTIPROC_DIR` (the CLI does it for `--workers > 1`): values then live
@@ -83,8 +83,9 @@ class Metrics:
             r.register(PLATFORM_COLLECTOR)
         self.requests = Counter(
             "compactgate_requests",
-            "Chat completion requests by model and status",
-            ["model", "status"],
+            "Requests by model, status and API (chat, responses, messages, count_tokens, "
+            "models, passthrough)",
+            ["model", "status", "api"],
             registry=r,
         )
         self.request_seconds = Histogram(
@@ -121,7 +122,11 @@ class Metrics:
             registry=r,
         )
         self.tokens_saved = Counter(
-            "compactgate_tokens_saved", "Prompt tokens removed by compaction", ["model"], registry=r
+            "compactgate_tokens_saved",
+            "Prompt tokens removed by compaction from requests that were answered (a request "
+            "that then failed saved nothing)",
+            ["model"],
+            registry=r,
         )
         self.compactions = Counter(
             "compactgate_compactions",
@@ -141,6 +146,20 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.context_errors_avoided = Counter(
+            "compactgate_context_errors_avoided",
+            "Requests the upstream refused with a context-window error that were answered after "
+            "the gateway compacted them and retried",
+            ["model"],
+            registry=r,
+        )
+        self.over_window_answered = Counter(
+            "compactgate_over_window_answered",
+            "Answered requests the gateway estimated larger than the model's window and "
+            "compacted to fit before sending (an estimate: the upstream never saw them whole)",
+            ["model"],
+            registry=r,
+        )
         self.window_lowered = Counter(
             "compactgate_window_lowered",
             "Times a model's effective window was lowered from an error",
@@ -150,6 +169,12 @@ class Metrics:
         self.upstream_retries = Counter(
             "compactgate_upstream_retries",
             "Retries after 429/5xx/connection failures",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.upstream_failovers = Counter(
+            "compactgate_upstream_failovers",
+            "Requests moved to another upstream of their model after 429/5xx/connection failures",
             ["model", "reason"],
             registry=r,
         )
@@ -246,6 +271,10 @@ class Metrics:
             registry=r,
         )
         self._models: set[str] = set()
+        # Label sets known up front exist from the start, at 0, so a dashboard shows 0, not
+        # "No data", before the first lookup.
+        for result in ("hit", "miss"):
+            self.summary_cache.labels(result)
 
     def model_label(self, name: str) -> str:
         if name in self._models:

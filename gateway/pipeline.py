@@ -31,7 +31,7 @@ from policies import (
     StoredOutput,
     run_chain,
 )
-from policies.invariants import check, check_tool_pairs
+from policies.invariants import TOOL_CALLS_PAIRED, check, check_tool_pairs
 from policies.pinning import apply_pin_rules
 from policies.rollup import SummarisingConfig as Summarising
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
@@ -539,9 +539,12 @@ class Pipeline:
     def _valid(self, original: Conversation, chain: ChainResult) -> bool:
         violations = check(original, chain.conversation, allow_truncated=chain.recovery is not None)
         if violations:
-            # The client's own request may already break R3.3; only new breaks count.
+            # The client's own request may already leave tool calls unpaired; only new breaks
+            # count.
             before = {v.message for v in check_tool_pairs(original.data())}
-            violations = [v for v in violations if v.rule != "R3.3" or v.message not in before]
+            violations = [
+                v for v in violations if v.rule != TOOL_CALLS_PAIRED or v.message not in before
+            ]
         for violation in violations:
             self._metrics.invariant_violations.labels(violation.rule).inc()
             log.error("compaction refused: %s %s", violation.rule, violation.message)

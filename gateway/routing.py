@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from policies import Policy
 from policies.registry import build_step, parse_step_config
@@ -46,6 +47,13 @@ class Route:
     retry: RetryConfig  # 429/5xx/connection retries
     pricing: PricingConfig | None = None  # cost accounting's prices (else the price map's)
     context_management: str = "native"  # Messages' context_management: native|emulate|strip
+    responses_compact: str = "emulate"  # Responses remote compaction: native|emulate
+    upstreams: tuple[UpstreamConfig, ...] = ()  # all of them when several: `upstream` is the first
+
+    @property
+    def targets(self) -> tuple[UpstreamConfig, ...]:
+        """The upstreams requests for this name may go to (failover order is the balancer's)."""
+        return self.upstreams or (self.upstream,)
 
     @property
     def chat_url(self) -> str | None:
@@ -135,7 +143,7 @@ class Router:
         return self._counter(spec)
 
     def _build(self, name: str, model: ModelConfig) -> Route:
-        upstream_model = model.upstream.model or name
+        upstream_model = model.primary.model or name
         info = model_registry.lookup(upstream_model) or model_registry.lookup(name)
         window, source = _window(model, info)
         max_output = model.max_output_tokens or (info.max_output_tokens if info else None)
@@ -143,7 +151,8 @@ class Router:
         policy_name = model.policy if model.policy in self._policies else "default"
         return Route(
             name=name,
-            upstream=model.upstream,
+            upstream=model.primary,
+            upstreams=model.targets,
             upstream_model=upstream_model,
             context_window=window,
             window_source=source,
@@ -159,7 +168,17 @@ class Router:
             retry=model.retry,
             pricing=model.pricing,
             context_management=model.context_management,
+            responses_compact=_compact_mode(model),
         )
+
+
+def _compact_mode(model: ModelConfig) -> str:
+    """`responses_compact` resolved: only OpenAI's own API is known to implement remote
+    compaction; any other upstream gets the gateway's."""
+    if model.responses_compact != "auto":
+        return model.responses_compact
+    host = urlsplit(model.upstream.base_url or "").hostname or ""
+    return "native" if host == "api.openai.com" else "emulate"
 
 
 def _window(model: ModelConfig, info: model_registry.ModelInfo | None) -> tuple[int | None, str]:

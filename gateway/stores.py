@@ -86,6 +86,9 @@ class Store(Protocol):
 
     async def close(self) -> None: ...
 
+    async def ping(self) -> None:
+        """Raise StoreError unless the backend answers (readiness)."""
+
 
 # -- memory ------------------------------------------------------------------------------------
 
@@ -151,6 +154,9 @@ class MemoryStore:
         self._entries.clear()
         self._locks.clear()
         self._bytes = 0
+
+    async def ping(self) -> None:
+        """In this process: always there."""
 
     def _live(self, key: str) -> tuple[bytes, float | None] | None:
         entry = self._entries.get(key)
@@ -231,6 +237,10 @@ class RedisStore:
                     pipe.pexpire(REDIS_PREFIX + key, _ms(ttl_s), nx=True)
                 results = await pipe.execute()
         return int(results[0])
+
+    async def ping(self) -> None:
+        with _mapped():
+            await self._redis().ping()
 
     async def close(self) -> None:
         if self._client is not None:
@@ -336,6 +346,17 @@ class SafeStore:
 
     async def close(self) -> None:
         await self.backend.close()
+
+    async def ping(self) -> str | None:
+        """None if the backend answers now, else why not (asked even during a pause: readiness
+        must see the store come back; the answer updates the outage state like any call)."""
+        try:
+            await self.backend.ping()
+        except StoreError as error:
+            self._failed("ping", error)
+            return str(error)
+        self._ok()
+        return None
 
     def _paused(self, op: str) -> bool:
         if self._paused_until and self._clock() < self._paused_until:

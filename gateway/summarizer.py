@@ -43,11 +43,13 @@ import orjson
 from policies.conversation import content_text
 from policies.summaries import SummaryAnswer, SummaryRequest
 
+from . import litellm_upstream
 from .config import SummariesConfig
 from .context_errors import classify
 from .errors import GatewayError
+from .failover import Balancer, Destination
 from .metrics import Metrics
-from .retry import send_with_retries
+from .retry import send_balanced
 from .routing import Route, Router
 from .upstream import UpstreamClient, forward_headers
 from .wire import WIRES, Wire
@@ -117,8 +119,7 @@ class Target:
     """Where one summary's calls go: route, URL, headers and the window the input must fit."""
 
     route: Route
-    url: str
-    headers: Mapping[str, str]
+    destinations: Sequence[Destination]  # the route's upstreams, failed over like requests
     window: int | None
     deadline: float  # event-loop time by which the whole summary must be done
     wire: Wire  # the API the call is made in
@@ -211,8 +212,10 @@ class Summarizer:
         config: SummariesConfig,
         window_of: Callable[[Route], int | None] | None = None,
         on_usage: Callable[[Route, Usage], None] | None = None,
+        balancer: Balancer | None = None,
     ) -> None:
         self._on_usage = on_usage  # the gateway's own spend (cost accounting)
+        self._balancer = balancer
         self._upstream = upstream
         self._router = router
         self._metrics = metrics
@@ -258,24 +261,30 @@ class Summarizer:
             chosen = resolved
         if wire.name != "chat" and chosen.upstream.provider == "litellm":
             wire = WIRES["chat"]  # litellm routes speak chat completions only
-        url = chosen.chat_url if wire.name == "chat" else None
-        if wire.name != "chat" and chosen.upstream.base_url is not None:
-            url = chosen.upstream.base_url + wire.upstream_path
-        if url is None:
-            raise SummarizerError(f"the model {chosen.name!r} has no upstream for {wire.name}")
         credentials = [
             (k, v) for k, v in headers if k.decode("latin-1").lower() in CREDENTIAL_HEADERS
         ]
-        key = chosen.upstream.api_key
-        sent = forward_headers(
-            credentials, wire.credential_headers(key) if key else None, chosen.upstream.headers
-        )
-        sent["content-type"] = "application/json"
+        destinations = []
+        for upstream in chosen.targets:
+            if upstream.provider == "litellm":
+                url = litellm_upstream.url_for(upstream.base_url)
+            elif upstream.base_url is not None:
+                url = upstream.base_url + wire.upstream_path
+            else:
+                continue
+            key = upstream.api_key
+            sent = forward_headers(
+                credentials, wire.credential_headers(key) if key else None, upstream.headers
+            )
+            sent["content-type"] = "application/json"
+            destinations.append(Destination(upstream, url, sent))
+        if not destinations:
+            raise SummarizerError(f"the model {chosen.name!r} has no upstream for {wire.name}")
         window = self._window_of(chosen)
         if self._config.max_input_tokens is not None:
             window = min(window or self._config.max_input_tokens, self._config.max_input_tokens)
         deadline = asyncio.get_running_loop().time() + self._config.timeout_s
-        return Target(chosen, url, sent, window, deadline, wire)
+        return Target(chosen, destinations, window, deadline, wire)
 
     async def _summarize(self, request: SummaryRequest, target: Target) -> SummaryAnswer:
         pieces = [render_message(m) for m in request.messages]
@@ -439,8 +448,8 @@ class Summarizer:
     async def _send(self, target: Target, body: bytes) -> str:
         route = target.route
         try:
-            response = await send_with_retries(
-                self._upstream, route, target.url, target.headers, body, self._metrics
+            response, _ = await send_balanced(
+                self._upstream, route, target.destinations, body, self._metrics, self._balancer
             )
             try:
                 data = await response.read()

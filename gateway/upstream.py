@@ -49,6 +49,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 _UNSAFE_PATH = re.compile(rb"[\x00-\x1f\x7f\\]")
+# The upstream's own `date` and `server` are not relayed: the server in front of the client
+# (uvicorn) sends its own, and two of each confuse clients and caches.
+_NOT_RELAYED = frozenset({"date", "server"})
+# A browser's cookies for the gateway's origin: never the upstream's business.
+_NOT_FORWARDED = frozenset({"cookie"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +83,9 @@ class UpstreamResponse:
         self.headers = response.headers
 
     def relay_headers(self) -> list[tuple[bytes, bytes]]:
-        """Response headers safe to pass to the client (hop-by-hop ones removed)."""
-        drop = HOP_BY_HOP | _connection_listed(self._response.raw_headers)
+        """Response headers safe to pass to the client (hop-by-hop ones, `date` and `server`
+        removed)."""
+        drop = HOP_BY_HOP | _NOT_RELAYED | _connection_listed(self._response.raw_headers)
         return [
             (k.lower(), v)
             for k, v in self._response.raw_headers
@@ -165,11 +171,12 @@ def forward_headers(
     extra: Mapping[str, str],
 ) -> dict[str, str]:
     """Client headers to send upstream: hop-by-hop removed (the fixed set and any the client's
-    `Connection` header names); with `credentials` (the gateway's key, as the upstream's API
-    wants it) the client's own credentials are replaced by them."""
+    `Connection` header names), and cookies; when the gateway supplies the upstream credential
+    (`credentials`, the gateway's key as the upstream's API wants it, or one in the configured
+    `extra` headers) none of the client's own credentials goes with it."""
     out: dict[str, str] = {}
-    drop = HOP_BY_HOP | _connection_listed(client_headers)
-    if credentials:
+    drop = HOP_BY_HOP | _NOT_FORWARDED | _connection_listed(client_headers)
+    if credentials or any(name.lower() in CLIENT_CREDENTIALS for name in extra):
         drop = drop | CLIENT_CREDENTIALS
     for raw_name, raw_value in client_headers:
         name = raw_name.decode("latin-1").lower()

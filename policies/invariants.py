@@ -21,10 +21,18 @@ from typing import Any
 
 from .conversation import PROTECTED_ROLES, Conversation, Message, content_text, is_mapping
 
+# Rule names, as operators see them (the `rule` label of compactgate_invariant_violations_total
+# and the log line of a refused compaction), each with its requirement id in the design notes.
+SYSTEM_PROMPTS_KEPT = "system_prompts_kept"  # R3.1
+TOOL_CALLS_PAIRED = "tool_calls_paired"  # R3.3
+LATEST_USER_MESSAGE_KEPT = "latest_user_message_kept"  # R3.4
+PINNED_MESSAGES_KEPT = "pinned_messages_kept"  # R3.5
+CLIENT_ORDER_KEPT = "client_order_kept"  # R3.6
+
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    rule: str  # "R3.1", "R3.3", ...
+    rule: str  # one of the rule names above
     message: str
 
 
@@ -51,7 +59,10 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
             call_id = str(message.get("tool_call_id", ""))
             if call_id not in open_ids:
                 violations.append(
-                    Violation("R3.3", f"messages[{i}]: tool result {call_id!r} has no pending call")
+                    Violation(
+                        TOOL_CALLS_PAIRED,
+                        f"messages[{i}]: tool result {call_id!r} has no pending call",
+                    )
                 )
             open_ids.discard(call_id)
             answered.add(call_id)
@@ -59,7 +70,8 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
         if open_ids:
             violations.append(
                 Violation(
-                    "R3.3", f"messages[{i}]: tool calls {sorted(open_ids)} left without results"
+                    TOOL_CALLS_PAIRED,
+                    f"messages[{i}]: tool calls {sorted(open_ids)} left without results",
                 )
             )
             open_ids = set()
@@ -68,12 +80,16 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
                 call_id = str(call.get("id", "")) if is_mapping(call) else ""
                 if call_id in answered or call_id in open_ids:
                     violations.append(
-                        Violation("R3.3", f"messages[{i}]: duplicate tool call id {call_id!r}")
+                        Violation(
+                            TOOL_CALLS_PAIRED, f"messages[{i}]: duplicate tool call id {call_id!r}"
+                        )
                     )
                 open_ids.add(call_id)
     if open_ids:
         violations.append(
-            Violation("R3.3", f"tool calls {sorted(open_ids)} at the end have no results")
+            Violation(
+                TOOL_CALLS_PAIRED, f"tool calls {sorted(open_ids)} at the end have no results"
+            )
         )
     return violations
 
@@ -81,7 +97,7 @@ def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
 def _check_order(result: Conversation) -> list[Violation]:
     origins = [m.origin for m in result.messages if m.origin >= 0]
     if any(b <= a for a, b in itertools.pairwise(origins)):
-        return [Violation("R3.6", "client messages are out of order or duplicated")]
+        return [Violation(CLIENT_ORDER_KEPT, "client messages are out of order or duplicated")]
     return []
 
 
@@ -93,7 +109,9 @@ def _check_system(original: Conversation, have: Mapping[int, Message]) -> list[V
         kept = have.get(message.origin)
         if kept is None:
             violations.append(
-                Violation("R3.1", f"{message.role} message {message.origin} was dropped")
+                Violation(
+                    SYSTEM_PROMPTS_KEPT, f"{message.role} message {message.origin} was dropped"
+                )
             )
             continue
         if kept.data != message.data:
@@ -103,7 +121,9 @@ def _check_system(original: Conversation, have: Mapping[int, Message]) -> list[V
             )
             if not (new.startswith(old) and _same_but_content(message.data, kept.data)):
                 violations.append(
-                    Violation("R3.1", f"{message.role} message {message.origin} was changed")
+                    Violation(
+                        SYSTEM_PROMPTS_KEPT, f"{message.role} message {message.origin} was changed"
+                    )
                 )
     return violations
 
@@ -117,12 +137,18 @@ def _check_kept(
         message = original.messages[latest]
         kept = have.get(message.origin)
         if kept is None:
-            violations.append(Violation("R3.4", "the latest user message was dropped"))
+            violations.append(
+                Violation(LATEST_USER_MESSAGE_KEPT, "the latest user message was dropped")
+            )
         elif kept.data != message.data and not allow_truncated:
-            violations.append(Violation("R3.4", "the latest user message was changed"))
+            violations.append(
+                Violation(LATEST_USER_MESSAGE_KEPT, "the latest user message was changed")
+            )
     for message in original.messages:
         if message.pin and message.origin not in have:
-            violations.append(Violation("R3.5", f"pinned message {message.origin} was dropped"))
+            violations.append(
+                Violation(PINNED_MESSAGES_KEPT, f"pinned message {message.origin} was dropped")
+            )
     return violations
 
 

@@ -25,7 +25,7 @@ say why.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 # Kind -> score of a sentence carrying that kind's cue. Order matters only for naming the kind
@@ -211,56 +211,198 @@ _JA = {
     "goal": "目標|目的|ゴール|計画|狙い|ために",
 }
 
-# Matched on the lower-cased sentence rather than with re.I: a third faster, the same matches
-# (no cue has an upper-case letter or class).
-_CUES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (kind, re.compile("|".join(f"(?:{table[kind]})" for table in (_EN, _ZH, _JA))))
-    for kind in KIND_SCORES
+# Matched on the lower-cased sentence rather than with re.I (no cue has an upper-case letter
+# or class), English and CJK apart: the CJK cues only when the sentence has a CJK character
+# (every one of them has one), the English ones only when it has a Latin letter.
+_CUES: tuple[tuple[str, re.Pattern[str], re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(_EN[kind]), re.compile(f"{_ZH[kind]}|{_JA[kind]}")) for kind in KIND_SCORES
 )
+# Letters a case-insensitive pattern takes for an ASCII letter that lower() keeps apart.
+_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
+_CJK = re.compile("[\u3040-\u9fff]")
+_LATIN = re.compile("[a-z]")
+_UPPER = re.compile("[A-Z]")
+_ASCII_LETTER = re.compile("[A-Za-z]")
+_DIGIT = re.compile(r"\d")
+_DOT_WORD = re.compile(r"\.\w")
+_LOWER_UPPER = re.compile("[a-z][A-Z]")
+_CJK_NAME_MARK = re.compile("[「“《\u3040-\u9fff]")
+_NAME_PHRASES = ("name is", "called", "call me", "owns", "in charge of", "responsible for", "work")
 
-# Concrete details: each pattern found counts once, however often it matches.
-_DETAILS: tuple[re.Pattern[str], ...] = tuple(
-    re.compile(p)
-    for p in (
-        # a number with a unit or currency (also CJK units and counters)
-        r"(?i:[$€£¥]\s?\d[\d,.]*|\d[\d,.]*\s?(?:%|ms|s\b|sec|seconds?|min(?:utes?)?|hours?|"
-        r"days?|weeks?|months?|years?|[kmgt]i?b\b|bytes?|tokens?|px|rpm|rps|qps|requests?|"
-        r"users?|usd|eur|gbp|jpy|cny|rmb|dollars?|euros?|yen|km|kg|mb/s|gb/s|"
-        r"cores?|replicas?|nodes?|times|x\b|元|円|万|億|亿|个|件|人|台|天|日|時間|小时|分钟|分|秒|"
-        r"週間|周|年|月|号|歳|岁))",
-        # a date or a time
-        r"(?i:\b\d{4}[-/.]\d{1,2}[-/.]\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{1,4}年\d{1,2}月|"
-        r"\d{1,2}月\d{1,2}[日号]|"
-        r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
-        r"(?:st|nd|rd|th)?\b|"
-        r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b)",
-        # a version, an IP address, a port
-        # (bounded by what is not an ASCII letter or digit: in CJK text there is no \b before one)
-        r"(?<![0-9A-Za-z.])v?\d+\.\d+(?:\.\d+)*(?![0-9A-Za-z])|\bport \d+\b|:\d{2,5}\b|"
-        r"(?<![0-9A-Za-z.])\d{3,}(?![0-9A-Za-z])",
-        # a path or a file name (ASCII-bounded, as in CJK text nothing separates them)
-        r"(?i:(?<![A-Za-z0-9._-])(?:~|\.{1,2})?/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+|"
-        r"(?:^|(?<=[\s(`'\"]))/[A-Za-z0-9_.-]+|[A-Za-z0-9_-]+\.(?:py|js|ts|tsx|go|rs|java|rb|c|h|"
-        r"cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|env|log)(?![A-Za-z0-9]))",
-        # an address: URL, e-mail, host name
-        r"(?i:\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.]+\b|\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|dev|"
-        r"internal|local|cn|jp)\b)",
-        # an identifier: snake_case, camelCase, CONSTANT_CASE, a ticket or key like ABC-123
-        r"\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z][a-zA-Z0-9]+\b|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|"
-        r"\b[A-Z]{2,}-\d+\b|`[^`\s]{2,}`|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b",
-        # a proper name: capitalised in the middle of an English sentence, with inner capitals
-        # (PostgreSQL, GitHub), an acronym (AWS, SLA), a Latin word inside CJK text (UTC,
-        # Kubernetes), or introduced as one ("my name is", "owns", "is responsible for")
-        r"(?<=[a-z,] )[A-Z][a-z]+|(?<![A-Za-z])[A-Z][a-z]+[A-Z][A-Za-z]*|"
-        r"(?<![A-Za-z])[A-Z]{2,6}s?(?![A-Za-z])|"
-        r"(?<=[\u3040-\u9fff])[A-Za-z][\w.+-]*|[A-Za-z][\w.+-]*(?=[\u3040-\u9fff])|"
-        r"(?i:\bmy name is\b|\bi'?m called\b|\bcall me\b|\bowns\b|\bin charge of\b|"
-        r"\bresponsible for\b|\bworks? on\b)",
-        # a name in CJK text: quoted, or introduced as one (名叫, 叫做, 姓; さん, 様, 名前は)
-        r"「[^」]{1,30}」|“[^”]{1,30}”|《[^》]{1,30}》|(?:名叫|叫做|名字是|我叫|姓|负责)[\u4e00-\u9fff]{1,4}|"
-        r"[\u4e00-\u9fff\u30a0-\u30ff]{1,6}(?:さん|様|氏)|名前は",
-    )
+
+class _Seen(NamedTuple):
+    """What a sentence has, worked out once: which detail patterns can match at all."""
+
+    text: str
+    lower: str
+    digit: bool
+    cjk: bool
+    upper: bool  # an ASCII capital
+    upper_or_latin: bool  # an ASCII letter
+
+
+class _Detail(NamedTuple):
+    """One kind of concrete detail: found when a pattern matches. `may` is a cheap test that
+    is true whenever a pattern could match (each pattern needs what it checks), so most
+    sentences are never scanned by the slow patterns."""
+
+    may: Callable[[_Seen], bool]
+    patterns: tuple[re.Pattern[str], ...]
+
+    def found(self, seen: _Seen) -> bool:
+        return self.may(seen) and any(p.search(seen.text) for p in self.patterns)
+
+
+# Concrete details: each kind found counts once, however often it matches. A pattern that
+# starts with a lookbehind is written character first, the lookbehind after it (the same
+# matches): the regular expression engine then skips ahead to the next candidate character
+# instead of trying every position.
+_DETAILS: tuple[_Detail, ...] = (
+    # a number with a unit or currency (also CJK units and counters)
+    _Detail(
+        lambda s: s.digit,
+        (
+            re.compile(
+                r"(?i:[$€£¥]\s?\d[\d,.]*|\d[\d,.]*\s?(?:%|ms|s\b|sec|seconds?|min(?:utes?)?|"
+                r"hours?|days?|weeks?|months?|years?|[kmgt]i?b\b|bytes?|tokens?|px|rpm|rps|qps|"
+                r"requests?|users?|usd|eur|gbp|jpy|cny|rmb|dollars?|euros?|yen|km|kg|mb/s|gb/s|"
+                r"cores?|replicas?|nodes?|times|x\b|元|円|万|億|亿|个|件|人|台|天|日|時間|小时|分钟|"
+                r"分|秒|週間|周|年|月|号|歳|岁))"
+            ),
+        ),
+    ),
+    # a date or a time (a weekday's name is the one without a digit)
+    _Detail(
+        lambda s: s.digit or "day" in s.lower,  # no look-alike letter in "day"
+        (
+            re.compile(
+                r"(?i:\b\d{4}[-/.]\d{1,2}[-/.]\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{1,4}年\d{1,2}月|"
+                r"\d{1,2}月\d{1,2}[日号]|"
+                r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
+                r"(?:st|nd|rd|th)?\b|"
+                r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b)"
+            ),
+        ),
+    ),
+    # a version, an IP address, a port
+    # (bounded by what is not an ASCII letter or digit: in CJK text there is no \b before one)
+    _Detail(
+        lambda s: s.digit,
+        (
+            re.compile(
+                r"(?<![0-9A-Za-z.])v?\d+\.\d+(?:\.\d+)*(?![0-9A-Za-z])|\bport \d+\b|:\d{2,5}\b|"
+                r"(?<![0-9A-Za-z.])\d{3,}(?![0-9A-Za-z])"
+            ),
+        ),
+    ),
+    # a path or a file name (ASCII-bounded, as in CJK text nothing separates them)
+    _Detail(
+        lambda s: "/" in s.text or _DOT_WORD.search(s.text) is not None,
+        (
+            re.compile(
+                r"(?i:(?<![A-Za-z0-9._-])(?:~|\.{1,2})?/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+|"
+                r"(?:^|(?<=[\s(`'\"]))/[A-Za-z0-9_.-]+|[A-Za-z0-9_-]+\.(?:py|js|ts|tsx|go|rs|java|"
+                r"rb|c|h|cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|env|log)"
+                r"(?![A-Za-z0-9]))"
+            ),
+        ),
+    ),
+    # an address: URL, e-mail, host name
+    _Detail(
+        lambda s: "/" in s.text or "@" in s.text or _DOT_WORD.search(s.text) is not None,
+        (
+            re.compile(
+                r"(?i:\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.]+\b|\b[\w-]+(?:\.[\w-]+)*\."
+                r"(?:com|org|net|io|dev|internal|local|cn|jp)\b)"
+            ),
+        ),
+    ),
+    # an identifier: snake_case, camelCase, CONSTANT_CASE, a ticket or key like ABC-123
+    _Detail(
+        lambda s: (
+            s.digit or "_" in s.text or "`" in s.text or _LOWER_UPPER.search(s.text) is not None
+        ),
+        (
+            re.compile(
+                r"\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z][a-zA-Z0-9]+\b|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|"
+                r"\b[A-Z]{2,}-\d+\b|`[^`\s]{2,}`|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b"
+            ),
+        ),
+    ),
+    # a proper name: capitalised in the middle of an English sentence, with inner capitals
+    # (PostgreSQL, GitHub), an acronym (AWS, SLA)
+    _Detail(
+        lambda s: s.upper,
+        (
+            re.compile(r"[A-Z](?<=[a-z,] [A-Z])[a-z]+"),
+            re.compile(r"[A-Z](?<![A-Za-z][A-Z])[a-z]+[A-Z][A-Za-z]*"),
+            re.compile(r"[A-Z](?<![A-Za-z][A-Z])[A-Z]{1,5}s?(?![A-Za-z])"),
+        ),
+    ),
+    # ... a Latin word inside CJK text (UTC, Kubernetes), counted with the above
+    # ... or introduced as one ("my name is", "owns", "is responsible for"), counted with them
+    # (three entries of one kind: see `_DETAIL_KINDS`)
+    _Detail(
+        lambda s: s.cjk and s.upper_or_latin,
+        (
+            re.compile("[A-Za-z](?<=[\u3040-\u9fff][A-Za-z])[\\w.+-]*"),
+            re.compile("[A-Za-z][\\w.+-]*(?=[\u3040-\u9fff])"),
+        ),
+    ),
+    _Detail(
+        lambda s: any(p in s.lower for p in _NAME_PHRASES),  # look-alikes folded in `lower`
+        (
+            re.compile(
+                r"(?i:\bmy name is\b|\bi'?m called\b|\bcall me\b|\bowns\b|\bin charge of\b|"
+                r"\bresponsible for\b|\bworks? on\b)"
+            ),
+        ),
+    ),
+    # a name in CJK text: quoted, or introduced as one (名叫, 叫做, 姓; さん, 様, 名前は)
+    _Detail(
+        lambda s: _CJK_NAME_MARK.search(s.text) is not None,
+        (
+            re.compile(
+                r"「[^」]{1,30}」|“[^”]{1,30}”|《[^》]{1,30}》|"
+                r"(?:名叫|叫做|名字是|我叫|姓|负责)[\u4e00-\u9fff]{1,4}|"
+                r"[\u4e00-\u9fff\u30a0-\u30ff]{1,6}(?:さん|様|氏)|名前は"
+            ),
+        ),
+    ),
 )
+# Which kind each entry of `_DETAILS` finds: the proper-name kind has three entries.
+_DETAIL_KINDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 6, 6, 7)
+
+
+def _seen(text: str, lower: str) -> _Seen:
+    upper = _UPPER.search(text) is not None
+    return _Seen(
+        text,
+        lower,
+        _DIGIT.search(text) is not None,
+        _CJK.search(text) is not None,
+        upper,
+        upper or _ASCII_LETTER.search(text) is not None,
+    )
+
+
+def _cue(seen: _Seen) -> str | None:
+    """The kind of the strongest cue in a sentence, if any."""
+    lower, latin = seen.lower, _LATIN.search(seen.lower) is not None
+    for kind, english, chinese_japanese in _CUES:
+        if (latin and english.search(lower)) or (seen.cjk and chinese_japanese.search(lower)):
+            return kind
+    return None
+
+
+def _details(seen: _Seen) -> int:
+    """How many kinds of concrete detail a sentence has."""
+    found: set[int] = set()
+    for kind, detail in zip(_DETAIL_KINDS, _DETAILS, strict=True):
+        if kind not in found and detail.found(seen):
+            found.add(kind)
+    return len(found)
+
 
 _FILLER_WORDS = (
     r"ok(?:ay)?|k|sure|yes|yeah|yep|no|nope|thanks?(?: you)?|thank you(?: so much)?|ty|great|"
@@ -338,9 +480,9 @@ def score(sentence: str) -> Statement:
     text = sentence.strip()
     if (len(text) < MIN_CHARS and not _has_cjk(text)) or _FILLER.match(text) or len(text) < 2:
         return Statement(text, 0.0, None)
-    lower = text.lower()
-    kind = next((k for k, cue in _CUES if cue.search(lower)), None)
-    details = sum(1 for pattern in _DETAILS if pattern.search(text))
+    lower = text.translate(_FOLD).lower()
+    seen = _seen(text, lower)
+    kind, details = _cue(seen), _details(seen)
     if kind is not None:
         value = KIND_SCORES[kind] + (DETAIL_BONUS if details else 0.0)
     elif details:

@@ -22,10 +22,17 @@ broken ones get the provider's 400 (so a gateway that breaks them fails the test
 
 * Responses: a `function_call_output` needs its `function_call` (by `call_id`) earlier in the
   input; a `function_call` this fake issued after a reasoning item needs that reasoning item
-  before it; a reasoning item's `encrypted_content` must be the bytes this fake issued.
+  before it; a reasoning item's `encrypted_content` must be the bytes this fake issued; so must
+  a `compaction` item's (400 `invalid_encrypted_content`: a compaction item made elsewhere, such
+  as the gateway's own, cannot be read here).
 * Messages: a `tool_use` needs its `tool_result` in the next user turn and a `tool_result` its
   `tool_use` in the previous assistant turn; a thinking block's `signature` must be one this fake
   issued for that text; at most 4 `cache_control` breakpoints.
+
+`POST /v1/responses/compact` is OpenAI's remote compaction: with `/_fake/config`
+`remote_compaction: true` it answers as OpenAI does (the input's user messages, then one
+`compaction` item of this fake's own); otherwise it is a 404, as on upstreams that do not
+implement it. `compact_requests` counts what reached it.
 
 A request whose latest user text asks for a compaction summary (the phrases in
 `SUMMARY_PROMPTS`, as Codex CLI and Claude Code ask) is answered with a summary, as a model
@@ -60,6 +67,7 @@ class Issued:
         self.encrypted: dict[str, str] = {}  # reasoning item id -> encrypted_content
         self.reasoning_of: dict[str, str] = {}  # function_call id -> its reasoning item id
         self.signatures: dict[str, str] = {}  # signature -> thinking text
+        self.compactions: set[str] = set()  # encrypted_content of compaction items
 
 
 ISSUED = Issued()
@@ -97,6 +105,21 @@ def prompt_tokens(payload: Mapping[str, Any], chars_per_token: float) -> int:
 
 
 # -- rules ----------------------------------------------------------------------------------
+
+
+def compaction_problem(payload: Mapping[str, Any]) -> str | None:
+    """A compaction item this fake did not issue: it cannot be read here."""
+    items = payload.get("input")
+    for index, item in enumerate(items if isinstance(items, list) else ()):
+        if isinstance(item, dict) and item.get("type") == "compaction":
+            if item.get("encrypted_content") not in ISSUED.compactions:
+                return f"The encrypted content for item input[{index}] could not be verified."
+    return None
+
+
+def compact_requests(records: list[Any]) -> list[Any]:
+    """The recorded requests that reached `/v1/responses/compact`."""
+    return [r for r in records if r.get("path") == "/v1/responses/compact"]
 
 
 def responses_problem(payload: Mapping[str, Any]) -> str | None:
@@ -461,6 +484,9 @@ def add_routes(app: web.Application, state: Any) -> None:
         payload = await _payload(request)
         if payload is None:
             return openai_error(400, "We could not parse the JSON body of your request.")
+        unreadable = compaction_problem(payload)
+        if unreadable is not None:
+            return openai_error(400, unreadable, "invalid_encrypted_content", "input")
         problem = responses_problem(payload)
         if problem is not None:
             return openai_error(400, problem, param="input")
@@ -499,7 +525,47 @@ def add_routes(app: web.Application, state: Any) -> None:
             _frame(event["type"], {**event, "sequence_number": n})
             for n, event in enumerate(responses_events(body))
         ]
+        if step.get("kind") == "drop_mid_stream":  # the connection closes after a few events
+            return await _sse(request, frames[: int(step.get("after_chunks", 2))], drop=True)
+        if step.get("kind") == "slow_stream":
+            return await _sse(request, frames, interval=float(step.get("interval", 0.2)))
         return await _sse(request, frames)
+
+    async def compact(request: web.Request) -> web.Response:
+        if not state.config.remote_compaction:
+            return openai_error(404, "Not Found", "not_found")
+        payload = await _payload(request)
+        if payload is None:
+            return openai_error(400, "We could not parse the JSON body of your request.")
+        unreadable = compaction_problem(payload)
+        if unreadable is not None:
+            return openai_error(400, unreadable, "invalid_encrypted_content", "input")
+        encrypted = f"gAAAAfakecompaction{next(_ids)}" + "y" * 16
+        ISSUED.compactions.add(encrypted)
+        items = payload.get("input")
+        kept = [
+            item
+            for item in (items if isinstance(items, list) else [])
+            if isinstance(item, dict) and item.get("role") == "user"
+        ]
+        prompt = prompt_tokens(payload, state.config.chars_per_token)
+        item = {"type": "compaction", "id": f"cmp_{next(_ids)}", "encrypted_content": encrypted}
+        return web.json_response(
+            {
+                "id": f"resp_{next(_ids)}",
+                "object": "response.compaction",
+                "created_at": 1_700_000_000,
+                "output": [*kept, item],
+                "usage": {
+                    "input_tokens": prompt,
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": 50,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": prompt + 50,
+                },
+            },
+            headers={"x-request-id": "req_fake"},
+        )
 
     async def messages(request: web.Request) -> web.StreamResponse:
         payload = await _payload(request)
@@ -548,11 +614,16 @@ def add_routes(app: web.Application, state: Any) -> None:
         )
 
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/responses/compact", compact)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
 
 
-async def _sse(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
+async def _sse(
+    request: web.Request, frames: list[bytes], interval: float = 0.0, drop: bool = False
+) -> web.StreamResponse:
+    """`frames` as an event stream, `interval` seconds apart; with `drop`, the connection is
+    then closed without ending the stream."""
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -563,6 +634,9 @@ async def _sse(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
     await response.prepare(request)
     for frame in frames:
         await response.write(frame)
-        await asyncio.sleep(0)
+        await asyncio.sleep(interval)
+    if drop and request.transport is not None:
+        request.transport.close()
+        return response
     await response.write_eof()
     return response

@@ -13,7 +13,8 @@ Control endpoints (JSON; nothing under /_fake/ is recorded):
                            pairs in order), body_b64 (raw bytes), json (parsed, or null)
     POST /_fake/reset      clear records, script, config and counters; cancel hung handlers
     POST /_fake/script     append behaviours (a JSON list), consumed one per chat request, FIFO
-    POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X"}
+    POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X",
+                            "remote_compaction": bool}
     GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"}; `cancelled` counts
                            chat requests ended by the client disconnecting
 
@@ -31,8 +32,12 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     slow_stream          chunks, interval; content in `chunks` pieces, `interval` s apart
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
 
+`GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
+`POST /v1/embeddings` answers one embedding; any other `/v1/*` path echoes what it received.
+
 `/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
-formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`.
+formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`
+(streamed `/v1/responses` also takes `slow_stream` with `interval`, and `drop_mid_stream`).
 
 Non-streaming requests get the same behaviours: "chunks" are then halves of the JSON body.
 The global `context_limit` is checked before the script; a request it rejects consumes nothing.
@@ -182,11 +187,13 @@ class Config:
     context_limit: int | None = None
     style: str = "openai"
     chars_per_token: float = 4.0
+    remote_compaction: bool = False  # POST /v1/responses/compact answers as OpenAI's does
 
     @classmethod
     def parse(cls, data: object) -> Config:
-        if not isinstance(data, dict) or set(data) - {"context_limit", "style", "usage_tokenizer"}:
-            raise ValueError("config keys: context_limit, style, usage_tokenizer")
+        keys = {"context_limit", "style", "usage_tokenizer", "remote_compaction"}
+        if not isinstance(data, dict) or set(data) - keys:
+            raise ValueError("config keys: " + ", ".join(sorted(keys)))
         limit = data.get("context_limit")
         if limit is not None and (type(limit) is not int or limit <= 0):
             raise ValueError("context_limit must be a positive integer or null")
@@ -197,7 +204,10 @@ class Config:
         kind, _, ratio = str(tokenizer).partition(":")
         if kind != "chars" or not ratio.replace(".", "", 1).isdigit() or float(ratio) <= 0:
             raise ValueError('usage_tokenizer must look like "chars:3.1"')
-        return cls(limit, style, float(ratio))
+        remote = data.get("remote_compaction", False)
+        if not isinstance(remote, bool):
+            raise ValueError("remote_compaction must be a boolean")
+        return cls(limit, style, float(ratio), remote)
 
 
 @dataclass
@@ -441,6 +451,10 @@ def make_app(state: State) -> web.Application:
         data = [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}]
         return web.json_response({"object": "list", "data": data})
 
+    async def model(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        return web.json_response({"id": name, "object": "model", "created": 0, "owned_by": "fake"})
+
     async def passthrough(request: web.Request) -> web.Response:
         raw = await request.read()
         if request.method == "POST" and request.path == "/v1/embeddings":
@@ -490,6 +504,7 @@ def make_app(state: State) -> web.Application:
     app = web.Application(middlewares=[recorder], client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name}", model)
     add_routes(app, state)  # /v1/responses, /v1/messages (+ count_tokens)
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     app.router.add_get("/_fake/requests", control_requests)

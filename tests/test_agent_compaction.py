@@ -2,8 +2,9 @@
 
 The fixtures under `tests/fixtures/agents/` were captured from Codex CLI 0.169.0 (its
 auto-compaction past `model_auto_compact_token_limit`) and Claude Code 2.1.331 (`/compact`) through
-the gateway; the agents' own instructions and tool descriptions are replaced by a note of their
-size, the rest is as sent.
+the gateway, and from OpenCode 1.18.33 (its auto-compaction past the model's `limit.context`,
+Anthropic provider, captured at the fake upstream); the agents' own instructions and tool
+descriptions are replaced by a note of their size, the rest is as sent.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from hypothesis import strategies as st
 
 from gateway.agent_compaction import DEFAULT_SIGNATURES, Signature, recognise
 from gateway.config import parse_config
-from gateway.wire import MESSAGES, RESPONSES
+from gateway.wire import CHAT, MESSAGES, RESPONSES
 from tests.fake_agent_apis import summary_requests
 from tests.in_process import AppStarter, LocalUpstream
 from tests.wire_strategies import messages_bodies, responses_bodies
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agents"
 WIRES = {"responses": RESPONSES, "messages": MESSAGES}
+WIRE_BY_API = {"chat": CHAT, **WIRES}
 
 
 def fixture(name: str) -> dict[str, Any]:
@@ -42,8 +44,24 @@ def test_every_default_signature_recognises_the_request_it_was_written_from(
     signature: Signature,
 ) -> None:
     assert signature.fixture is not None
-    request = parsed(signature.api or "responses", fixture(Path(signature.fixture).name))
+    body = fixture(Path(signature.fixture).name)
+    request = parsed(signature.api or ("messages" if "messages" in body else "responses"), body)
     assert recognise(request.api, request.messages) == signature
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_opencodes_prompt_is_its_compaction_whichever_api_its_provider_speaks(api: str) -> None:
+    """OpenCode sends the same compaction prompt through any provider."""
+    text = fixture("opencode_compaction_request.json")["messages"][-1]["content"][-1]["text"]
+    body: dict[str, Any] = {"model": "m"}
+    if api == "responses":
+        body["input"] = [{"type": "message", "role": "user", "content": text}]
+    else:
+        body["messages"] = [{"role": "user", "content": text}]
+        body["max_tokens"] = 100
+    request = WIRE_BY_API[api].parse(orjson.dumps(body), 100_000)
+    found = recognise(request.api, request.messages)
+    assert found is not None and found.name == "opencode"
 
 
 @pytest.mark.parametrize(
@@ -52,6 +70,7 @@ def test_every_default_signature_recognises_the_request_it_was_written_from(
         ("responses", "codex_tool_request.json"),
         ("responses", "codex_after_compaction_request.json"),
         ("messages", "claude_tool_request.json"),
+        ("messages", "opencode_tool_request.json"),
     ],
 )
 def test_the_same_agents_ordinary_turns_are_not_compactions(api: str, name: str) -> None:
@@ -117,6 +136,41 @@ async def test_an_agents_compaction_is_forwarded_and_said_so(
     assert "x-compactgate-agent-compaction" not in response.headers
     metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert 'compactgate_agent_compactions_total{agent="codex",outcome="forwarded"} 1.0' in metrics
+
+
+async def test_opencodes_compaction_is_forwarded_and_nothing_is_prepared_for_it(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """OpenCode sends its history as one transcript inside the prompt: no summary made from
+    messages can answer it, so the gateway learns nothing from it and spends nothing ahead."""
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "tokenizer": "chars:4",
+                    "context_window": 200_000,
+                }
+            ]
+        }
+    )
+    url = f"{gw.base_url}/messages"
+    body = {**fixture("opencode_compaction_request.json"), "stream": False}
+    response = await gw.http.post(url, headers=KEY, json=body)
+    assert response.status_code == 200
+    assert response.headers["x-compactgate-agent-compaction"] == "opencode; forwarded"
+    ordinary_turn = {**fixture("opencode_tool_request.json"), "stream": False}
+    for _ in range(3):  # turns at and above the size it compacted at
+        response = await gw.http.post(url, headers=KEY, json=ordinary_turn)
+        assert response.status_code == 200
+    await asyncio.sleep(0.5)  # room for a background summary, were one started
+    assert len(local_upstream.requests()) == 4  # the compaction and three turns, nothing more
+    metrics = (await gw.http.get(f"{gw.url}/metrics")).text
+    assert 'compactgate_agent_compactions_total{agent="opencode",outcome="forwarded"} 1.0' in (
+        metrics
+    )
+    assert 'agent="opencode",outcome="prepared"' not in metrics
 
 
 # -- answered from a summary made ahead of need ---------------------------------------------------

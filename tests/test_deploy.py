@@ -62,6 +62,7 @@ REQUIRED_METRICS = {
     "compactgate_compactions_total",
     "compactgate_context_errors_total",
     "compactgate_emergency_retries_total",
+    "compactgate_context_errors_avoided_total",
     "compactgate_summary_cache_total",
     "compactgate_summarizer_calls_total",
     "compactgate_summarizer_duration_seconds_bucket",
@@ -198,6 +199,17 @@ def compose_mounts(service: dict[str, Any]) -> dict[str, Path]:
 
 def container_ports(service: dict[str, Any]) -> list[int]:
     return [int(compose_default(str(p)).rsplit(":", 1)[-1].split("/")[0]) for p in service["ports"]]
+
+
+def published(port: Any) -> tuple[str | None, str]:
+    """A compose `ports` entry's host address (None: every interface) and host port(s)."""
+    parts = compose_default(str(port)).split(":")
+    return (parts[0], parts[1]) if len(parts) == 3 else (None, parts[0])
+
+
+def compose_gateway_config() -> Config:
+    gw = compose()["services"]["gateway"]
+    return load_config(compose_mounts(gw)[gw["environment"]["COMPACTGATE_CONFIG"]], environ={})
 
 
 def configmap_config(tmp_path: Path) -> Path:
@@ -419,8 +431,8 @@ def test_compose_runs_gateway_redis_prometheus_grafana_with_the_gateway_on_8080(
     services = compose()["services"]
     assert {"gateway", "redis", "prometheus", "grafana"} <= set(services)
     gw = services["gateway"]
-    assert container_ports(gw) == [exposed_port()] == [8080]
-    assert compose_default(str(gw["ports"][0])).split(":")[0] == "8080"
+    assert container_ports(gw)[0] == exposed_port() == 8080
+    assert published(gw["ports"][0]) == ("127.0.0.1", "8080")
     build = gw["build"]
     assert (COMPOSE.parent / build["context"]).resolve() == REPO_ROOT
     assert (REPO_ROOT / build["dockerfile"]).resolve() == DOCKERFILE
@@ -459,7 +471,11 @@ def test_prometheus_scrapes_the_gateway_service_port_and_metrics_path() -> None:
     assert job.get("metrics_path", "/metrics") == "/metrics"
     targets = [t for c in job.get("static_configs", []) for t in c["targets"]]
     targets += [f"{n}:{c['port']}" for c in job.get("dns_sd_configs", []) for n in c["names"]]
-    assert targets == [f"gateway:{container_ports(services['gateway'])[0]}"]
+    # /metrics is served on the admin port, which has no token: Prometheus needs none
+    admin_port = compose_gateway_config().server.admin_port
+    assert admin_port in container_ports(services["gateway"])
+    assert targets == [f"gateway:{admin_port}"]
+    assert "authorization" not in job
 
 
 def test_grafana_is_provisioned_with_the_datasource_and_dashboard_it_mounts() -> None:
@@ -511,10 +527,14 @@ def test_kustomization_lists_every_manifest() -> None:
     assert {"configmap.yaml", "deployment.yaml", "service.yaml", "hpa.yaml", "redis.yaml"} <= files
 
 
+def container_port(name: str) -> dict[str, Any]:
+    (port,) = [p for p in gateway_container()["ports"] if p["name"] == name]
+    return port
+
+
 def test_deployment_probes_ask_healthz_and_readyz_on_the_container_port() -> None:
     container = gateway_container()
-    assert gateway_deployment()["spec"]["replicas"] == 3
-    (port,) = container["ports"]
+    port = container_port("http")
     assert port["containerPort"] == exposed_port()
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
@@ -531,7 +551,7 @@ def test_deployment_probes_ask_healthz_and_readyz_on_the_container_port() -> Non
 
 
 def test_configmap_config_loads_and_points_at_the_shared_redis(tmp_path: Path) -> None:
-    config = load_config(configmap_config(tmp_path), environ={})
+    config = load_config(configmap_config(tmp_path), environ={"REDIS_PASSWORD": "pw"})
     host, port = redis_address(config)
     service = k8s_object("Service", host)
     assert port in [p["port"] for p in service["spec"]["ports"]]
@@ -560,8 +580,8 @@ def test_service_selects_the_gateway_pods_and_targets_the_container_port() -> No
     )
     services = [s for s in k8s_objects() if s["kind"] == "Service" and selects(s, pod_labels)]
     assert [s["metadata"]["name"] for s in services] == ["compactgate"]
-    (port,) = gateway_container()["ports"]
-    for service_port in services[0]["spec"]["ports"]:
+    port = container_port("http")
+    for service_port in services[0]["spec"]["ports"]:  # the proxy only, never the admin port
         assert service_port["targetPort"] in (port["containerPort"], port["name"])
 
 
@@ -573,7 +593,7 @@ def test_hpa_scales_the_gateway_deployment_on_cpu() -> None:
         "Deployment",
         gateway_deployment()["metadata"]["name"],
     )
-    assert hpa["spec"]["minReplicas"] <= gateway_deployment()["spec"]["replicas"]
+    assert hpa["spec"]["minReplicas"] >= 2
     assert hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
     (metric,) = hpa["spec"]["metrics"]
     assert (metric["type"], metric["resource"]["name"]) == ("Resource", "cpu")
@@ -757,6 +777,7 @@ def test_traffic_drove_compaction_and_a_context_error_retry(scrape: Scrape) -> N
     assert scrape.value("compactgate_tokens_saved_total", model="small") > 0
     assert scrape.value("compactgate_context_errors_total") >= 1
     assert scrape.value("compactgate_emergency_retries_total", model="roomy") == 1
+    assert scrape.value("compactgate_context_errors_avoided_total", model="roomy") == 1
     assert scrape.value("compactgate_requests_total", status="200") == 3
     assert scrape.value("compactgate_requests_total", status="404") == 1
 
@@ -801,3 +822,189 @@ def test_probe_healthcheck_and_scrape_paths_answer_on_the_real_gateway(scrape: S
     command = [sys.executable if a in ("python", "python3") else a for a in healthcheck_command()]
     command = [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", a) for a in command]
     assert subprocess.run(command, timeout=30, check=False).returncode == 0
+
+
+# -- Grafana dashboard on a healthy gateway ------------------------------------------------------
+
+FALLBACK = re.compile(r"\bor\s+on\s*\(\s*\)\s+(?:label_replace\(\s*)?vector\(0\)")
+SELECTOR = re.compile(r"\b(compactgate_[A-Za-z0-9_]+)(?:\{([^{}]*)\})?")
+
+
+def selected(text: str, name: str, matchers: str) -> bool:
+    """Whether a text exposition has a sample for `name{matchers}` (the `=` and `=~` matchers
+    the dashboard writes; a `$variable` matches anything, as "All" does)."""
+    wanted = re.findall(r'(\w+)\s*(=~|=)\s*"([^"]*)"', matchers or "")
+    for sample, raw in re.findall(r"^(\w+)(?:\{([^}]*)\})? \S+$", text, re.M):
+        if sample != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', raw))
+        if all(
+            "$" in value
+            or (have.get(label) == value if op == "=" else re.fullmatch(value, have.get(label, "")))
+            for label, op, value in wanted
+        ):
+            return True
+    return False
+
+
+def has_series(query: str, text: str) -> bool:
+    """Whether a query returns a series against this exposition: every selector in it has a
+    sample, or it falls back to `vector(0)` when they have none."""
+    if FALLBACK.search(query):
+        return True
+    return all(selected(text, name, matchers) for name, matchers in SELECTOR.findall(query))
+
+
+async def test_no_panel_shows_no_data_on_a_healthy_gateway(
+    start_app: Any, local_upstream: Any
+) -> None:
+    """A gateway that answered one request, compacting nothing and meeting no error: every
+    panel has a series to draw (a zero, not "No data"), or says in its own words why it has
+    none (`noValue`, e.g. a hit rate before any lookup)."""
+    gw = await start_app(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "upstream": {"base_url": local_upstream.base_url},
+                    "context_window": 100_000,
+                    "tokenizer": "chars:4",
+                }
+            ]
+        }
+    )
+    reply = await gw.openai().chat.completions.create(model="m", messages=history(1, 3))
+    assert reply.choices[0].message.content
+    text = (await gw.http.get(f"{gw.url}/metrics")).text
+    empty = []
+    for panel in walk_panels(dashboard()["panels"]):
+        if panel["type"] == "row" or panel["fieldConfig"]["defaults"].get("noValue"):
+            continue
+        if not any(has_series(target["expr"], text) for target in panel["targets"]):
+            empty.append(f"{panel['title']}: {[t['expr'] for t in panel['targets']]}")
+    assert not empty, "panels with no data on a healthy gateway:\n" + "\n".join(empty)
+
+
+# -- secure defaults -----------------------------------------------------------------------------
+
+
+def test_compose_publishes_every_port_on_this_machine_only() -> None:
+    """The gateway holds OPENAI_API_KEY with no gateway keys, and Grafana lets anonymous viewers
+    in: published on every interface, anyone on the network could spend or read them."""
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            address, _ = published(port)
+            assert address == "127.0.0.1", f"{name} publishes {port} beyond this machine"
+    comment = COMPOSE.read_text()
+    assert "auth.keys" in comment and "hash-key" in comment  # how to open it deliberately
+
+
+def test_both_stacks_serve_admin_surfaces_on_their_own_port(tmp_path: Path) -> None:
+    """Without a token the admin surfaces answer only loopback clients on the proxy port, which
+    would refuse Prometheus: both stacks give them the admin port, and scrape that."""
+    compose_config = compose_gateway_config()
+    k8s_config = load_config(configmap_config(tmp_path), environ={"REDIS_PASSWORD": "pw"})
+    for config in (compose_config, k8s_config):
+        assert config.server.admin_port is not None and not config.server.admin_token
+    admin = container_port("admin")
+    assert admin["containerPort"] == k8s_config.server.admin_port
+    annotations = gateway_deployment()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(admin["containerPort"])
+    exposed = {
+        p["targetPort"] for s in k8s_objects() if s["kind"] == "Service" for p in s["spec"]["ports"]
+    }
+    assert not exposed & {"admin", admin["containerPort"]}, "a Service exposes the admin port"
+
+
+def test_the_autoscaler_alone_sets_the_gateway_replica_count() -> None:
+    assert "replicas" not in gateway_deployment()["spec"]
+    (hpa,) = [o for o in k8s_objects() if o["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == gateway_deployment()["metadata"]["name"]
+
+
+def pod_labels(name: str) -> dict[str, str]:
+    return k8s_object("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+
+
+def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, f"unexpected selector {selector}"
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_a_disruption_budget_keeps_the_gateway_serving_through_drains() -> None:
+    (pdb,) = [o for o in k8s_objects() if o["kind"] == "PodDisruptionBudget"]
+    assert pdb["apiVersion"] == "policy/v1"
+    assert matches(pdb["spec"]["selector"], pod_labels("compactgate"))
+    assert not matches(pdb["spec"]["selector"], pod_labels("compactgate-redis"))
+    (hpa,) = [o for o in k8s_objects() if o["kind"] == "HorizontalPodAutoscaler"]
+    if "maxUnavailable" in pdb["spec"]:
+        assert 1 <= pdb["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"]
+    else:
+        assert 1 <= pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]  # drains can go on
+
+
+def policy_for(labels: dict[str, str]) -> dict[str, Any]:
+    found = [
+        o
+        for o in k8s_objects()
+        if o["kind"] == "NetworkPolicy" and matches(o["spec"]["podSelector"], labels)
+    ]
+    assert len(found) == 1, f"expected one NetworkPolicy for {labels}, found {len(found)}"
+    assert found[0]["apiVersion"] == "networking.k8s.io/v1"
+    assert "Ingress" in found[0]["spec"]["policyTypes"]
+    return found[0]
+
+
+def rules_for(policy: dict[str, Any], port: Any) -> list[dict[str, Any]]:
+    return [
+        rule
+        for rule in policy["spec"].get("ingress", [])
+        if any(p["port"] == port for p in rule.get("ports", []))
+    ]
+
+
+def test_network_policies_let_clients_reach_the_gateway_and_only_the_gateway_reach_redis() -> None:
+    gateway_labels, redis_labels = pod_labels("compactgate"), pod_labels("compactgate-redis")
+    gateway_policy = policy_for(gateway_labels)
+    (to_proxy,) = rules_for(gateway_policy, "http")
+    assert to_proxy["from"], "an empty `from` lets everyone in"
+    assert any(peer == {"podSelector": {}} for peer in to_proxy["from"])  # this namespace
+    (to_admin,) = rules_for(gateway_policy, "admin")
+    assert to_admin["from"] and all("namespaceSelector" in p for p in to_admin["from"])
+    assert len(gateway_policy["spec"]["ingress"]) == 2, "a rule opens some other port"
+
+    redis_policy = policy_for(redis_labels)
+    (rule,) = redis_policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["redis"]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}, "Redis is reached from this namespace's gateway only"
+    assert matches(peer["podSelector"], gateway_labels)
+    assert not matches(peer["podSelector"], redis_labels)
+    assert not matches(peer["podSelector"], {"app.kubernetes.io/name": "compactgate"})
+
+
+def secret_ref(container: dict[str, Any], name: str) -> tuple[str, str]:
+    (entry,) = [e for e in container["env"] if e["name"] == name]
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert not ref.get("optional"), f"{name}: an optional secret would start without it"
+    return ref["name"], ref["key"]
+
+
+def test_redis_requires_the_password_the_gateways_store_url_carries(tmp_path: Path) -> None:
+    (redis,) = k8s_object("Deployment", "compactgate-redis")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    args = redis["args"]
+    password_var = re.fullmatch(r"\$\((\w+)\)", args[args.index("--requirepass") + 1])
+    assert password_var, "--requirepass must take the password from the environment"
+    secret = secret_ref(redis, password_var.group(1))
+    assert secret_ref(redis, "REDISCLI_AUTH") == secret  # the redis-cli readiness probe
+    assert redis["readinessProbe"]["exec"]["command"][0] == "redis-cli"
+
+    config_text = configmap_config(tmp_path).read_text()
+    (store,) = re.findall(r"^\s*store:\s*(\S+)", config_text, re.M)
+    (variable,) = re.findall(r"\$\{(\w+)\}", urlsplit(store).password or "")
+    assert secret_ref(gateway_container(), variable) == secret
+    config = load_config(configmap_config(tmp_path), environ={variable: "hex0123"})
+    assert urlsplit(config.store).password == "hex0123"
+    assert "kubectl create secret generic " + secret[0] in (DEPLOY / "README.md").read_text()

@@ -367,6 +367,6 @@ async def test_health_and_metrics(app: AppGateway) -> None:
     assert (await app.http.get(f"{app.url}/healthz")).json() == {"status": "ok"}
     assert (await app.http.get(f"{app.url}/readyz")).status_code == 200
     text = (await app.http.get(f"{app.url}/metrics")).text
-    assert 'compactgate_requests_total{model="m",status="200"} 1.0' in text
+    assert 'compactgate_requests_total{api="chat",model="m",status="200"} 1.0' in text
     assert "compactgate_request_duration_seconds_bucket" in text
     assert "compactgate_upstream_duration_seconds_bucket" in text

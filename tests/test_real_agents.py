@@ -261,3 +261,65 @@ def _metric(text: str, labels: str) -> float:
         if line.startswith(f"compactgate_agent_compactions_total{{{labels}}}"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_claude_codes_own_compaction_is_answered_from_a_summary_made_ahead(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """Claude Code compacts its history itself when it nears the window it was told
+    (`CLAUDE_CODE_AUTO_COMPACT_WINDOW`). Its first compaction goes upstream and teaches the
+    gateway where and how; the gateway makes the next summary while Claude Code works, and
+    answers the next compaction request itself."""
+    claude = agent("claude")
+    gateway = start_gateway(gateway_config(fake_upstream, 400_000))
+    steps = 26
+    calls = [
+        {
+            "kind": "tool_calls",
+            "reasoning": True,
+            "tool_calls": [
+                {
+                    "name": "Bash",
+                    "arguments": {
+                        "command": f"sleep 0.5; seq {step}0000 {step}9999 | head -2600",
+                        "description": f"list part {step}",
+                    },
+                }
+            ],
+        }
+        for step in range(1, steps + 1)
+    ]
+    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "ANTHROPIC_BASE_URL": gateway.url,
+        "ANTHROPIC_API_KEY": "sk-claude",
+        "ANTHROPIC_SMALL_FAST_MODEL": "m",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "50000",
+    }
+    run = subprocess.run(
+        [str(claude), "-p", "Inspect the numbered parts and report.", "--model", "m",
+         "--output-format", "json", "--allowedTools", "Bash"],
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    result = json.loads(run.stdout)
+    assert result["is_error"] is False and result["result"] == FINAL, run.stdout[-2000:]
+    metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    agent_ = 'agent="claude-code"'
+    forwarded = _metric(metrics, f'{agent_},outcome="forwarded"')
+    answered = _metric(metrics, f'{agent_},outcome="answered"')
+    own = _metric(metrics, f'{agent_},outcome="prepared"')
+    assert forwarded >= 1 and answered >= 1, (forwarded, answered, gateway.output()[-3000:])
+    assert len(summary_requests(fake_upstream.requests())) == forwarded + own

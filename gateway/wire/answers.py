@@ -1,8 +1,9 @@
 """An answer the gateway gives itself, in each API's own shape: a JSON body or an SSE stream.
 
 Used when the gateway answers a request without the upstream (an agent's compaction request
-answered from a summary made ahead of need): the client's SDK must not be able to tell it from
-a model's answer. One assistant text, its usage, and the events each API streams for it.
+answered from a summary made ahead of need, a Responses `compaction_trigger` the gateway
+compacts itself): the client's SDK must not be able to tell it from a model's answer. One
+assistant text (or one compaction item), its usage, and the events each API streams for it.
 """
 
 from __future__ import annotations
@@ -174,3 +175,30 @@ def _messages_events(text: str, model: str, usage: Usage) -> Iterator[bytes]:
     ]
     for name, data in events:
         yield b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def compaction(item: dict[str, Any], model: str, stream: bool) -> tuple[bytes, bytes]:
+    """(content type, body) of a Responses answer to a `compaction_trigger`: exactly one
+    `compaction` item, nothing billed. Streamed, a compaction item has no deltas: it is added,
+    then done."""
+    body = _responses("", model, Usage(0))
+    body["output"] = [item]
+    if not stream:
+        return b"application/json", orjson.dumps(body)
+    shell = {**body, "status": "in_progress", "output": [], "usage": None}
+    events = [
+        {"type": "response.created", "response": shell},
+        {"type": "response.in_progress", "response": shell},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": body},
+    ]
+    frames = (
+        b"event: "
+        + event["type"].encode()
+        + b"\ndata: "
+        + orjson.dumps({**event, "sequence_number": number})
+        + b"\n\n"
+        for number, event in enumerate(events)
+    )
+    return b"text/event-stream", b"".join(frames)
