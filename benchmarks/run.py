@@ -23,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -527,6 +528,11 @@ class Bench:
         if unknown:
             print(f"unknown case(s): {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
+        # SIGTERM (a `timeout`, a stopped job) cancels the run, so that `finally` below stops
+        # every process it started instead of leaving them running.
+        main_task = asyncio.current_task()
+        assert main_task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
         session = load.new_session(max(c.concurrency for c in CASES))
         info = report.RunInfo(
             command="python -m benchmarks.run" + (" --quick" if self.quick else ""),
@@ -647,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         return runner(bench.run())
     except targets.StartError as error:
         print(f"benchmark aborted: {error}", file=sys.stderr)
+        return 1
+    except asyncio.CancelledError:
+        print("benchmark stopped (SIGTERM); its processes were stopped", file=sys.stderr)
         return 1
 
 
