@@ -78,7 +78,7 @@ CASES: tuple[Case, ...] = (
         False,
         1,
         PEERS,
-        Load(200, 4),
+        Load(150, 3),
         Load(60, 2),
     ),
     Case(
@@ -89,7 +89,7 @@ CASES: tuple[Case, ...] = (
         True,
         1,
         PEERS,
-        Load(200, 4),
+        Load(150, 3),
         Load(60, 2),
     ),
     Case(
@@ -122,7 +122,7 @@ CASES: tuple[Case, ...] = (
         False,
         1,
         PEERS,
-        Load(40, 5),
+        Load(20, 3),
         Load(10, 2),
     ),
     Case(
@@ -133,7 +133,7 @@ CASES: tuple[Case, ...] = (
         False,
         1,
         ("direct", "gateway", "litellm", "headroom"),
-        Load(30, 6),
+        Load(15, 3),
         Load(8, 3),
     ),
     Case(
@@ -144,7 +144,7 @@ CASES: tuple[Case, ...] = (
         True,
         1,
         ("direct", "gateway", "relay", "litellm"),
-        Load(40, 5),
+        Load(20, 3),
         Load(10, 2),
     ),
     Case(
@@ -268,7 +268,7 @@ AGENT_API_CASES = _agent_api_cases(
 # --max-minutes loses those, which take seconds)
 CASES = CASES[:8] + AGENT_API_CASES + CASES[8:]
 
-ROUNDS_FULL = 4
+ROUNDS_FULL = 3
 ROUNDS_QUICK = 2
 MEMORY_CONVERSATIONS = 1000
 MEMORY_MESSAGES = 20
