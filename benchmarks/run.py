@@ -615,8 +615,13 @@ PEER_NOTES = {
     "database, cost map from its package (LITELLM_LOCAL_MODEL_COST_MAP); chat and Responses "
     "to the upstream as an OpenAI provider, the Messages model as an Anthropic provider.",
     "headroom": "headroom {version} ran as `headroom proxy --openai-api-url <upstream>/v1 "
-    "--anthropic-api-url <upstream>` with its defaults (one process), model hubs offline "
-    "(HF_HUB_OFFLINE) and telemetry off.",
+    "--anthropic-api-url <upstream> --no-rate-limit --no-cache --no-telemetry "
+    "--disable-kompress`: one process, otherwise its defaults (cache mode, its structural "
+    "compressors on). Without those flags it would throttle the run to 60 requests a minute, "
+    "could answer from its response cache, and would try to download its Kompress model from a "
+    "model hub at start (retried in the background; requests pass uncompressed meanwhile). Its "
+    "tiktoken files come from the wheel of its own litellm (TIKTOKEN_CACHE_DIR), model hubs "
+    "are offline (HF_HUB_OFFLINE), and it assumes a 128k window for the benchmark's model names.",
 }
 
 
