@@ -1,7 +1,7 @@
 """Run the side-by-side benchmarks (issue 9) and write docs/benchmarks.md.
 
     python -m benchmarks.run             # full run: about 11-12 minutes (bounded by --max-minutes)
-    python -m benchmarks.run --quick     # smoke run: about 2 minutes
+    python -m benchmarks.run --quick     # smoke run: about 3 minutes
 
 It starts, on loopback, a fast fake upstream (and a second one that rejects large requests once
 with `context_length_exceeded`), the gateway (one worker) with a generated config, a do-nothing
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 2 rounds of small batches (about 1-2 minutes)",
+        help="smoke run: 2 rounds of small batches (about 3 minutes)",
     )
     parser.add_argument(
         "--rounds",
