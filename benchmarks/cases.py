@@ -1,6 +1,7 @@
 """What a run measures: the cases, which targets each one compares, and how much load.
 
-A case is one request shape sent the same way to several targets, measured in rounds so that
+A case is one request shape, in one client API (chat, Responses, Messages), sent the same way to
+several targets, measured in rounds so that
 whatever else the machine is doing hits them alike: at concurrency 1 the targets alternate
 request by request (`load.run_paired`); above it they take turns batch by batch, the order
 rotating every round. Every number the report compares comes from one case.
@@ -11,6 +12,8 @@ Targets:
     gateway              CompactGate, model `bench-passthrough` (1M window: nothing compacted)
     relay                the Starlette + aiohttp relay (the Python floor)
     litellm              the LiteLLM proxy (pinned), configured to the same upstream
+    headroom             the headroom proxy (pinned), a Python compaction proxy that speaks chat,
+                         Responses and Messages, pointed at the same upstream
     gateway-compact      CompactGate, model `bench-compact` (32k window: masking + trimming)
     gateway-emergency    CompactGate, a model whose upstream rejects the request once with
                          `context_length_exceeded`, so the gateway compacts and retries
@@ -24,7 +27,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PEERS = ("direct", "gateway", "relay", "litellm")
+PEERS = ("direct", "gateway", "relay", "litellm", "headroom")
+# headroom serves one request at a time at 20-200 ms of CPU on chat (0.7-2.3 s on the agent API
+# bodies): a batch of 32 in flight would take seconds to minutes a round, so it is measured at
+# c=1 on chat and at c=32 only on a seen agent API request (its CPU per request at c=1 bounds its
+# throughput anyway: 1000 / CPU ms requests per second on its one process).
+CHAT_C32 = ("direct", "gateway", "relay", "litellm")
+# At c=32 a first-seen request is measured on the gateway and the floors only: LiteLLM and the
+# relay keep nothing per conversation (a first-seen request costs them what a seen one does),
+# and headroom's first-seen request costs it seconds of CPU (see its c=1 figure).
+FIRST_C32 = ("direct", "gateway", "relay")
 
 
 @dataclass(frozen=True)
@@ -39,13 +51,19 @@ class Load:
 class Case:
     key: str
     title: str
-    shape: str  # small | agent
+    shape: str  # small | agent | codex | claude
     variant: str  # fixed | appended | first_time
     stream: bool
     concurrency: int
     targets: tuple[str, ...]
     full: Load
     quick: Load
+    api: str = "chat"  # chat | responses | messages: the path, headers and stream end
+    rounds: tuple[int, int] | None = None  # (full, quick) instead of the run's rounds
+    quick_skip: tuple[str, ...] = ()  # targets a --quick run leaves out (too slow for it)
+
+    def targets_for(self, quick: bool) -> tuple[str, ...]:
+        return tuple(t for t in self.targets if not (quick and t in self.quick_skip))
 
     def load(self, quick: bool) -> Load:
         return self.quick if quick else self.full
@@ -60,7 +78,7 @@ CASES: tuple[Case, ...] = (
         False,
         1,
         PEERS,
-        Load(200, 4),
+        Load(150, 3),
         Load(60, 2),
     ),
     Case(
@@ -71,7 +89,7 @@ CASES: tuple[Case, ...] = (
         True,
         1,
         PEERS,
-        Load(200, 4),
+        Load(150, 3),
         Load(60, 2),
     ),
     Case(
@@ -81,7 +99,7 @@ CASES: tuple[Case, ...] = (
         "fixed",
         False,
         32,
-        PEERS,
+        CHAT_C32,
         Load(50_000, 2.0),
         Load(50_000, 0.75),
     ),
@@ -92,7 +110,7 @@ CASES: tuple[Case, ...] = (
         "fixed",
         True,
         32,
-        PEERS,
+        CHAT_C32,
         Load(50_000, 2.0),
         Load(50_000, 0.75),
     ),
@@ -104,7 +122,7 @@ CASES: tuple[Case, ...] = (
         False,
         1,
         PEERS,
-        Load(40, 5),
+        Load(20, 3),
         Load(10, 2),
     ),
     Case(
@@ -114,8 +132,8 @@ CASES: tuple[Case, ...] = (
         "first_time",
         False,
         1,
-        ("direct", "gateway", "litellm"),
-        Load(30, 6),
+        ("direct", "gateway", "litellm", "headroom"),
+        Load(15, 3),
         Load(8, 3),
     ),
     Case(
@@ -125,8 +143,8 @@ CASES: tuple[Case, ...] = (
         "appended",
         True,
         1,
-        PEERS,
-        Load(40, 5),
+        ("direct", "gateway", "relay", "litellm"),
+        Load(20, 3),
         Load(10, 2),
     ),
     Case(
@@ -136,7 +154,7 @@ CASES: tuple[Case, ...] = (
         "appended",
         False,
         32,
-        PEERS,
+        CHAT_C32,
         Load(50_000, 2.0),
         Load(50_000, 0.75),
     ),
@@ -186,7 +204,71 @@ CASES: tuple[Case, ...] = (
     ),
 )
 
-ROUNDS_FULL = 4
+
+def _agent_api_cases(shape: str, api: str, label: str) -> tuple[Case, ...]:
+    """Seen and first-seen, c=1 and c=32, streamed as the agents stream."""
+    c1, c32 = (Load(10, 3), Load(4, 1.0)), (Load(50_000, 1.5), Load(50_000, 0.5))
+    return (
+        Case(
+            f"{shape}-seen",
+            f"{label}, same conversation + 1 new item, streaming, c=1",
+            shape,
+            "appended",
+            True,
+            1,
+            PEERS,
+            *c1,
+            api,
+            (2, 1),
+        ),
+        Case(
+            f"{shape}-first",
+            f"{label}, first time seen (every item new), streaming, c=1",
+            shape,
+            "first_time",
+            True,
+            1,
+            PEERS,
+            *c1,
+            api,
+            (2, 1),
+        ),
+        Case(
+            f"{shape}-seen-c32",
+            f"{label}, seen before, streaming, c=32",
+            shape,
+            "appended",
+            True,
+            32,
+            PEERS,
+            *c32,
+            api,
+            (2, 1),
+            ("litellm", "headroom"),
+        ),
+        Case(
+            f"{shape}-first-c32",
+            f"{label}, first time seen, streaming, c=32",
+            shape,
+            "first_time",
+            True,
+            32,
+            FIRST_C32,
+            *c32,
+            api,
+            (2, 1),
+        ),
+    )
+
+
+AGENT_API_CASES = _agent_api_cases(
+    "codex", "responses", "Codex-like /v1/responses"
+) + _agent_api_cases("claude", "messages", "Claude-Code-like /v1/messages")
+# after the chat cases with peers, before the gateway-only ones (a run cut short by
+# --max-minutes loses those, which take seconds)
+CASES = CASES[:8] + AGENT_API_CASES + CASES[8:]
+
+ROUNDS_FULL = 3
 ROUNDS_QUICK = 2
 MEMORY_CONVERSATIONS = 1000
 MEMORY_MESSAGES = 20

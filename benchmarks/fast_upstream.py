@@ -1,4 +1,4 @@
-"""A fast fake OpenAI upstream for benchmarks: raw asyncio protocol + httptools, no framework.
+"""A fast fake upstream for benchmarks: raw asyncio protocol + httptools, no framework.
 
     python -m benchmarks.fast_upstream --port 0                        # prints "READY <port>"
     python -m benchmarks.fast_upstream --port 0 --reject-above 32768   # emergency mode
@@ -6,10 +6,12 @@
 It must never be the bottleneck, so it does almost nothing: every POST gets the same small
 `chat.completion` JSON body (prepared once, with a usage block), or, when the body says
 `"stream": true`, a 200 `text/event-stream` of `--chunks` OpenAI chunk events plus
-`data: [DONE]`, with real SSE framing in HTTP/1.1 chunked encoding, no sleeps. Whether a body
-streams is found with a byte search for the key `"stream"` (in JSON text a key's quotes are never
-escaped, so text inside messages cannot match). Any GET gets a models list. Keep-alive as the
-client asks.
+`data: [DONE]`, with real SSE framing in HTTP/1.1 chunked encoding, no sleeps. A POST whose path
+ends in `/responses` or `/messages` (query aside) gets the same in that API's shape instead
+(`benchmarks.agent_answers`: a Responses or Anthropic Messages JSON body, or its SSE events).
+Whether a body streams is found with a byte search for the key `"stream"` (in JSON text a key's
+quotes are never escaped, so text inside messages cannot match). Any GET gets a models list (a
+HEAD its headers). Keep-alive as the client asks.
 
 Emergency mode (`--reject-above BYTES`): a POST whose body is larger than BYTES is answered with
 OpenAI's 400 `context_length_exceeded` body, once per conversation: the conversation is named by
@@ -28,6 +30,8 @@ from typing import Any
 
 import httptools
 import orjson
+
+from . import agent_answers
 
 MODEL = "bench-upstream"
 CONTEXT_ERROR = {
@@ -101,6 +105,11 @@ def stream_events(chunks: int) -> list[bytes]:
     events += [event({"content": f" word{i}"}) for i in range(1, count - 1)]
     events.append(event({}, "stop"))
     events.append(b"data: [DONE]\n\n")
+    return _chunked(events)
+
+
+def _chunked(events: list[bytes]) -> list[bytes]:
+    """Each SSE event as one HTTP/1.1 chunk."""
     return [b"%x\r\n%b\r\n" % (len(e), e) for e in events]
 
 
@@ -131,6 +140,21 @@ class Answers:
     def __init__(self, chunks: int, reject_above: int | None) -> None:
         self.ok = _response(b"200 OK", b"application/json", completion_json())
         self.stream = stream_events(chunks)
+        # (JSON answer, SSE chunks) by the last segment of the path: the agent APIs
+        self.by_api: dict[bytes, tuple[bytes, list[bytes]]] = {
+            b"responses": (
+                _response(
+                    b"200 OK", b"application/json", orjson.dumps(agent_answers.responses_body())
+                ),
+                _chunked(agent_answers.responses_events()),
+            ),
+            b"messages": (
+                _response(
+                    b"200 OK", b"application/json", orjson.dumps(agent_answers.messages_body())
+                ),
+                _chunked(agent_answers.messages_events()),
+            ),
+        }
         self.models = _response(
             b"200 OK",
             b"application/json",
@@ -171,6 +195,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.body: list[bytes] = []
         self.conversation: bytes | None = None
+        self.api = b""  # the path's last segment: b"responses", b"messages", ...
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -192,6 +217,10 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.body = []
         self.conversation = None
+        self.api = b""
+
+    def on_url(self, url: bytes) -> None:
+        self.api = url.partition(b"?")[0].rstrip(b"/").rpartition(b"/")[2]
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) == 20 and name.lower() == b"x-bench-conversation":
@@ -206,20 +235,23 @@ class Connection(asyncio.Protocol):
             return
         answers = self.answers
         answers.requests += 1
-        if self.parser.get_method() != b"POST":
+        method = self.parser.get_method()
+        if method == b"HEAD":  # the headers a GET would get, and no body (RFC 9110 §9.3.2)
+            transport.write(answers.models.partition(b"\r\n\r\n")[0] + b"\r\n\r\n")
+        elif method != b"POST":
             transport.write(answers.models)
         else:
             body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+            ok, events = answers.by_api.get(self.api) or (answers.ok, answers.stream)
             if answers.rejects(body, self.conversation):
                 transport.write(answers.context_error)
             elif wants_stream(body):
-                events = answers.stream
                 transport.write(STREAM_HEAD + events[0])
                 for event in events[1:]:
                     transport.write(event)
                 transport.write(LAST_CHUNK)
             else:
-                transport.write(answers.ok)
+                transport.write(ok)
         self.body = []
         if not self.parser.should_keep_alive():
             transport.close()

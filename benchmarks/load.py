@@ -8,7 +8,8 @@ tree spent, divided by the requests it answered.
 
 `run_paired` is the same at concurrency 1 for several targets at once, one request to each in
 turn, so that machine load hits them alike. A request counts as an error unless its status is
-200 and, when streaming, its body ends with the `data: [DONE]` event.
+200 and, when streaming, the end of its body holds the API's last event (`Target.stream_end`:
+`data: [DONE]` for chat, `response.completed` for Responses, `message_stop` for Messages).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import aiohttp
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_TAIL = 16_384  # bytes of a stream's end kept to look for its last event
 BodyFor = Callable[[int], bytes]
 HeadersFor = Callable[[int], Mapping[str, str]]
 
@@ -126,12 +128,15 @@ def new_session(max_concurrency: int = 32) -> aiohttp.ClientSession:
 
 @dataclass(frozen=True)
 class Target:
-    """Where and what to send: request `i` is `body_for(i)` with `headers_for(i)` added."""
+    """Where and what to send: request `i` is `body_for(i)` with `headers` and `headers_for(i)`
+    added."""
 
     url: str
     body_for: BodyFor
     headers_for: HeadersFor | None = None
     pids: Sequence[int] = ()  # the target's processes, for CPU time
+    headers: Mapping[str, str] | None = None  # the API's own, e.g. `anthropic-version`
+    stream_end: bytes = b"data: [DONE]"  # what the end of a complete stream holds
 
 
 async def _one(
@@ -144,6 +149,8 @@ async def _one(
 ) -> None:
     """Send request `index` to `target`, wait for the whole answer, record it in `batch`."""
     headers_for = target.headers_for
+    if target.headers:
+        base_headers = {**base_headers, **target.headers}
     headers = base_headers if headers_for is None else {**base_headers, **headers_for(index)}
     body = target.body_for(index)
     started = time.perf_counter()
@@ -160,8 +167,8 @@ async def _one(
                     chunk = await response.content.readany()
                     if not chunk:
                         break
-                    tail = tail[-64:] + chunk
-                ok = response.status == 200 and tail.rstrip().endswith(b"data: [DONE]")
+                    tail = tail[-_TAIL:] + chunk
+                ok = response.status == 200 and target.stream_end in tail[-_TAIL:]
                 if not ok:
                     problem = f"{response.status}: {tail[-200:]!r}"
             else:

@@ -3,10 +3,11 @@
     python -m benchmarks.relay_floor --upstream http://127.0.0.1:9000 --port 0   # "READY <port>"
 
 Served like the gateway (uvicorn, uvloop, httptools, one worker, no access log). A POST's body
-is sent to the same path on the upstream through one pooled aiohttp session; the answer comes
-back with the upstream's status and content type, streamed chunk by chunk when it is an event
-stream. No parsing, no counting, no headers of its own: whatever the gateway adds on top of this
-is the gateway's own cost.
+is sent to the same path on the upstream through one pooled aiohttp session (chat completions,
+Responses and Messages alike, with the client's credential and Anthropic's version and beta
+headers); the answer comes back with the upstream's status and content type, streamed chunk by
+chunk when it is an event stream. No parsing, no counting, no headers of its own: whatever the
+gateway adds on top of this is the gateway's own cost.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+
+FORWARDED = ("authorization", "x-api-key", "anthropic-version", "anthropic-beta")
 
 
 def build_app(upstream: str) -> Starlette:
@@ -39,9 +42,10 @@ def build_app(upstream: str) -> Starlette:
     async def relay(request: Request) -> Response:
         body = await request.body()
         headers = {"content-type": "application/json"}
-        auth = request.headers.get("authorization")
-        if auth:
-            headers["authorization"] = auth
+        for name in FORWARDED:
+            value = request.headers.get(name)
+            if value is not None:
+                headers[name] = value
         session = state["session"]
         response = await session.post(upstream + request.url.path, data=body, headers=headers)
         content_type = response.headers.get("content-type", "application/json")

@@ -263,11 +263,12 @@ def gateway_commit(root: Path) -> str:
     return commit + (" + uncommitted changes in gateway/ or policies/" if dirty else "")
 
 
-def versions(root: Path, litellm: str | None) -> list[tuple[str, str]]:
+def versions(root: Path, peers: Mapping[str, str | None]) -> list[tuple[str, str]]:
     return [
         ("python", platform.python_version()),
         ("gateway commit", gateway_commit(root)),
-        ("litellm (peer venv)", litellm or "not installed"),
+        ("litellm (peer venv)", peers.get("litellm") or "not installed"),
+        ("headroom-ai (peer venv)", peers.get("headroom") or "not installed"),
         *(
             (name, _version(name))
             for name in (
@@ -332,22 +333,50 @@ class RunInfo:
     sample_headers: dict[str, dict[str, str]] = field(default_factory=dict)
     compaction: str = ""
     tokens: dict[str, int] = field(default_factory=dict)
+    agent_sizes: dict[str, dict[str, int]] = field(default_factory=dict)
     summary_metrics: dict[str, float] = field(default_factory=dict)
 
 
 # -- the document --------------------------------------------------------------------------
 
 
-def render(results: Results, info: RunInfo, root: Path, litellm: str | None, analysis: str) -> str:
+# The last line of the generated part: what follows it in docs/benchmarks.md is written by hand
+# (other benchmarks' results) and kept when the report is written again.
+GENERATED_END = (
+    "<!-- end of the part written by `python -m benchmarks.run`; sections below it are kept "
+    "when it rewrites this file -->"
+)
+
+
+def keep_tail(previous: str) -> str:
+    """The hand-written sections of an earlier report: what follows `GENERATED_END`, or, in a
+    report from before that line existed, every section after "Versions and machine"."""
+    if GENERATED_END in previous:
+        tail = previous.split(GENERATED_END, 1)[1]
+    else:
+        facts = previous.find("\n## Versions and machine")
+        following = previous.find("\n## ", facts + 1) if facts >= 0 else -1
+        tail = "" if following < 0 else previous[following:]
+    return "\n" + tail.lstrip("\n") if tail.strip() else ""
+
+
+def render(
+    results: Results,
+    info: RunInfo,
+    root: Path,
+    peers: Mapping[str, str | None],
+    analysis: str,
+) -> str:
     out: list[str] = [
         "# Benchmarks",
         "",
         f"Written by `{info.command}` ({info.mode}, {info.rounds} rounds, {info.seconds:.0f} s, "
         f"started {info.started}). Regenerate with the same command; `python -m benchmarks.run "
         "--help` lists the flags. Everything runs on loopback: a fast fake upstream, the gateway, "
-        "a do-nothing Starlette + aiohttp relay (the Python floor) and the LiteLLM proxy, each "
-        "its own process with one worker, measured in the same run: at concurrency 1 the targets "
-        "alternate request by request, at 32 they take turns batch by batch.",
+        "a do-nothing Starlette + aiohttp relay (the Python floor), the LiteLLM proxy and the "
+        "headroom proxy, each its own process with one worker, measured in the same run: at "
+        "concurrency 1 the targets alternate request by request, at 32 they take turns batch by "
+        "batch. Chat Completions, Codex-like Responses and Claude-Code-like Messages requests.",
         "",
         f"Machine load while measuring: load average {info.loadavg_before} before, "
         f"{info.loadavg_after} after; processes not started by this run kept "
@@ -362,8 +391,8 @@ def render(results: Results, info: RunInfo, root: Path, litellm: str | None, ana
     out += _section_profiles(info)
     if analysis.strip():
         out += ["## What the misses would take (analysis by hand)", "", analysis.strip(), ""]
-    out += _section_facts(info, root, litellm)
-    return "\n".join(out) + "\n"
+    out += _section_facts(info, root, peers)
+    return "\n".join(out) + "\n" + GENERATED_END + "\n"
 
 
 def _section_targets(results: Results) -> list[str]:
@@ -375,39 +404,50 @@ def _section_targets(results: Results) -> list[str]:
     return [*lines, ""]
 
 
+def _ratio_row(results: Results, case: Case) -> list[str]:
+    row = [case.title]
+    for target in ("gateway", "relay", "litellm", "headroom"):
+        value = added(results, case.key, target)
+        row.append(_fmt(value) if target in case.targets else "")
+    if "relay" in case.targets:
+        floor = added(results, case.key, "gateway") - added(results, case.key, "relay")
+        row.append(_fmt(floor))
+        row.append(_fmt(cpu_over(results, case.key, "gateway", "relay")))
+    else:
+        row += ["", ""]
+    row.append(_fmt(added(results, case.key, "gateway", ttfb=True)) if case.stream else "")
+    for peer in ("litellm", "headroom"):
+        shown = peer in case.targets
+        row.append(_fmt(overhead_ratio(results, case.key, peer, "gateway"), "x") if shown else "")
+    for other in ("litellm", "headroom", "direct"):
+        shown = case.concurrency > 1 and other in case.targets
+        row.append(
+            _fmt(throughput_ratio(results, case.key, "gateway", other), "x") if shown else ""
+        )
+    extra = [t for t in case.targets if t.startswith("gateway") and t != "gateway"]
+    row.append(", ".join(f"{t}: {_fmt(added(results, case.key, t))}" for t in extra))
+    return row
+
+
+RATIO_COLUMNS = (
+    "case",
+    "gateway added",
+    "relay floor added",
+    "LiteLLM added",
+    "headroom added",
+    "gateway over floor",
+    "CPU/req over floor",
+    "gateway TTFB added",
+    "LiteLLM / gateway",
+    "headroom / gateway",
+    "throughput gateway / LiteLLM",
+    "throughput gateway / headroom",
+    "throughput gateway / direct",
+    "other gateway targets, added",
+)
+
+
 def _section_ratios(results: Results) -> list[str]:
-    rows = []
-    for case in CASES:
-        if case.key not in results:
-            continue
-        gateway_like = [t for t in case.targets if t.startswith("gateway")]
-        row = [case.title]
-        for target in ("gateway", "relay", "litellm"):
-            value = added(results, case.key, target)
-            row.append(_fmt(value) if target in case.targets else "")
-        if "relay" in case.targets:
-            floor = added(results, case.key, "gateway") - added(results, case.key, "relay")
-            row.append(_fmt(floor))
-            row.append(_fmt(cpu_over(results, case.key, "gateway", "relay")))
-        else:
-            row += ["", ""]
-        if case.stream:
-            row.append(_fmt(added(results, case.key, "gateway", ttfb=True)))
-        else:
-            row.append("")
-        if "litellm" in case.targets:
-            ratio = overhead_ratio(results, case.key, "litellm", "gateway")
-            row.append(_fmt(ratio, "x"))
-        else:
-            row.append("")
-        if case.concurrency > 1:
-            row.append(_fmt(throughput_ratio(results, case.key, "gateway", "litellm"), "x"))
-            row.append(_fmt(throughput_ratio(results, case.key, "gateway", "direct"), "x"))
-        else:
-            row += ["", ""]
-        extra = [t for t in gateway_like if t != "gateway"]
-        row.append(", ".join(f"{t}: {_fmt(added(results, case.key, t))}" for t in extra))
-        rows.append(row)
     lines = [
         "## Ratios",
         "",
@@ -415,27 +455,24 @@ def _section_ratios(results: Results) -> list[str]:
         "gateway added minus relay added, the gateway's own cost above a do-nothing Python "
         "relay on the same stack (less sensitive to machine load than the absolute figures); "
         '"CPU/req over floor" the same for CPU time per request. '
-        '"LiteLLM / gateway" is how many times more latency LiteLLM adds; throughput ratios '
-        "are requests per second at that concurrency.",
+        '"LiteLLM / gateway" and "headroom / gateway" are how many times more latency that '
+        "proxy adds than the gateway; throughput ratios are requests per second at that "
+        "concurrency. An empty cell: the case leaves that target out (see the case list below).",
         "",
     ]
-    lines += _table(
-        (
-            "case",
-            "gateway added",
-            "relay floor added",
-            "LiteLLM added",
-            "gateway over floor",
-            "CPU/req over floor",
-            "gateway TTFB added",
-            "LiteLLM / gateway",
-            "throughput gateway / LiteLLM",
-            "throughput gateway / direct",
-            "other gateway targets, added",
-        ),
-        rows,
+    groups = (
+        ("Agent APIs: Codex-like `/v1/responses`, Claude-Code-like `/v1/messages`", False),
+        ("Chat Completions", True),
     )
-    return [*lines, ""]
+    for heading, chat in groups:
+        rows = [
+            _ratio_row(results, case)
+            for case in CASES
+            if case.key in results and (case.api == "chat") == chat
+        ]
+        if rows:
+            lines += [f"### {heading}", "", *_table(RATIO_COLUMNS, rows), ""]
+    return lines
 
 
 def _section_absolute(results: Results) -> list[str]:
@@ -517,6 +554,24 @@ def _section_absolute(results: Results) -> list[str]:
         'the first user message would leave 199 of them cached); "seen before" keeps it and '
         "changes only the last message. Each batch starts with a few uncounted warm-up "
         "requests that reopen keep-alive connections.",
+        "",
+        "Agent API requests (`benchmarks/agent_bodies.py`, shapes from captured Codex CLI and "
+        "Claude Code requests, our own generated text): the same 200-message conversation as "
+        "the chat case, behind a Codex-like head (developer instructions in `input`, 9 function "
+        "tools, `reasoning` items with `encrypted_content` before each tool round, `include`, "
+        "`store: false`, `prompt_cache_key`) or a Claude-Code-like one (`system` blocks with "
+        "`cache_control`, 12 tools, `thinking`, `metadata`, `max_tokens` 32000, the "
+        "`anthropic-version` and `anthropic-beta` headers), streamed as both agents stream. "
+        '"Seen" appends a new user message to the same conversation; "first time seen" makes '
+        "every item new (the instructions too). The fast upstream answers each API in its own "
+        "shape (`benchmarks/agent_answers.py`: Responses events ending in `response.completed`, "
+        "Messages events ending in `message_stop`); a stream without its last event counts as "
+        "an error. headroom serves one request at a time at 20-200 ms of CPU on chat and up to "
+        "seconds on these bodies, so at c=32 it is measured on the seen agent API requests only "
+        "(its c=1 CPU per request bounds its throughput: 1000 / CPU ms requests per second); "
+        "first-seen c=32 cases leave LiteLLM out too (it keeps nothing per conversation: its "
+        "seen figure holds), and at c=32 neither peer gets a warm-up batch on these bodies (a "
+        "reopened connection costs a millisecond of their seconds).",
     ]
     return [*lines, ""]
 
@@ -529,6 +584,11 @@ def _section_paths(results: Results, info: RunInfo) -> list[str]:
             "- Request sizes (o200k tokens of messages + tools, as the gateway counts them): "
             + ", ".join(f"{k} {v:,}" for k, v in info.tokens.items())
             + "."
+        )
+    for api, size in info.agent_sizes.items():
+        lines.append(
+            f"- {api} request size: {size['instructions_and_tools'] / 1000:.1f} KB of "
+            f"instructions and tools, {size['history'] / 1000:.1f} KB of history."
         )
     for key, headers in info.sample_headers.items():
         shown = ", ".join(
@@ -605,8 +665,8 @@ def _section_profiles(info: RunInfo) -> list[str]:
     return lines
 
 
-def _section_facts(info: RunInfo, root: Path, litellm: str | None) -> list[str]:
-    rows = [[name, value] for name, value in versions(root, litellm)]
+def _section_facts(info: RunInfo, root: Path, peers: Mapping[str, str | None]) -> list[str]:
+    rows = [[name, value] for name, value in versions(root, peers)]
     rows += [
         ["nproc", str(os.cpu_count())],
         ["CPU", cpu_model()],

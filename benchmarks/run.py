@@ -1,16 +1,18 @@
 """Run the side-by-side benchmarks (issue 9) and write docs/benchmarks.md.
 
-    python -m benchmarks.run             # full run: about 6-8 minutes (bounded by --max-minutes)
-    python -m benchmarks.run --quick     # smoke run: about 1-2 minutes
+    python -m benchmarks.run             # full run: about 11-12 minutes (bounded by --max-minutes)
+    python -m benchmarks.run --quick     # smoke run: about 3 minutes
 
 It starts, on loopback, a fast fake upstream (and a second one that rejects large requests once
 with `context_length_exceeded`), the gateway (one worker) with a generated config, a do-nothing
-Starlette + aiohttp relay, and the LiteLLM proxy (pinned, installed once into
-benchmarks/.peers/litellm-venv; the run goes on without it if that fails). Then it measures the
-cases of `benchmarks/cases.py` against them in interleaved rounds, measures the gateway's memory
-with 1,000 distinct conversations on a fresh process, profiles every missed target with py-spy,
-and writes the report: ratios first, then absolute numbers, versions and machine facts.
-`benchmarks/analysis.md`, if present, is included as the hand-written analysis of the misses.
+Starlette + aiohttp relay, the LiteLLM proxy and the headroom proxy (`benchmarks.peers`: pinned,
+installed once into benchmarks/.peers/; the run goes on without a peer that fails). Then it
+measures the cases of `benchmarks/cases.py` (chat, and Codex-like Responses and Claude-Code-like
+Messages bodies) against them in interleaved rounds, measures the gateway's memory with 1,000
+distinct conversations on a fresh process, profiles every missed target with py-spy, and writes
+the report: ratios first, then absolute numbers, versions and machine facts.
+`benchmarks/analysis.md`, if present, is included as the hand-written analysis of the misses;
+sections written by hand below the generated part of the report are kept (`report.keep_tail`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import aiohttp
 
-from . import load, profile, report, targets, workloads
+from . import agent_answers, agent_bodies, load, peers, profile, report, targets, workloads
 from .cases import (
     CASES,
     MEMORY_CONVERSATIONS,
@@ -45,18 +48,24 @@ from .targets import Service
 ROOT = targets.ROOT
 ANALYSIS = ROOT / "benchmarks" / "analysis.md"
 CHAT = "/v1/chat/completions"
+PATHS = {"chat": CHAT, "responses": "/v1/responses", "messages": "/v1/messages"}
+# Claude Code's headers besides the credential (it sends the Bearer token of ANTHROPIC_AUTH_TOKEN)
+MESSAGES_HEADERS = {
+    "anthropic-version": "2023-06-01",
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.run",
-        description="Benchmark CompactGate against the upstream, a Python relay floor and the "
-        "LiteLLM proxy on loopback, and write docs/benchmarks.md.",
+        description="Benchmark CompactGate against the upstream, a Python relay floor, the "
+        "LiteLLM proxy and the headroom proxy on loopback, and write docs/benchmarks.md.",
     )
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 2 rounds of small batches (about 1-2 minutes)",
+        help="smoke run: 2 rounds of small batches (about 3 minutes)",
     )
     parser.add_argument(
         "--rounds",
@@ -77,11 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write raw figures as JSON")
     parser.add_argument("--no-litellm", action="store_true", help="leave the LiteLLM peer out")
+    parser.add_argument("--no-headroom", action="store_true", help="leave the headroom peer out")
     parser.add_argument(
         "--install-timeout",
         type=float,
         default=900,
-        help="seconds allowed for installing the LiteLLM peer (default 900)",
+        help="seconds allowed for installing each peer (default 900)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument(
@@ -96,9 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-minutes",
         type=float,
-        default=8,
+        default=11,
         help="once the targets are up, start no new batch after this many "
-        "minutes (default 8; a first LiteLLM install comes on top)",
+        "minutes (default 11; a first install of the peers comes on top)",
     )
     parser.add_argument(
         "--keep-workdir",
@@ -117,7 +127,7 @@ class Bench:
         self.rounds: int = max(1, args.rounds or (ROUNDS_QUICK if self.quick else ROUNDS_FULL))
         self.workdir = Path(tempfile.mkdtemp(prefix="compactgate-bench-"))
         self.services: dict[str, Service] = {}
-        self.authorization = "Bearer " + targets.new_master_key()
+        self.authorization = "Bearer " + peers.new_master_key()
         self.results: dict[str, dict[str, Batch]] = {}
         self.index = 0  # request numbers are never reused in a run: distinct conversations
         self.notes: list[str] = []
@@ -125,7 +135,7 @@ class Bench:
         self.workloads: dict[tuple[str, str, bool], workloads.Workload] = {}
         self.started = time.monotonic()
         self.deadline = self.started + args.max_minutes * 60  # reset once the targets are up
-        self.litellm_version: str | None = None
+        self.peer_versions: dict[str, str | None] = {}
 
     def log(self, message: str) -> None:
         print(f"[{time.monotonic() - self.started:6.1f}s] {message}", flush=True)
@@ -133,8 +143,13 @@ class Bench:
     # -- targets ---------------------------------------------------------------------------
 
     def service_of(self, target: str) -> Service | None:
-        name = {"direct": "upstream", "relay": "relay", "litellm": "litellm"}.get(target, "gateway")
-        return self.services.get(name)
+        names = {
+            "direct": "upstream",
+            "relay": "relay",
+            "litellm": "litellm",
+            "headroom": "headroom",
+        }
+        return self.services.get(names.get(target, "gateway"))
 
     def workload(self, shape: str, kind: str, stream: bool) -> workloads.Workload:
         key = (shape, kind, stream)
@@ -145,7 +160,12 @@ class Bench:
                 "emergency": targets.EMERGENCY_PREFIX + workloads.MODEL_MARK.decode(),
                 "summary": targets.SUMMARY_MODEL,
             }[kind]
-            build = workloads.small if shape == "small" else workloads.agent
+            build = {
+                "small": workloads.small,
+                "agent": workloads.agent,
+                "codex": lambda _, stream: agent_bodies.codex(targets.RESPONSES_MODEL, stream),
+                "claude": lambda _, stream: agent_bodies.claude(targets.MESSAGES_MODEL, stream),
+            }[shape]
             self.workloads[key] = build(model, stream)
         return self.workloads[key]
 
@@ -183,7 +203,15 @@ class Bench:
             self.services["relay"] = targets.start_relay(self.workdir, upstream)
         except targets.StartError as error:
             self.notes.append(f"the relay floor did not start: {error}")
-        peer = None if self.args.no_litellm else asyncio.create_task(self.start_litellm(session))
+        starting = []
+        for peer, left_out in (
+            (peers.LITELLM, self.args.no_litellm),
+            (peers.HEADROOM, self.args.no_headroom),
+        ):
+            if left_out:
+                self.notes.append(f"{peer.name} left out (--no-{peer.name}): its ratios are n/a")
+            else:
+                starting.append(asyncio.create_task(self.start_peer(session, peer)))
         if not await self.wait_ready(session, self.services["gateway"], 120):
             raise targets.StartError(
                 "the gateway did not become ready:\n" + self.services["gateway"].log_tail()
@@ -192,40 +220,39 @@ class Bench:
         if relay is not None and not await self.wait_ready(session, relay, 60):
             self.notes.append("the relay floor did not answer; left out")
             self.services.pop("relay").stop()
-        if peer is not None:
-            await peer
-        elif self.args.no_litellm:
-            self.notes.append("LiteLLM left out (--no-litellm): its ratios are n/a")
+        for task in starting:
+            await task
         running = (f"{name} pid {s.pid} port {s.port}" for name, s in self.services.items())
         self.log("ready: " + ", ".join(running))
 
-    async def start_litellm(self, session: aiohttp.ClientSession) -> None:
-        if not targets.litellm_installed():
-            self.log(f"installing {targets.LITELLM_SPEC} into {targets.LITELLM_VENV} (once)")
-        problem = await asyncio.to_thread(targets.install_litellm, self.args.install_timeout)
+    async def start_peer(self, session: aiohttp.ClientSession, peer: peers.Peer) -> None:
+        """Install `peer` once, start it, wait for it to answer; a failure becomes a note."""
+        if not peer.installed():
+            self.log(f"installing {peer.spec} into {peer.venv} (once)")
+        problem = await asyncio.to_thread(peer.install, self.args.install_timeout)
         if problem is not None:
-            self.notes.append(f"LiteLLM left out: {problem}")
+            self.notes.append(f"{peer.name} left out: {problem}")
             self.log(self.notes[-1])
             return
-        self.litellm_version = await asyncio.to_thread(targets.litellm_version)
-        service = targets.start_litellm(
-            self.workdir, self.services["upstream"], self.authorization.removeprefix("Bearer ")
-        )
-        self.services["litellm"] = service
+        version = await asyncio.to_thread(peer.version)
+        self.peer_versions[peer.name] = version
+        upstream = self.services["upstream"]
+        if peer is peers.LITELLM:
+            service = peers.start_litellm(
+                self.workdir, upstream, self.authorization.removeprefix("Bearer ")
+            )
+        else:
+            service = peers.start_headroom(self.workdir, upstream)
+        self.services[peer.name] = service
         if not await self.wait_ready(session, service, 300):
             self.notes.append(
-                "LiteLLM left out: the proxy did not become ready in 300 s; its log "
+                f"{peer.name} left out: the proxy did not become ready in 300 s; its log "
                 "ends: " + service.log_tail(3).replace("\n", " / ")[:300]
             )
             self.log(self.notes[-1])
-            self.services.pop("litellm").stop()
+            self.services.pop(peer.name).stop()
             return
-        self.notes.append(
-            f"LiteLLM {self.litellm_version} ran as its own CLI starts it (`litellm --config ... "
-            "--num_workers 1`): uvicorn with its default HTTP parser (h11: httptools is not a "
-            "dependency of litellm[proxy]), a master key (it refuses to start without one), no "
-            "database, cost map from its package (LITELLM_LOCAL_MODEL_COST_MAP)."
-        )
+        self.notes.append(PEER_NOTES[peer.name].format(version=version))
 
     async def wait_ready(
         self, session: aiohttp.ClientSession, service: Service, timeout: float
@@ -256,7 +283,12 @@ class Bench:
         service = self.service_of(name)
         assert service is not None
         return load.Target(
-            service.origin + CHAT, self.body_for(case, name), self.headers_for(name), (service.pid,)
+            service.origin + PATHS[case.api],
+            self.body_for(case, name),
+            self.headers_for(name),
+            (service.pid,),
+            headers=MESSAGES_HEADERS if case.api == "messages" else None,
+            stream_end=agent_answers.STREAM_END[case.api],
         )
 
     def keep_headers(self, case: Case, name: str, batch: Batch) -> None:
@@ -335,15 +367,17 @@ class Bench:
     async def run_case(self, session: aiohttp.ClientSession, case: Case) -> None:
         """Rounds; at concurrency 1 the targets alternate request by request, above it they
         take turns batch by batch (the order rotating every round)."""
-        available = [t for t in case.targets if self.service_of(t) is not None]
+        available = [t for t in case.targets_for(self.quick) if self.service_of(t) is not None]
         merged = {t: Batch() for t in available}
         budget = case.load(self.quick)
         self.results[case.key] = merged
-        for round_number in range(self.rounds):
+        rounds = self.rounds
+        if case.rounds is not None and not self.args.rounds:
+            rounds = case.rounds[1] if self.quick else case.rounds[0]
+        for round_number in range(rounds):
             if time.monotonic() > self.deadline:
                 self.notes.append(
-                    f"--max-minutes reached: case {case.key} has "
-                    f"{round_number} of {self.rounds} rounds"
+                    f"--max-minutes reached: case {case.key} has {round_number} of {rounds} rounds"
                 )
                 return
             if case.concurrency == 1:
@@ -355,8 +389,13 @@ class Bench:
                 continue
             shift = round_number % len(available)
             for name in available[shift:] + available[:shift]:
+                # A peer that takes a second or more per agent API request gets no warm-up
+                # batch: the connections it reopens cost a millisecond of that.
+                warmup = case.api == "chat" or name not in ("litellm", "headroom")
                 merged[name].merge(
-                    await self.batch(session, case, name, budget.requests, budget.seconds)
+                    await self.batch(
+                        session, case, name, budget.requests, budget.seconds, warmup=warmup
+                    )
                 )
         for target in available:
             f = report.figures(self.results, case.key, target)
@@ -489,6 +528,11 @@ class Bench:
         if unknown:
             print(f"unknown case(s): {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
+        # SIGTERM (a `timeout`, a stopped job) cancels the run, so that `finally` below stops
+        # every process it started instead of leaving them running.
+        main_task = asyncio.current_task()
+        assert main_task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
         session = load.new_session(max(c.concurrency for c in CASES))
         info = report.RunInfo(
             command="python -m benchmarks.run" + (" --quick" if self.quick else ""),
@@ -540,10 +584,15 @@ class Bench:
                 self.workload("agent", "passthrough", False).template
             ),
         }
+        info.agent_sizes = {
+            label: agent_bodies.sizes(self.workload(shape, "passthrough", True).template)
+            for shape, label in (("codex", "Responses"), ("claude", "Messages"))
+        }
         analysis = ANALYSIS.read_text() if ANALYSIS.exists() else ""
-        text = report.render(self.results, info, ROOT, self.litellm_version, analysis)
+        text = report.render(self.results, info, ROOT, self.peer_versions, analysis)
         self.args.out.parent.mkdir(parents=True, exist_ok=True)
-        self.args.out.write_text(text)
+        previous = self.args.out.read_text() if self.args.out.exists() else ""
+        self.args.out.write_text(text + report.keep_tail(previous))
         self.log(f"wrote {self.args.out}")
         if self.args.json is not None:
             self.args.json.write_text(json.dumps(_raw(self.results), indent=1))
@@ -557,6 +606,23 @@ class Bench:
         times = os.times()
         pids = [s.pid for s in self.services.values()]
         return times.user + times.system + load.cpu_seconds(pids)
+
+
+PEER_NOTES = {
+    "litellm": "LiteLLM {version} ran as its own CLI starts it (`litellm --config ... "
+    "--num_workers 1`): uvicorn with its default HTTP parser (h11: httptools is not a "
+    "dependency of litellm[proxy]), a master key (it refuses to start without one), no "
+    "database, cost map from its package (LITELLM_LOCAL_MODEL_COST_MAP); chat and Responses "
+    "to the upstream as an OpenAI provider, the Messages model as an Anthropic provider.",
+    "headroom": "headroom {version} ran as `headroom proxy --openai-api-url <upstream>/v1 "
+    "--anthropic-api-url <upstream> --no-rate-limit --no-cache --no-telemetry "
+    "--disable-kompress`: one process, otherwise its defaults (cache mode, its structural "
+    "compressors on). Without those flags it would throttle the run to 60 requests a minute, "
+    "could answer from its response cache, and would try to download its Kompress model from a "
+    "model hub at start (retried in the background; requests pass uncompressed meanwhile). Its "
+    "tiktoken files come from the wheel of its own litellm (TIKTOKEN_CACHE_DIR), model hubs "
+    "are offline (HF_HUB_OFFLINE), and it assumes a 128k window for the benchmark's model names.",
+}
 
 
 def _loadavg() -> str:
@@ -592,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
         return runner(bench.run())
     except targets.StartError as error:
         print(f"benchmark aborted: {error}", file=sys.stderr)
+        return 1
+    except asyncio.CancelledError:
+        print("benchmark stopped (SIGTERM); its processes were stopped", file=sys.stderr)
         return 1
 
 

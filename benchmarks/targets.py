@@ -4,8 +4,7 @@
   of every other target; a second one in emergency mode for the reactive-retry case.
 * `gateway`: `python -m gateway serve --config <generated> --port P`, one worker.
 * `relay`: `benchmarks.relay_floor`, the Python floor.
-* `litellm`: the LiteLLM proxy from its own virtualenv under `benchmarks/.peers/`, installed
-  once (pinned, see `LITELLM_SPEC`) and reused; no database, one worker.
+* `litellm`, `headroom`: other proxies, each from its own virtualenv (`benchmarks.peers`).
 
 Every wait is bounded; a target that does not come up is reported, not waited for forever.
 """
@@ -13,7 +12,6 @@ Every wait is bounded; a target that does not come up is reported, not waited fo
 from __future__ import annotations
 
 import os
-import secrets
 import selectors
 import shutil
 import signal
@@ -26,12 +24,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / "benchmarks" / ".peers"
-LITELLM_VENV = PEERS / "litellm-venv"
-LITELLM_VERSION = "1.106.2"  # pinned; never 1.107.0 (a compromised release)
-LITELLM_SPEC = f"litellm[proxy]=={LITELLM_VERSION}"
 TOOLS_VENV = PEERS / "tools-venv"  # py-spy, for --profile
 
 PASSTHROUGH_MODEL = "bench-passthrough"
+RESPONSES_MODEL = "bench-codex"  # the Responses cases' model
+MESSAGES_MODEL = "bench-claude"  # the Messages cases' model (peers route it to Anthropic's API)
 COMPACT_MODEL = "bench-compact"
 EMERGENCY_PREFIX = "bench-emergency-"
 COMPACT_WINDOW = 32_768
@@ -92,7 +89,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _spawn(
+def spawn(
     name: str, argv: list[str], workdir: Path, env: dict[str, str | None] | None = None
 ) -> tuple[subprocess.Popen[bytes], Path]:
     """Start `argv` in its own session (so stopping it stops only what it started)."""
@@ -142,7 +139,7 @@ def start_upstream(
     argv = [sys.executable, "-m", "benchmarks.fast_upstream", "--port", "0"]
     if reject_above is not None:
         argv += ["--reject-above", str(reject_above)]
-    process, log = _spawn(name, argv, workdir)
+    process, log = spawn(name, argv, workdir)
     port = _read_ready(process, 30)
     service = Service(name, process, port or 0, log)
     if port is None:
@@ -161,7 +158,7 @@ def start_relay(workdir: Path, upstream: Service) -> Service:
         "--port",
         "0",
     ]
-    process, log = _spawn("relay", argv, workdir)
+    process, log = spawn("relay", argv, workdir)
     port = _read_ready(process, 30)
     service = Service("relay", process, port or 0, log)
     if port is None:
@@ -181,8 +178,9 @@ def compaction_steps() -> tuple[list[str], str]:
 
 
 def gateway_config(upstream: Service, emergency: Service) -> str:
-    """The gateway's YAML: a passthrough model, a compacting one, emergency models (a glob),
-    and a summarising one (its summaries come from the same fast upstream)."""
+    """The gateway's YAML: passthrough models (one for the Messages cases), a compacting one,
+    emergency models (a glob), and a summarising one (its summaries come from the same fast
+    upstream)."""
     steps, _ = compaction_steps()
     step_lines = "\n".join(f"      - {{type: {step}}}" for step in steps)
     common = "    max_output_tokens: 1024\n    tokenizer: tiktoken:o200k_base\n"
@@ -192,6 +190,13 @@ def gateway_config(upstream: Service, emergency: Service) -> str:
         f"  - name: {PASSTHROUGH_MODEL}\n"
         f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
         f"    context_window: 1000000\n{common}"
+        f"  - name: {RESPONSES_MODEL}\n"
+        f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
+        f"    context_window: 1000000\n{common}"
+        f"  - name: {MESSAGES_MODEL}\n"  # Claude Code asks for 32000 output tokens
+        f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
+        "    context_window: 1000000\n    max_output_tokens: 32000\n"
+        "    tokenizer: tiktoken:o200k_base\n"
         f"  - name: {COMPACT_MODEL}\n"
         f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
         f"    context_window: {COMPACT_WINDOW}\n{common}"
@@ -231,127 +236,8 @@ def start_gateway(workdir: Path, config_text: str, name: str = "gateway") -> Ser
         "--log-level",
         "warning",
     ]
-    process, log = _spawn(name, argv, workdir)
+    process, log = spawn(name, argv, workdir)
     return Service(name, process, port, log)
-
-
-# -- LiteLLM -------------------------------------------------------------------------------
-
-
-def litellm_python() -> Path:
-    return LITELLM_VENV / "bin" / "python"
-
-
-def litellm_installed() -> bool:
-    marker = LITELLM_VENV / "installed.txt"
-    if not marker.exists() or not litellm_python().exists():
-        return False
-    return marker.read_text().strip() == LITELLM_SPEC
-
-
-def install_litellm(timeout: float) -> str | None:
-    """Create the peer's virtualenv and install the pinned proxy once; None or why it failed."""
-    if litellm_installed():
-        return None
-    PEERS.mkdir(parents=True, exist_ok=True)
-    log = PEERS / "litellm-install.log"
-    deadline = time.monotonic() + timeout
-    try:
-        with open(log, "wb") as out:
-            if not litellm_python().exists():
-                subprocess.run(
-                    [sys.executable, "-m", "venv", str(LITELLM_VENV)],
-                    check=True,
-                    stdout=out,
-                    stderr=out,
-                    timeout=max(1.0, deadline - time.monotonic()),
-                )
-            subprocess.run(
-                [
-                    str(litellm_python()),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "-q",
-                    LITELLM_SPEC,
-                ],
-                check=True,
-                stdout=out,
-                stderr=out,
-                timeout=max(1.0, deadline - time.monotonic()),
-            )
-    except subprocess.TimeoutExpired:
-        return f"installing {LITELLM_SPEC} timed out after {timeout:.0f} s (log: {log})"
-    except (subprocess.CalledProcessError, OSError) as exc:
-        return f"installing {LITELLM_SPEC} failed: {exc} (log: {log})"
-    (LITELLM_VENV / "installed.txt").write_text(LITELLM_SPEC + "\n")
-    return None
-
-
-def litellm_config(upstream: Service, master_key: str) -> str:
-    return (
-        "# generated by benchmarks/run.py: no database, one model to the fast upstream\n"
-        "model_list:\n"
-        f"  - model_name: {PASSTHROUGH_MODEL}\n"
-        "    litellm_params:\n"
-        f"      model: openai/{PASSTHROUGH_MODEL}\n"
-        f"      api_base: {upstream.origin}/v1\n"
-        "      api_key: sk-bench-upstream\n"
-        "litellm_settings:\n"
-        "  telemetry: false\n"
-        "general_settings:\n"
-        f"  master_key: {master_key}\n"
-    )
-
-
-def start_litellm(workdir: Path, upstream: Service, master_key: str) -> Service:
-    config = workdir / "litellm.yaml"
-    config.write_text(litellm_config(upstream, master_key))
-    port = free_port()
-    executable = LITELLM_VENV / "bin" / "litellm"
-    argv = [
-        str(executable),
-        "--config",
-        str(config),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--num_workers",
-        "1",
-    ]
-    env: dict[str, str | None] = {
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network fetch of the cost map at start-up
-        "LITELLM_LOG": "ERROR",
-        "LITELLM_TELEMETRY": "False",
-        "DATABASE_URL": None,  # no database
-    }
-    process, log = _spawn("litellm", argv, workdir, env)
-    return Service("litellm", process, port, log)
-
-
-def new_master_key() -> str:
-    return "sk-" + secrets.token_hex(32)
-
-
-def litellm_version() -> str | None:
-    if not litellm_python().exists():
-        return None
-    try:
-        out = subprocess.run(
-            [
-                str(litellm_python()),
-                "-c",
-                "import importlib.metadata as m; print(m.version('litellm'))",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    return out.stdout.strip() or None
 
 
 # -- py-spy --------------------------------------------------------------------------------
