@@ -13,6 +13,7 @@ Control endpoints (JSON; nothing under /_fake/ is recorded):
                            pairs in order), body_b64 (raw bytes), json (parsed, or null)
     POST /_fake/reset      clear records, script, config and counters; cancel hung handlers
     POST /_fake/script     append behaviours (a JSON list), consumed one per chat request, FIFO
+    POST /_fake/release    let a held-back streamed legacy completion finish
     POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X",
                             "remote_compaction": bool}
     GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"}; `cancelled` counts
@@ -33,8 +34,8 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
 
 `GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
-`POST /v1/embeddings` answers one embedding; a streamed `POST /v1/completions` answers three
-legacy completion events 0.2 s apart; any other `/v1/*` path echoes what it received.
+`POST /v1/embeddings` answers one embedding; a streamed `POST /v1/completions` answers one
+legacy completion event, and two more with [DONE] once `POST /_fake/release` comes (10 s at most); any other `/v1/*` path echoes what it received.
 
 `/v1/responses` and `/v1/messages` answer from the same script and settings in their own wire
 formats and enforce the providers' pairing and signature rules: see `tests.fake_agent_apis`
@@ -51,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import signal
 import sys
 import time
@@ -222,11 +224,13 @@ class State:
     started: int = 0
     completed: int = 0
     cancelled: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # see legacy completions
 
     def reset(self) -> None:
         for task in self.tasks:
             task.cancel()
         self.tasks = set()
+        self.release = asyncio.Event()
         self.records, self.script, self.config = [], deque(), Config()
         self.started = self.completed = self.cancelled = 0
 
@@ -485,12 +489,14 @@ def make_app(state: State) -> web.Application:
         )
 
     async def legacy_completion_stream(request: web.Request) -> web.StreamResponse:
-        """A streamed legacy completion: three pieces 0.2 s apart, then [DONE]."""
+        """A streamed legacy completion: one piece, then (once POST /_fake/release came, or
+        after 10 s) two more and [DONE]."""
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for index, text in enumerate(("one ", "two ", "three")):
-            if index:
-                await asyncio.sleep(0.2)
+            if index == 1:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.release.wait(), 10)
             piece = {"id": "cmpl-fake", "object": "text_completion", "model": "fake-model",
                      "choices": [{"index": 0, "text": text, "finish_reason": None}]}  # fmt: skip
             await response.write(b"data: " + _dumps(piece) + b"\n\n")
@@ -500,6 +506,10 @@ def make_app(state: State) -> web.Application:
 
     async def control_requests(_: web.Request) -> web.Response:
         return web.Response(body=_dumps(state.records), content_type="application/json")
+
+    async def control_release(_: web.Request) -> web.Response:
+        state.release.set()
+        return web.json_response({"ok": True})
 
     async def control_reset(_: web.Request) -> web.Response:
         state.reset()
@@ -530,6 +540,7 @@ def make_app(state: State) -> web.Application:
     app.router.add_route("*", "/v1/{tail:.*}", passthrough)
     app.router.add_get("/_fake/requests", control_requests)
     app.router.add_post("/_fake/reset", control_reset)
+    app.router.add_post("/_fake/release", control_release)
     app.router.add_post("/_fake/script", control_script)
     app.router.add_post("/_fake/config", control_config)
     app.router.add_get("/_fake/inflight", control_inflight)
@@ -588,6 +599,9 @@ class FakeUpstream:
 
     def configure(self, config: JSON) -> None:
         self._call("POST", "/_fake/config", config)
+
+    def release(self) -> None:
+        self._call("POST", "/_fake/release")
 
     def inflight(self) -> JSON:
         return self._call("GET", "/_fake/inflight")

@@ -435,8 +435,10 @@ def test_a_streamed_passthrough_answer_is_relayed_as_it_arrives(
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        for chunk in response.iter_raw():
-            chunks.append(chunk)
+        stream = response.iter_raw()
+        chunks.append(next(stream))  # arrives while the upstream holds the rest back
+        fake_upstream.release()
+        chunks.extend(stream)
     assert b"[DONE]" not in chunks[0]  # the first event came before the upstream had finished
     body = b"".join(chunks)
     assert body.count(b'"text_completion"') == 3 and body.endswith(b"data: [DONE]\n\n")
