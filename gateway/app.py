@@ -852,17 +852,18 @@ class Endpoint:
     def record(self, exchange: Exchange) -> None:
         metrics = self.gw.metrics
         total = time.perf_counter() - exchange.started
-        metrics.request_seconds.labels(exchange.model).observe(total)
+        model, api = exchange.model, self.api
+        metrics.request_seconds.labels(model, api).observe(total)
         if exchange.upstream_seconds:
-            metrics.upstream_seconds.labels(exchange.model).observe(exchange.upstream_seconds)
-        metrics.overhead_seconds.labels(exchange.model).observe(
+            metrics.upstream_seconds.labels(model, api).observe(exchange.upstream_seconds)
+        metrics.overhead_seconds.labels(model, api).observe(
             max(0.0, total - exchange.upstream_seconds)
         )
         if exchange.tokens_before:
-            metrics.tokens_before.labels(exchange.model).inc(exchange.tokens_before)
-            metrics.tokens_after.labels(exchange.model).inc(exchange.tokens_after)
+            metrics.tokens_before.labels(model, api).inc(exchange.tokens_before)
+            metrics.tokens_after.labels(model, api).inc(exchange.tokens_after)
             if saved := self.tokens_saved(exchange):
-                metrics.tokens_saved.labels(exchange.model).inc(saved)
+                metrics.tokens_saved.labels(model, api).inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()

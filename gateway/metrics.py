@@ -91,41 +91,41 @@ class Metrics:
         self.request_seconds = Histogram(
             "compactgate_request_duration_seconds",
             "Total time per request, as the client sees it",
-            ["model"],
+            ["model", "api"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.upstream_seconds = Histogram(
             "compactgate_upstream_duration_seconds",
             "Time spent waiting for and reading the upstream",
-            ["model"],
+            ["model", "api"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.overhead_seconds = Histogram(
             "compactgate_gateway_overhead_seconds",
             "The gateway's own time per request (total - upstream)",
-            ["model"],
+            ["model", "api"],
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
         self.tokens_before = Counter(
             "compactgate_tokens_before",
             "Prompt tokens the client sent (estimated)",
-            ["model"],
+            ["model", "api"],
             registry=r,
         )
         self.tokens_after = Counter(
             "compactgate_tokens_after",
             "Prompt tokens forwarded upstream (estimated)",
-            ["model"],
+            ["model", "api"],
             registry=r,
         )
         self.tokens_saved = Counter(
             "compactgate_tokens_saved",
             "Prompt tokens removed by compaction from requests that were answered (a request "
             "that then failed saved nothing)",
-            ["model"],
+            ["model", "api"],
             registry=r,
         )
         self.compactions = Counter(

@@ -160,3 +160,29 @@ def test_refused_compactions_name_the_broken_rule_in_words() -> None:
     assert rules == {"system_prompts_kept", "latest_user_message_kept", "pinned_messages_kept"}
     reordered = Conversation.of([original.messages[0], *reversed(original.messages[1:])])
     assert {v.rule for v in check(original, reordered)} == {"client_order_kept"}
+
+
+async def test_latency_and_token_metrics_are_split_by_api(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """An operator can tell the APIs apart in the latency and token series, not only in the
+    request count."""
+    gw = await start_app({"models": [model(local_upstream)], "policies": POLICIES})
+    await chat(gw, [{"role": "user", "content": "hi"}])
+    responses = await gw.http.post(
+        f"{gw.base_url}/responses", json={"model": "m", "input": "hi", "stream": False}
+    )
+    messages = await gw.http.post(
+        f"{gw.base_url}/messages",
+        json={"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert responses.status_code == 200 and messages.status_code == 200
+    text = await scrape(gw)
+    for api in ("chat", "responses", "messages"):
+        for name in (
+            "compactgate_request_duration_seconds_count",
+            "compactgate_gateway_overhead_seconds_count",
+        ):
+            assert metric(text, name, model="m", api=api) == 1, (name, api)
+        assert metric(text, "compactgate_tokens_before_total", model="m", api=api) > 0
