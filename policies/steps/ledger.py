@@ -142,7 +142,7 @@ class Ledger:
                 out.append((line, normalised(line), statement.score))
             return out
 
-        return env.memo.get(("ledger", threshold, limit, text), work, len(text))
+        return env.memo.get(("ledger-candidates", threshold, limit, text), work, len(text))
 
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
         """The entries that fit in `cap` tokens: the least salient leave first, the older first
@@ -180,7 +180,7 @@ def _parse(text: str, header: str, env: Env) -> list[Entry]:
 
 
 def _score(text: str, env: Env) -> float:
-    return env.memo.get(("score", text), lambda: score(text).score, len(text))
+    return env.memo.get(("ledger-entry-score", text), lambda: score(text).score, len(text))
 
 
 def _normalised(text: str, env: Env) -> str:
