@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
@@ -1515,11 +1516,20 @@ def _relayed_stream(response: UpstreamResponse, held: contextlib.ExitStack) -> S
             finally:
                 response.close()
 
-    relayed = StreamingResponse(chunks(), status_code=response.status)
+    # Also released after the response, in case the client left before the first chunk and the
+    # iterator never ran (closing twice is harmless).
+    relayed = StreamingResponse(
+        chunks(), status_code=response.status, background=BackgroundTask(_closed, held, response)
+    )
     relayed.raw_headers = [
         (k, v) for k, v in relayed.raw_headers if k != b"content-type"
     ] + response.relay_headers()
     return relayed
+
+
+async def _closed(held: contextlib.ExitStack, response: UpstreamResponse) -> None:
+    response.close()
+    held.close()
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
