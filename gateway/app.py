@@ -516,13 +516,13 @@ class Endpoint:
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
         if agent is not None:  # the agent compacting its own history: answered if a summary
             exchange.agent_compaction = agent.name  # made ahead of need covers it
-        if agent is not None and agent.answerable:
-            counted = gw.pipeline.counts(request, route, tenant)
-            text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
-            if text is not None and not observe:
-                exchange.tokens_before = sum(counted.counts)  # the history it replaces;
-                await self.answer_from_summary(send, exchange, request, route, text)  # 0 sent
-                return
+            if agent.answerable and not observe:
+                counted = gw.pipeline.counts(request, route, tenant)
+                text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
+                if text is not None:
+                    exchange.tokens_before = sum(counted.counts)  # the history it replaces;
+                    await self.answer_from_summary(send, exchange, request, route, text)
+                    return  # nothing sent upstream
         prepared = await gw.pipeline.prepare(
             request,
             route,

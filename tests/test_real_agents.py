@@ -56,6 +56,60 @@ def gateway_config(fake: FakeUpstream, window: int) -> dict[str, Any]:
     }
 
 
+def bash_steps(steps: int, before: str = "") -> list[dict[str, Any]]:
+    """The fake model's Bash calls, one per step (each prints ~15 KB), each with a thinking
+    block whose signature must come back; `before` goes in front of each command."""
+    return [
+        {
+            "kind": "tool_calls",
+            "reasoning": True,
+            "tool_calls": [
+                {
+                    "name": "Bash",
+                    "arguments": {
+                        "command": f"{before}seq {step}0000 {step}9999 | head -2600",
+                        "description": f"list part {step}",
+                    },
+                }
+            ],
+        }
+        for step in range(1, steps + 1)
+    ]
+
+
+def run_claude(
+    claude: Path, gateway_url: str, home: Path, timeout: float, **env: str
+) -> dict[str, Any]:
+    """`claude -p` on the numbered-parts task through the gateway, its settings and sessions in
+    `home`; its JSON result, once it has finished with the model's last answer."""
+    work = home / "work"
+    work.mkdir()
+    run = subprocess.run(
+        [str(claude), "-p", "Inspect the numbered parts and report.", "--model", "m",
+         "--output-format", "json", "--allowedTools", "Bash"],
+        cwd=work,
+        env={
+            **os.environ,
+            "HOME": str(home),  # its settings and session files stay in the test's directory
+            "ANTHROPIC_BASE_URL": gateway_url,
+            "ANTHROPIC_API_KEY": "sk-claude",
+            "ANTHROPIC_SMALL_FAST_MODEL": "m",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            **env,
+        },
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    result: dict[str, Any] = json.loads(run.stdout)
+    assert result["is_error"] is False and result["result"] == FINAL, run.stdout[-2000:]
+    return result
+
+
 def test_codex_finishes_a_tool_session_that_outgrows_the_window(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
@@ -136,57 +190,8 @@ def test_claude_code_finishes_a_tool_session_that_outgrows_the_window(
     fake_upstream.configure({"context_limit": window})
     # Claude Code's own system prompt and tools are about 24 000 tokens; each step prints
     # ~15 KB (about 4 000 tokens) and brings a thinking block whose signature must come back.
-    calls = [
-        {
-            "kind": "tool_calls",
-            "reasoning": True,
-            "tool_calls": [
-                {
-                    "name": "Bash",
-                    "arguments": {
-                        "command": f"seq {step}0000 {step}9999 | head -2600",
-                        "description": f"list part {step}",
-                    },
-                }
-            ],
-        }
-        for step in range(1, STEPS + 1)
-    ]
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),  # its settings and session files stay in the test's directory
-        "ANTHROPIC_BASE_URL": gateway.url,
-        "ANTHROPIC_API_KEY": "sk-claude",
-        "ANTHROPIC_SMALL_FAST_MODEL": "m",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-    }
-    run = subprocess.run(
-        [
-            str(claude),
-            "-p",
-            "Inspect the numbered parts and report.",
-            "--model",
-            "m",
-            "--output-format",
-            "json",
-            "--allowedTools",
-            "Bash",
-        ],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    result = json.loads(run.stdout)
-    assert result["is_error"] is False and result["result"] == FINAL, run.stdout[-2000:]
+    fake_upstream.script([*bash_steps(STEPS), {"kind": "ok", "content": FINAL}])
+    result = run_claude(claude, gateway.url, tmp_path, timeout=180)
     assert result["num_turns"] >= STEPS + 1  # every tool call was run and answered
     sizes = [
         prompt_tokens(r["json"], 4.0)
@@ -272,50 +277,8 @@ def test_claude_codes_own_compaction_is_answered_from_a_summary_made_ahead(
     answers the next compaction request itself."""
     claude = agent("claude")
     gateway = start_gateway(gateway_config(fake_upstream, 400_000))
-    steps = 26
-    calls = [
-        {
-            "kind": "tool_calls",
-            "reasoning": True,
-            "tool_calls": [
-                {
-                    "name": "Bash",
-                    "arguments": {
-                        "command": f"sleep 0.5; seq {step}0000 {step}9999 | head -2600",
-                        "description": f"list part {step}",
-                    },
-                }
-            ],
-        }
-        for step in range(1, steps + 1)
-    ]
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),
-        "ANTHROPIC_BASE_URL": gateway.url,
-        "ANTHROPIC_API_KEY": "sk-claude",
-        "ANTHROPIC_SMALL_FAST_MODEL": "m",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "50000",
-    }
-    run = subprocess.run(
-        [str(claude), "-p", "Inspect the numbered parts and report.", "--model", "m",
-         "--output-format", "json", "--allowedTools", "Bash"],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    result = json.loads(run.stdout)
-    assert result["is_error"] is False and result["result"] == FINAL, run.stdout[-2000:]
+    fake_upstream.script([*bash_steps(26, "sleep 0.5; "), {"kind": "ok", "content": FINAL}])
+    run_claude(claude, gateway.url, tmp_path, timeout=300, CLAUDE_CODE_AUTO_COMPACT_WINDOW="50000")
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     agent_ = 'agent="claude-code"'
     forwarded = _metric(metrics, f'{agent_},outcome="forwarded"')
