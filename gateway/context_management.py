@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from .errors import InvalidRequestError
+from .sse import EventSplitter
 
 FIELD = "context_management"
 CLEARED = "[tool result cleared to save context]"
@@ -97,31 +98,24 @@ async def reported_in_stream(
     `message_delta` event, where a stream from Anthropic carries it. Events pass as they come;
     only a partial event waits for its end, and only until that event has gone by."""
     report = applied.report()
-    pending = b""
+    events = EventSplitter()
     async for chunk in chunks:
         if report is None:
             yield chunk
             continue
-        data = pending + chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            pending = data
-            continue
-        complete, pending = data[: end + 2], data[end + 2 :]
-        events = complete.split(b"\n\n")[:-1]
         out = []
-        for event in events:
+        for event in events.feed(chunk):
             if report is not None and b"message_delta" in event:
                 rewritten = _with_edits(event, report)
                 if rewritten is not None:
                     event, report = rewritten, None
             out.append(event + b"\n\n")
-        yield b"".join(out)
-        if report is None and pending:
-            yield pending
-            pending = b""
-    if pending:
-        yield pending
+        if report is None:  # reported: what was held back goes now, the rest as it comes
+            out.append(events.flush())
+        if out:
+            yield b"".join(out)
+    if rest := events.flush():
+        yield rest
 
 
 def _with_edits(event: bytes, report: dict[str, Any]) -> bytes | None:

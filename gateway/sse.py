@@ -1,4 +1,4 @@
-"""The one SSE rewrite the gateway ever does: undoing its own `include_usage` request.
+"""Rewriting a relayed SSE stream event by event, and the gateway's own `include_usage` undone.
 
 With `server.stream_usage: inject` the gateway asks a streaming upstream for usage (to
 calibrate its estimates) even when the client did not. OpenAI then adds `"usage":null` to every
@@ -11,21 +11,36 @@ through this.
 from __future__ import annotations
 
 
-class UsageStripper:
+class EventSplitter:
+    """The complete events in a stream cut anywhere: each without its blank line; a partial
+    event waits for its end (`flush` gives it back)."""
+
     def __init__(self) -> None:
         self._pending = b""
-        self.usage_event = b""  # the removed usage chunk, for calibration
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Complete events of `chunk` (plus what was held back), rewritten; holds partial ones."""
+    def feed(self, chunk: bytes) -> list[bytes]:
         data = self._pending + chunk
         end = data.rfind(b"\n\n")
         if end < 0:
             self._pending = data
-            return b""
+            return []
         complete, self._pending = data[: end + 2], data[end + 2 :]
+        return complete.split(b"\n\n")[:-1]
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+class UsageStripper:
+    def __init__(self) -> None:
+        self._events = EventSplitter()
+        self.usage_event = b""  # the removed usage chunk, for calibration
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Complete events of `chunk` (plus what was held back), rewritten; holds partial ones."""
         out: list[bytes] = []
-        for event in complete.split(b"\n\n")[:-1]:
+        for event in self._events.feed(chunk):
             if b'"choices":[]' in event and b'"usage":{' in event:
                 self.usage_event = event + b"\n\n"
                 continue
@@ -35,5 +50,4 @@ class UsageStripper:
         return b"".join(out)
 
     def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
-        return rest
+        return self._events.flush()
