@@ -15,7 +15,12 @@ so far (as agents do). For every API, chain and window it prints:
   block: a block appended to the last turn, as a user's text after a tool result, extends it);
 * `events`: requests that did not extend the previous one (a compaction event), and turns per
   event;
-* `max/limit`: the largest forwarded conversation as a share of the budget (never over 1).
+* `max/limit`: the largest forwarded conversation as a share of the budget (never over 1);
+* `ceiling`: the most `extends` any policy could reach on this session and window if it keeps
+  the system prompt and the newest step whole and never lets a request pass the trigger: after
+  each event it keeps only those, and it appends until the next step would cross the trigger
+  (events as late and as deep as possible; no policy has fewer events). When the ceiling is under
+  a target, no chain can meet that target at this window.
 
 Provider caches hit on the longest shared prefix, so an event still reuses what it left alone;
 `extends` counts only whole hits.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import sys
 from collections.abc import Sequence
@@ -216,6 +222,8 @@ async def run(
     previous: tuple[list[bytes], dict[str, Any]] | None = None
     extends = events = compacted = 0
     largest = 0.0
+    sizes: list[int] = []  # the uncompacted conversation's tokens, request by request
+    fixed = trigger = 0
     for end in range(1, len(steps) + 1):
         request = WIRES[api].parse(orjson.dumps(body(api, steps[:end])), 1 << 30)
         prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
@@ -223,7 +231,15 @@ async def run(
         items = _pieces(api, sent.pop(key))
         sent.pop("tools", None)  # the gateway may add its expansion tools once it masks
         compacted += prepared.changed_steps != []
+        sizes.append(prepared.tokens_before - prepared.tokens_by_region["tools"])
+        if prepared.conversation is not None:  # the client's own system prompt, not a ledger
+            fixed = sum(
+                m.tokens
+                for m in prepared.conversation.messages
+                if m.role in ("system", "developer")
+            )
         if prepared.budget is not None:
+            trigger = prepared.budget.trigger
             largest = max(
                 largest,
                 (prepared.tokens_after - prepared.tokens_by_region["tools"])
@@ -239,10 +255,31 @@ async def run(
     total = len(steps) - 1
     return {
         "extends": extends / total,
+        "ceiling": ceiling(sizes, fixed, trigger) / total,
         "events": events,
         "compacted": compacted,
         "largest": largest,
     }
+
+
+def ceiling(sizes: Sequence[int], fixed: int, trigger: int) -> int:
+    """The most requests that can extend the previous one (see the module docstring).
+
+    `sizes` are the uncompacted conversation's tokens after each step, `fixed` what every request
+    keeps (the system prompt). Greedy is optimal here: an event kept as small as allowed and
+    taken as late as allowed leaves every later request the most room to append.
+    """
+    if not trigger:
+        return len(sizes) - 1
+    extends, current = 0, sizes[0]
+    for before, after in itertools.pairwise(sizes):
+        step = after - before
+        if current + step <= trigger:
+            current += step
+            extends += 1
+        else:
+            current = fixed + step
+    return extends
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
@@ -260,7 +297,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"{'window':>7} {'api':<10} {'chain':<24} {'extends':>8} {'events':>7} "
-        f"{'turns/event':>11} {'compacted':>9} {'max/limit':>9}"
+        f"{'turns/event':>11} {'compacted':>9} {'max/limit':>9} {'ceiling':>8}"
     )
     for window in (int(w) for w in args.windows.split(",")):
         for api in args.apis.split(","):
@@ -269,7 +306,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
                 per = (args.turns - 1) / r["events"] if r["events"] else float("inf")
                 print(
                     f"{window:>7} {api:<10} {chain:<24} {r['extends']:>8.1%} {r['events']:>7.0f} "
-                    f"{per:>11.1f} {r['compacted']:>9.0f} {r['largest']:>9.2f}"
+                    f"{per:>11.1f} {r['compacted']:>9.0f} {r['largest']:>9.2f} {r['ceiling']:>8.1%}"
                 )
                 sys.stdout.flush()
     return 0
