@@ -1,4 +1,4 @@
-"""Speed and cache stability of the policy engine (issue 4 "Speed", "Cache stability").
+"""Speed and cache stability of the policy engine.
 
 Run: `python -m benchmarks.bench_policies [--repeat 30]`. No network, no LLM; well under a
 minute. Token counts are precomputed on every message (as the gateway's incremental counter
@@ -7,14 +7,14 @@ timed run gets its own copy of the history (new string objects, as a request par
 has), built before the clock starts.
 
 1. Whole default chain (tool_output_cache, content_type_chunking, fifo) on 1,000 messages /
-   ~200k tokens against a 128k window (target < 10 ms, 000), and against a 32k window (where
+   ~200k tokens against a 128k window (target < 10 ms), and against a 32k window (where
    all three steps run). Two figures each: `cold`, a fresh `Env` per run (nothing remembered
    between requests), and `warm`, the gateway's state carried from one request to the next
    (its process-wide ref memo, as `gateway.pipeline` keeps, and one `policies.memo.Memo`): a
    growing conversation resends the history it sent before. Median wall time and CPU time.
    Then every registered step alone on the same history, cold (summarising steps answered by
    an in-memory source), and `content_type_chunking` warm.
-2. 004's 50-unit chain: 50 units of ~200 tokens, limit 5,000, chain summarize_old,
+2. A 50-unit breaking chain: 50 units of ~200 tokens, limit 5,000, chain summarize_old,
    prioritize_recent, content_type_chunking, discard_low_rel, max_iterations 3 (target < 2 s).
 3. Cache stability: a simulated 200-request agent session (user tasks, tool calls, some
    parallel, large tool outputs) through the default chain, in a small window with big outputs

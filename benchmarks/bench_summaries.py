@@ -1,4 +1,4 @@
-"""Summaries in a simulated 100-turn agent session (issue 5 "Benchmarks").
+"""Summaries in a simulated 100-turn agent session.
 
 Run: `python -m benchmarks.bench_summaries [--turns 100] [--steps sandwich,compaction,...]
 [--tokenizers tiktoken:o200k_base,chars:3] [--compare]`. About a minute per run (one run per
@@ -11,7 +11,7 @@ tell which ones the agent's later calls carried. One deterministic agent then wo
 `--turns` Turns: a user message, one to four tool rounds (tool outputs of 150 to 1 200 tokens,
 `--tool-delay` for the tool to run), a final answer. The upstream reports `usage.prompt_tokens`
 as the characters of the request's JSON / 4, so with a heuristic tokenizer (`chars:3`) the
-gateway's calibration moves its counts toward that during the run (R2.6), and the summarised
+gateway's calibration moves its counts toward that during the run (calibration), and the summarised
 ranges must not move with them; `tiktoken:o200k_base` is exact and never calibrated. A second
 gateway with a `fifo`-only policy (no summaries), behind its own upstream, gets every call of the
 same session half a model delay after the first one (so the two gateways' own work never

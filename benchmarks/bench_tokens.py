@@ -1,4 +1,4 @@
-"""Speed and memory of the token-counting layer (issue 3 "Speed", R2.5).
+"""Speed and memory of the token-counting layer.
 
 Run: `python -m benchmarks.bench_tokens [--encoding o200k_base] [--repeat 25]`. Takes a few
 seconds; no network. Builds a deterministic 200-message agent history of about 60k o200k tokens

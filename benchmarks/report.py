@@ -93,7 +93,7 @@ def compaction_cost(results: Results, case: str, target: str = "gateway-compact"
     return compact.p50 - plain.p50
 
 
-# -- targets of issue 9 --------------------------------------------------------------------
+# -- targets -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

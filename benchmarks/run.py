@@ -1,4 +1,4 @@
-"""Run the side-by-side benchmarks (issue 9) and write docs/benchmarks.md.
+"""Run the side-by-side benchmarks and write docs/benchmarks.md.
 
     python -m benchmarks.run             # full run: about 11-12 minutes (bounded by --max-minutes)
     python -m benchmarks.run --quick     # smoke run: about 3 minutes

@@ -1,4 +1,4 @@
-"""Load and soak for one gateway process (issue 10): loopback only, bounded in time.
+"""Load and soak for one gateway process: loopback only, bounded in time.
 
     python -m benchmarks.soak                         # a 500-stream burst, then a 10-min soak
     python -m benchmarks.soak burst --streams 500

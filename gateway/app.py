@@ -932,8 +932,8 @@ class Endpoint:
         )
 
     def log_event(self, exchange: Exchange, total: float) -> int:
-        """One event-log line for a compacted or retried request (R5.3, 004 phases and reward);
-        its seq."""
+        """One event-log line for a compacted or retried request (design D17.3); its
+        seq."""
         prepared = exchange.prepared
         assert prepared is not None
         chain = prepared.chain
@@ -1560,7 +1560,7 @@ def _route_for_passthrough(gw: Gateway, model: str | None) -> Route:
 
 
 async def plan(request: Request) -> Response:
-    """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (R5.2)."""
+    """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (design D17.2)."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
     body = await _read_limited(gw, request)

@@ -1,4 +1,4 @@
-"""Who is calling, and may they use this model: gateway keys and tenants (issue 10).
+"""Who is calling, and may they use this model: gateway keys and tenants (design D16.1).
 
 The rule this module owns: a request is served only for a tenant the gateway can name, and a
 tenant is never chosen by something another tenant could forge. Two modes, fixed at start-up:

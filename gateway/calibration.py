@@ -1,4 +1,4 @@
-"""Self-calibration of token estimates against what the upstream reports (R2.6).
+"""Self-calibration of token estimates against what the upstream reports (design D12.3).
 
 Every response's reported prompt tokens (`Usage.input`: every prompt token, cached or not, on
 every API) are compared with the gateway's estimate of what it sent; the relative error goes

@@ -357,7 +357,7 @@ class EventLogConfig(_Strict):
 
 
 class SummariesConfig(_Strict):
-    """How the gateway makes, caches and precomputes summaries (issue 5)."""
+    """How the gateway makes, caches and precomputes summaries (design D7)."""
 
     timeout_s: float = Field(120.0, gt=0, description="Longest one summary may take (all calls)")
     wait_s: float = Field(
@@ -404,7 +404,7 @@ class SummariesConfig(_Strict):
 
 
 class ToolOutputsConfig(_Strict):
-    """Masked tool output kept in the store and readable by the model (issue 7, 001 §1.8)."""
+    """Masked tool output kept in the store and readable by the model (design D13.4)."""
 
     expand: bool = Field(True, description="Offer the read/grep tools when outputs were masked")
     ttl_s: float = Field(86_400, gt=0, description="Kept this long after the last request using it")

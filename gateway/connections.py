@@ -1,4 +1,4 @@
-"""Client connections before the app sees a request: the request head has a deadline (issue 10).
+"""Client connections before the app sees a request: the request head has a deadline.
 
 uvicorn closes a keep-alive connection that stays idle between requests, and the gateway cuts off
 a body trickled too slowly (`body_read_timeout_s`, gateway/asgi.py), but nothing limits how long

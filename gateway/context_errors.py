@@ -1,6 +1,6 @@
 """Which upstream error bodies mean "the prompt does not fit the model's context window".
 
-The reactive path (R1.4, issue 6) retries with a harder-compressed request only when the upstream
+The reactive path (design D6) retries with a harder-compressed request only when the upstream
 said the *context window* was exceeded; every other failure is relayed or retried as it is. So
 this module keeps one rule: a body is a context error only when a row of `SIGNATURES` recognises
 it, and each row is data (statuses, error code, error type, message pattern, how to read the
@@ -35,7 +35,7 @@ llama-cpp-python's is OpenAI's older wording once `max_tokens` is set, so both a
 `max_tokens`) is told apart. The handling is the same either way.
 
 Status 200 is still examined, because a streaming upstream may answer 200 and then send
-`data: {"error": {...}}` before the first chunk (issue 6 item 2): pass that event's payload (the
+`data: {"error": {...}}` before the first chunk: pass that event's payload (the
 `data:` prefix is tolerated). A completion body never matches: it has no error envelope.
 
 `classify` never raises: bodies over `MAX_BODY_BYTES`, non-JSON, invalid UTF-8 and odd JSON types

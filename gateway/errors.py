@@ -23,8 +23,8 @@ code. The hierarchy:
     └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
-unchanged (R1.1). Each class also names a failure kind (`REASONS`), the `reason` of its request's
-log line.
+unchanged (design D15.2). Each class also names a failure kind (`REASONS`), the `reason` of its
+request's log line.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The compaction event log: one JSON line per compacted or retried request.
 
-Each event says what happened to one request, in 004's phases (detection, each strategy,
-success or recovery), with the tokens before/after of every step, what was removed, whether a
-summary was used, the retries and the outcome. It carries 004's reward so the log can be used to
-tune policies offline. Message content is included only with `events.log_content: true`.
+Each event says what happened to one request, phase by phase (detection, each step, success
+or recovery), with the tokens before/after of every step, what was removed, whether a
+summary was used, the retries and the outcome. It carries a reward (`reward`) so the log can be used
+to tune policies offline. Message content is included only with `events.log_content: true`.
 
 Events go to a JSON-lines file (or stdout with `path: "-"`) and to a bounded in-memory list that
 `GET /v1/compactgate/events` and the `/ui` page read. Beside them the log keeps, in memory only,
@@ -37,7 +37,8 @@ def reward(
     time_ms: float,
     coherence_delta: float = 0.0,
 ) -> float:
-    """004's RL reward, clamped to [-2, 2]. The gateway measures no coherence, so it is 0."""
+    """A score for tuning policies offline, in [-2, 2]: success, tokens saved and priorities kept
+    raise it; failure, recovery and time over 500 ms lower it. No coherence is measured (0)."""
     value = 0.0
     if success:
         value += 1.0 + coherence_delta * 0.5

@@ -1,4 +1,4 @@
-"""Per-tenant concurrency: at most `server.max_concurrent_per_tenant` requests in flight (issue 10).
+"""Per-tenant concurrency: at most `server.max_concurrent_per_tenant` requests in flight.
 
 The rule this module owns: a tenant's slot is taken before its first upstream call and given back
 exactly once when its response ends, however it ends (finished, failed, client gone, task

@@ -1,4 +1,4 @@
-"""Upstreams that need translation, through litellm (R1.2: "any provider litellm supports").
+"""Upstreams that need translation, through litellm (design D11.1).
 
 litellm is imported on first use only (it costs seconds of start-up and hundreds of MB) and with
 its local model registry (no network at import). A route with `provider: litellm` gets the URL

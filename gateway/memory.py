@@ -1,4 +1,4 @@
-"""Giving freed heap memory back to the system once a worker is idle again (issue 10).
+"""Giving freed heap memory back to the system once a worker is idle again.
 
 After a burst of concurrent streams every request's buffers are freed, but glibc's malloc keeps
 the pages: it returns memory only from the top of its heap, so one live chunk above the freed

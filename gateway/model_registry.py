@@ -1,4 +1,4 @@
-"""Known models' context windows, read from the registry file litellm ships (R2.4).
+"""Known models' context windows, read from the registry file litellm ships (design D2.4).
 
 We read litellm's bundled `model_prices_and_context_window_backup.json` as a file, never
 importing litellm (that costs seconds of start-up). Loaded once on first use.

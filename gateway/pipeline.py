@@ -1,12 +1,12 @@
-"""From a validated request to the exact bytes to forward: count, budget, chain, check (R1.3).
+"""From a validated request to the exact bytes to forward: count, budget, chain, check.
 
 `Pipeline.prepare` is shared by the chat path, the reactive retry and the plan endpoint, so what
 `/v1/compactgate/plan` shows is what a real request would send. It always starts from the
 client's original request (a retry never compacts an already compacted body: envoy's rule).
 
 An unchanged request is forwarded as the client's own bytes. A compacted one is re-serialised
-once, after the invariant checker (R3) has passed it; a result that breaks an invariant is never
-sent (the original is, and a metric counts it).
+once, after the invariant checker has passed it; a result that breaks an invariant is never sent
+(the original is, and a metric counts it: design D1).
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ log = logging.getLogger("compactgate.pipeline")
 MAX_SUMMARY_ROUNDS = 8  # links of a rolling summary fetched one after the other
 MAX_MEMO_REFS = 4096  # tool-output refs remembered per process
 EXPANSION_MAX_SHARE = 0.1  # the expansion tools may take at most this share of a window
-OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
+OUTPUT_RESERVE_SHARE = 0.2  # of the window, for the output when nothing says (design D2.2)
 
 
 @dataclass(frozen=True, slots=True)
 class SummaryAsk:
-    """How the summary fetcher may get what the store lacks (issue 5)."""
+    """How the summary fetcher may get what the store lacks (design D7.7)."""
 
     headers: tuple[tuple[bytes, bytes], ...] | None  # the client's (credential); None: cache only
     wait: bool  # the request cannot be sent without them: wait (bounded); else compute meanwhile
@@ -94,7 +94,7 @@ class Prepared:
     api: str = "chat"  # the wire API of the request
     correction: float | None = None  # the calibration multiplier the counts were made with
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
-    priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
+    priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (event reward)
     expandable: bool = False  # masked tool outputs: the expansion tools were added
     # The client's messages as the chain saw them (with counts and uids); None when no chain ran.
     conversation: Conversation | None = None
@@ -480,8 +480,8 @@ class Pipeline:
             answers = dict(await self._fetch(result.pending, route, tenant, ask))
             missing = [r for r in result.pending if _status(answers, r) == "missing"]
             if missing:
-                # Being made in the background (R4.6). If the steps up to the summarising ones
-                # already fit the request without them, send that now (no fallback step loses
+                # Being made in the background (design D7.7). If the steps up to the summarising
+                # ones already fit the request without them, send that now (no fallback step loses
                 # messages); else wait for them, at most `summaries.wait_s`.
                 early = self._without_fallbacks(conversation, budget, route, env, force, result)
                 if early is not None:

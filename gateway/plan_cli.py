@@ -1,4 +1,4 @@
-"""`compactgate plan FILE.json`: what the gateway would send for a request body, and why (R5.2).
+"""`compactgate plan FILE.json`: what the gateway would send for a request body, and why.
 
 Runs the same pipeline as a real request (counting, budget, the policy chain) without any
 upstream call, and prints a readable table; `--json` prints what `POST /v1/compactgate/plan`

@@ -1,4 +1,4 @@
-"""Upstream retry and failover (R4.11, 004 defaults): 429, 5xx and connection failures.
+"""Upstream retry and failover (design D11.3, D11.4): 429, 5xx and connection failures.
 
 Retried with exponential backoff and full jitter, honouring `Retry-After` (seconds or an HTTP
 date), bounded by the route's `max_attempts` and `max_delay_seconds`. Only failures that come

@@ -2,8 +2,8 @@
 
 Resolved once per model name: configured models are compiled at start-up; names matched by a
 glob entry (`name: "*"`, `gpt-4o*`) are compiled on first use and kept in a bounded table.
-The context window comes from config, else litellm's registry, else `max_output_tokens x 4`
-(002), and never exceeds the registry's hard limit (R2.4). An unknown window disables the
+The context window comes from config, else litellm's registry, else `max_output_tokens x 4`,
+and never exceeds the registry's hard limit (design D2.4). An unknown window disables the
 proactive check for that model; the reactive path still learns the real one from errors.
 """
 

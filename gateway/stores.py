@@ -1,4 +1,4 @@
-"""Where the gateway keeps what outlives one request: summaries (issue 5), later tool outputs.
+"""Where the gateway keeps what outlives one request: summaries, tool outputs (design D13).
 
 One interface, two backends, chosen by the `store:` URL:
 

@@ -1,4 +1,4 @@
-"""Summaries as a service: cached, computed once, and ready before they are needed (R4.3-R4.6).
+"""Summaries as a service: cached, computed once, and ready before they are needed (design D7).
 
 Policies ask for summaries as data (`policies/summaries.py`); the pipeline hands what they lacked
 to `SummaryService.fetch`, which answers from the store or computes them with the `Summarizer`.
@@ -7,8 +7,8 @@ Rules this module keeps:
 
 - **The cache key is everything the text depends on**: tenant, summary model, the summariser's
   fingerprint and the request's canonical bytes, hashed. One tenant never receives a summary
-  made from another tenant's request (issue 5 item 6), even for identical messages.
-- **Failures are never cached** (R4.13, 003 CX-NT3): a failed call leaves the store untouched,
+  made from another tenant's request, even for identical messages.
+- **Failures are never cached** (design D7.4): a failed call leaves the store untouched,
   answers `failed` (the chain goes on to its next step), is counted, and is not retried by this
   process for `retry_failed_after_s`.
 - **Two tiers**: answers are kept in this process (`LocalAnswers`, LRU by bytes) in front of the
@@ -23,7 +23,7 @@ Rules this module keeps:
   reactive retry), and then at most `wait_s`. The computation goes on in the background either
   way and its result is cached for the next request; a request that fits is sent meanwhile
   with what is ready (the pipeline decides; `SummaryAsk.wait`).
-- **Ahead of need** (R4.6, 002): after each response, `Precompute` checks whether the
+- **Ahead of need** (design D7.8): after each response, `Precompute` checks whether the
   conversation has passed `precompute_ratio` of its budget; if so it predicts the summary the
   chain will ask for when the conversation crosses its trigger and computes it in the
   background, so the crossing request finds it ready. Precomputations are bounded (a semaphore

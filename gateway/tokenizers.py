@@ -14,8 +14,8 @@ a ConnectionError, at start-up or (worse) on the first request. So:
   expected hash come from the installed tiktoken (`tiktoken_ext.openai_public`), so nothing here
   duplicates them; only the one file-loading call is rerouted (see `_offline_constructors`).
 * `hf:<path>` loads a local `tokenizer.json` with the `tokenizers` library (`from_file`; no hub).
-* `chars:<chars_per_token>` is the heuristic of R2.2: `ceil(code points / chars_per_token)`,
-  times a calibration `correction` (R2.6) that the calibrator sets with `with_correction`.
+* `chars:<chars_per_token>` is the heuristic: `ceil(code points / chars_per_token)`,
+  times a calibration `correction` (design D12.3) that the calibrator sets with `with_correction`.
 
 `load_tokenizer` caches one instance per spec; instances are immutable and safe to share across
 threads. Every failure is a `TokenizerError` whose message says what is wrong and how to fix it;
@@ -105,8 +105,8 @@ class CharsTokenizer:
     """The heuristic: `ceil(len(text) * correction / chars_per_token)`.
 
     `len` of a Python `str` counts code points, so a CJK character or an emoji is one character,
-    not three or four bytes (002's "rune-correct"). `correction` is the calibration multiplier of
-    R2.6 (1.0 = uncalibrated); instances are immutable, so calibration derives a new tokenizer
+    not three or four bytes. `correction` is the calibration multiplier (design D12.3)
+    (1.0 = uncalibrated); instances are immutable, so calibration derives a new tokenizer
     with `with_correction(factor)` and swaps it in, and a shared cached instance never changes
     under another model. The correction is part of `name` (e.g. "chars:2.5*1.0312") so that
     anything keyed by tokenizer name keeps corrected and uncorrected counts apart.
@@ -126,7 +126,7 @@ class CharsTokenizer:
             if not (math.isfinite(value) and value > 0):
                 raise TokenizerError(
                     f"chars tokenizer: {label} must be a positive number, got {value!r}; "
-                    "write e.g. 'chars:2.5' (002 uses 2.5; ~4 for English-only text)"
+                    "write e.g. 'chars:2.5' (cautious for mixed text; ~4 for English-only text)"
                 )
         base = f"chars:{self.chars_per_token:g}"
         name = base if self.correction == 1.0 else f"{base}*{self.correction:.6g}"
@@ -408,7 +408,7 @@ def bare_model_name(model: str) -> str:
 def default_tokenizer_spec(model: str) -> str | None:
     """`tiktoken:o200k_base` / `tiktoken:cl100k_base` for OpenAI model families, else None.
 
-    None means "unknown": the caller falls back to the chars heuristic (issue 3, item 2).
+    None means "unknown": the caller falls back to the chars heuristic.
     """
     name = bare_model_name(model)
     for pattern, encoding_name in _MODEL_ENCODINGS:

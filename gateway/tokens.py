@@ -9,7 +9,7 @@ the way OpenAI's cookbook (`num_tokens_from_messages`) documents for current mod
 so that the policies can add and remove messages and know exactly what changes. Each message is
 counted on its own, and an exact count is remembered in a `CountCache` under a 16-byte sha256
 digest of the message's canonical JSON (sorted keys), personalised per tokenizer: the proxy sees
-the same prefix on every turn of a conversation, and only the new messages are tokenized (R2.3).
+the same prefix on every turn of a conversation, and only the new messages are tokenized.
 Python's `hash()` is never used for keys; it is salted per process and workers must agree.
 
 What is counted per field (constants below, each with its source):
@@ -120,7 +120,7 @@ class CountCache:
     Python object), the int (28) and the OrderedDict's slot and link node, measured with
     tracemalloc at 150-193 bytes per entry depending on the table's fill, rounded up. Counters
     only cache messages whose canonical JSON is at least `MIN_DESCRIBED_BYTES` long, so the cache
-    never takes more than 2x the bytes of what it describes (R2.5); smaller messages are
+    never takes more than 2x the bytes of what it describes; smaller messages are
     re-tokenized, which costs about what hashing them would.
 
     `max_bytes=0` disables caching. One cache may be shared by several counters: their keys are
@@ -252,7 +252,7 @@ class MessageCounter:
     # -- public ------------------------------------------------------------------------------
 
     def use_tokenizer(self, tokenizer: Tokenizer) -> None:
-        """Swap in a recalibrated tokenizer (calibration, R2.6); counts change from now on.
+        """Swap in a recalibrated tokenizer (design D12.3); counts change from now on.
 
         Only meant for heuristic tokenizers, whose counts are never cached.
         """

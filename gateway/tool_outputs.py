@@ -1,4 +1,4 @@
-"""Masked tool output, kept and readable again (R4.5, 001 §1, issue 7).
+"""Masked tool output, kept and readable again (design D13.4).
 
 When the `tool_output_cache` step cuts or replaces a tool output, its full text is stored here
 under the step's ref (an HMAC of the tenant and the text: unguessable, and the same ref for the

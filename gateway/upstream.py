@@ -5,7 +5,7 @@ exceptions become ours (`UpstreamUnreachableError`, `UpstreamTimeoutError`, `Ups
 Bodies are forwarded as bytes and responses relayed as the chunks arrive, never re-encoded:
 `auto_decompress=False` keeps a gzip body gzip, so the client gets exactly what the upstream sent.
 
-Timeouts (issue 6): connect, time to first byte (headers), and the idle gap between chunks of a
+Timeouts (design D11.2): connect, time to first byte (headers), and the idle gap between chunks of a
 stream, each configurable; the whole of a non-streaming call is bounded by `upstream_timeout_s`.
 """
 
@@ -200,7 +200,7 @@ def _connection_listed(headers: list[tuple[bytes, bytes]]) -> frozenset[str]:
 
 
 def passthrough_path(raw_path: bytes, prefix: str = "/v1") -> str:
-    """The client's path after `prefix`, to append to a configured base_url (no SSRF, issue 10).
+    """The client's path after `prefix`, to append to a configured base_url (no SSRF).
 
     Kept percent-encoded as the client sent it, so `%2F` stays inside its segment. Refused (400)
     when any segment is `.` or `..` once decoded (`%2e%2e` too: the URL library decodes and

@@ -1,4 +1,4 @@
-"""The functional core: pure, deterministic decisions about what to send (R3, R4).
+"""The functional core: pure, deterministic decisions about what to send (design D1, D4, D5).
 
 Nothing here does I/O, reads a clock, draws a random number or keeps global state; it imports
 no web framework, HTTP client, Redis, Prometheus, litellm or asyncio (a test enforces it). The

@@ -1,4 +1,4 @@
-"""How many tokens the messages may use, and where a stable cut goes (R1.3, R2.4).
+"""How many tokens the messages may use, and where a stable cut goes (design D2, D3.1).
 
 `Budget.limit` is what the messages may take: the context window minus the output reserve and
 the fixed cost of everything that is not a message (tool definitions, reply priming, a safety

@@ -1,4 +1,4 @@
-"""The policy chain (004 `hybrid`): run the configured steps until the request fits.
+"""The policy chain (design D4): run the configured steps until the request fits.
 
 Rule: nothing happens while the messages are at or under `budget.trigger` (unless the reactive
 path forces a pass). Past it, a compaction event: the steps run in order, each compacting toward
@@ -9,7 +9,7 @@ that ask for no summary against `Budget.at_event()`, so the later steps cut too 
 range stays where the first pass put it, the one the precomputation predicted). The room that
 leaves lets the conversation grow by appending until the next event, which keeps the provider's
 prefix cache warm. If the result is still over `budget.limit`, the `emergency` step runs, and if
-even that cannot fit, the policy's recovery mode decides (R4.10).
+even that cannot fit, the policy's recovery mode decides (design D5.10).
 
 Every step that ran is reported with its tokens before and after and what it removed: the
 headers, the plan endpoint, the metrics and the event log are all built from these reports.

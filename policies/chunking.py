@@ -1,4 +1,4 @@
-"""Per-type text compression for `content_type_chunking` (004 Strategy 3, made safe).
+"""Per-type text compression for `content_type_chunking` (design D5.2).
 
 Every function here is pure and keeps one promise per content type:
 

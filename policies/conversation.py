@@ -1,10 +1,10 @@
-"""The conversation model the policies work on: messages, Turns and safe cut points (R3.2).
+"""The conversation model the policies work on: messages, Turns and safe cut points (design D1.6).
 
 A `Message` wraps the OpenAI message exactly as it will be forwarded (`data`), plus what the
 gateway learned about it: its token count and the client's pin/priority/type marks. Steps never
 mutate a message; they build new ones.
 
-A Turn is a user message and everything after it up to the next user message (002). Cutting at
+A Turn is a user message and everything after it up to the next user message. Cutting at
 a Turn boundary can never orphan a tool call from its results, because an assistant message with
 `tool_calls` and its `tool` results always sit inside one Turn. Messages before the first user
 message that are not system/developer form a leading partial Turn.
@@ -187,7 +187,7 @@ class Conversation:
 
     def is_protected(self, index: int) -> bool:
         """The client's system/developer prompts, pinned messages, the latest user message
-        (R3.1, R3.4, R3.5). A system message a step created (origin -1: a summary, a
+        (design D1.1, D1.3, D1.4). A system message a step created (origin -1: a summary, a
         placeholder) is not protected: when nothing else is left, it can go too."""
         message = self.messages[index]
         return _client_prompt(message) or message.pin or index == self.latest_user_index()
@@ -238,7 +238,7 @@ def _client_prompt(message: Message) -> bool:
 
 
 def parse_turn_boundaries(messages: Sequence[Message], head_end: int = 0) -> list[int]:
-    """Start index of every Turn after `head_end` (002 parseTurnBoundaries)."""
+    """Start index of every Turn after `head_end`."""
     return _turn_starts([m.role for m in messages], head_end)
 
 
@@ -262,7 +262,7 @@ def _turns(roles: Sequence[str], head_end: int) -> tuple[Turn, ...]:
 
 
 def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int = 0) -> int:
-    """Snap a cut index to the nearest Turn boundary (002 findSafeBoundary).
+    """Snap a cut index to the nearest Turn boundary.
 
     Ties go to the earlier boundary (cut less). Returns `head_end` when there is no boundary.
     """
@@ -273,7 +273,7 @@ def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int =
 
 
 def safe_cuts(conversation: Conversation, start: int) -> list[int]:
-    """Cut points in `(start, len]` that leave every tool group whole on one side (R3.3).
+    """Cut points in `(start, len]` that leave every tool group whole on one side (design D1.6).
 
     A cut at `i` falls between messages `i - 1` and `i`; it is safe when no group of
     `Conversation.tool_groups` has messages on both sides. These are the groups `drop` keeps or
@@ -294,9 +294,9 @@ def safe_cuts(conversation: Conversation, start: int) -> list[int]:
 def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversation, int]:
     """The conversation without `indices`, never breaking an invariant; returns (result, dropped).
 
-    Protected messages (R3.1, R3.4, R3.5) are never dropped. Tool calls and their results are
-    kept or dropped together (R3.3): if any message of an assistant-with-tool_calls group is
-    kept, the whole group is kept. Order is kept (R3.6).
+    Protected messages (design D1.1, D1.3, D1.4) are never dropped. Tool calls and their results
+    are kept or dropped together (design D1.2): if any message of an assistant-with-tool_calls
+    group is kept, the whole group is kept. Order is kept (design D1.5).
     """
     messages = conversation.messages
     count = len(messages)

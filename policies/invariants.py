@@ -1,15 +1,15 @@
-"""The invariants every forwarded request keeps (R3), checked in one place.
+"""The invariants every forwarded request keeps (design D1), checked in one place.
 
 Used by the property tests and, cheaply, by the gateway before anything is forwarded: a
 compacted request that breaks one of these is never sent.
 
-- R3.1 system/developer prompts are kept, in order, unchanged (a summary may be appended to the
+- system/developer prompts are kept, in order, unchanged (a summary may be appended to the
   first one when placement is `system_append`: its original text must stay a prefix).
-- R3.3 every assistant tool call is answered by exactly one tool result that follows it before
+- every assistant tool call is answered by exactly one tool result that follows it before
   the next assistant/user message, and every tool result answers such a call.
-- R3.4 the latest user message is kept unchanged (unless recovery truncated it: `allow_truncated`).
-- R3.5 pinned messages are kept.
-- R3.6 messages that come from the client keep their relative order.
+- the latest user message is kept unchanged (unless recovery truncated it: `allow_truncated`).
+- pinned messages are kept.
+- messages that come from the client keep their relative order.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import Any
 from .conversation import PROTECTED_ROLES, Conversation, Message, content_text, is_mapping
 
 # Rule names, as operators see them (the `rule` label of compactgate_invariant_violations_total
-# and the log line of a refused compaction), each with its requirement id in the design notes.
-SYSTEM_PROMPTS_KEPT = "system_prompts_kept"  # R3.1
-TOOL_CALLS_PAIRED = "tool_calls_paired"  # R3.3
-LATEST_USER_MESSAGE_KEPT = "latest_user_message_kept"  # R3.4
-PINNED_MESSAGES_KEPT = "pinned_messages_kept"  # R3.5
-CLIENT_ORDER_KEPT = "client_order_kept"  # R3.6
+# and the log line of a refused compaction), each with its item in docs/design.md.
+SYSTEM_PROMPTS_KEPT = "system_prompts_kept"  # design D1.1
+TOOL_CALLS_PAIRED = "tool_calls_paired"  # design D1.2
+LATEST_USER_MESSAGE_KEPT = "latest_user_message_kept"  # design D1.3
+PINNED_MESSAGES_KEPT = "pinned_messages_kept"  # design D1.4
+CLIENT_ORDER_KEPT = "client_order_kept"  # design D1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ def check(
 
 
 def check_tool_pairs(messages: Sequence[Mapping[str, Any]]) -> list[Violation]:
-    """R3.3 by OpenAI's rules: results directly follow their call, one result per call id."""
+    """Tool calls paired by OpenAI's rules: results directly follow their call, one per call id."""
     violations: list[Violation] = []
     open_ids: set[str] = set()
     answered: set[str] = set()

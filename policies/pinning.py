@@ -1,10 +1,10 @@
-"""Which messages are important (R3.5): the client's marks and the operator's pin rules.
+"""Which messages are important (design D5.12): the client's marks and the operator's pin rules.
 
 Two sources, both pure:
 
 - The per-message extension `"compactgate": {"pin": true, "priority": 1, "type": "plan_ref"}`
   (stripped before forwarding). `marks_from_extension` validates it: `pin` a boolean,
-  `priority` 1..3 (1 is the highest, 004's P1), `type` one of `message`, `code`, `plan_ref`,
+  `priority` 1..3 (1 is the highest), `type` one of `message`, `code`, `plan_ref`,
   `log`, `other`; anything else is a ValueError whose message names the field and the value.
 - Config rules `pin_rules: [{role?, tool_name?, content_regex?}]`: a message is pinned when it
   matches every field a rule sets (a rule that sets none matches nothing). `tool_name` matches a

@@ -1,13 +1,13 @@
-"""Where a summary goes (R4.12): its own system message, user messages, or the system prompt.
+"""Where a summary goes (design D5.11): its own system message, user messages, or the system prompt.
 
-- `system` (003): a system message `[Earlier conversation summary: ...]` where the summarised
+- `system`: a system message `[Earlier conversation summary: ...]` where the summarised
   range was. Clear to the model, but some strict chat templates (several open-weight models
   served by vLLM or llama.cpp) reject a system message after the first position.
-- `user` (001): the `<retain>` part as a user message, then the summary as a user message, where
+- `user`: the `<retain>` part as a user message, then the summary as a user message, where
   the range was. Accepted everywhere; the model reads it as something the user said.
-- `system_append` (002): appended to the first system/developer prompt (a new system message
+- `system_append`: appended to the first system/developer prompt (a new system message
   is put first when there is none). The safest for strict templates; the original prompt stays a
-  prefix of the new one, which is what the invariant checker allows (R3.1).
+  prefix of the new one, which is what the invariant checker allows (design D1.1).
 
 Inserted messages carry `kind="summary:<step>"` so that a step recognises its own summary on the
 chain's next pass and leaves it alone. Trimming steps that run after a summarising step (`fifo`)

@@ -1,7 +1,7 @@
-"""Dropping whole Turns by relevance, leaving one placeholder per run (004 Strategies 2 and 4).
+"""Dropping whole Turns by relevance, leaving one placeholder per run (design D5.8).
 
 Shared by `prioritize_recent` and `discard_low_rel`. The last `recent_bias` share of the Turns
-(at least one: the current Turn) is always kept; Turns holding a P1 message (`priority == 1`)
+(at least one: the current Turn) is always kept; Turns holding a priority-1 message
 have their score multiplied by `priority_boost`. Candidates are dropped lowest score first (the
 older first on ties), by default only until the request is back under the policy's target.
 

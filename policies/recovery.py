@@ -1,9 +1,9 @@
-"""Recovery when nothing else fits (R4.10, 004 auto-recovery).
+"""Recovery when nothing else fits (design D5.10).
 
 Three modes, chosen per policy by `recovery_mode`:
 - `truncate` (default: the client gets an answer): cut the middle out of the largest contents,
   with a marker saying how much was cut, until the request fits. System/developer prompts are
-  never cut (R3.1); if they alone do not fit, nothing can, and the result says so.
+  never cut (design D1.1); if they alone do not fit, nothing can, and the result says so.
 - `fresh_start`: a short handover summary of the conversation plus the latest user message. Needs
   a summary; while it is missing the request is pending, and if the summariser failed, truncate.
 - `error`: change nothing and explain what did not fit; the gateway answers 400

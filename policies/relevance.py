@@ -1,4 +1,4 @@
-"""Relevance of each Turn to the task at hand (004 Strategies 2 and 4).
+"""Relevance of each Turn to the task at hand (design D5.8).
 
 The task is more than the latest user message, which is often generic ("continue", "go on", a
 tool result) and would score every earlier rule at 0: the query is the first user message (the
@@ -14,7 +14,7 @@ what a BM25 over CJK can match without a segmenter). A Turn's text is its messag
 4,000 characters of each) plus the names and arguments of the tool calls in it.
 
 `scorer: embeddings` uses `Env.relevance` (e.g. MiniLM cosine similarities computed by the
-gateway), clipped to 0..1; without one, BM25 is the fallback (R4.8).
+gateway), clipped to 0..1; without one, BM25 is the fallback.
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ next link is asked for in rewrite mode, its answer replaces the whole text, and 
 again after it. The mode follows from the text so far and is part of every request, so the chain
 is still a deterministic function of the prefix and the answers, and the link memo stays exact.
 
-Token counts are estimates that drift (calibration, R2.6), and the cut a scan proposes moves
-with them. A ready summary whose range ends within `SNAP_UNITS` of the proposed cut is kept
-instead (003's validity rule: its messages are still the conversation's, in place), and the scan
-goes on from where that summary ends, so drift does not make the summaries again.
+Token counts are estimates that drift (calibration, design D12.3), and the cut a scan proposes
+moves with them. A ready summary whose range ends within `SNAP_UNITS` of the proposed cut is kept
+instead (a summary stays valid while its messages are still the conversation's, in place), and
+the scan goes on from where that summary ends, so drift does not make the summaries again.
 
 Anchored messages (system/developer prompts, pinned messages and the tool groups that hold them)
 are never summarised away: they stay in place and are left out of the summariser's input.
@@ -308,15 +308,15 @@ class Rolling:
     Each link is asked for as "these messages, extending the answer so far" (in append mode:
     "only these messages", appended to it). The walk stops at the first link that is `missing`
     (reported as `pending`) or `failed`; what was ready before it is kept, so a grown range keeps
-    its older summary until the new link arrives (R4.13: a failure never corrupts what was
-    there), and the scan goes on without asking.
+    its older summary until the new link arrives (a failure never corrupts what was
+    there: design D7.4), and the scan goes on without asking.
 
-    Counts drift (a heuristic tokenizer is calibrated from the upstream's usage, R2.6), and a
+    Counts drift (a heuristic tokenizer is calibrated from the upstream's usage), and a
     drifted count moves a proposed cut by a unit or so, which would change every link after it
     and make the whole summary again. So when the link ending at the proposed cut is missing, a
     ready link from the same start ending up to `SNAP_UNITS` units earlier or later (never past
     `furthest`, where the step's own limit puts the last cut) is taken instead, and the scan goes
-    on from there. This is 003's validity rule, not an approximation: a cached summary stands
+    on from there. This is not an approximation: a cached summary stands
     for exactly the messages it was made from, and they are still the conversation's, in place.
 
     The walk is as long as the conversation's list of events, and a client resends the same
@@ -563,9 +563,9 @@ class Rolling:
 
 
 def summary_input(messages: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Messages as a summariser gets them: 001 2.6.1, then the same rule anywhere in the range.
+    """Messages as a summariser gets them: `prepare_for_summary`, then its rule anywhere in range.
 
-    `prepare_for_summary` strips the trailing assistant's tool calls (001). A client's history
+    `prepare_for_summary` strips the trailing assistant's tool calls. A client's history
     can also carry a call without a result mid-range (or a result without its call); those are
     removed the same way, so a summariser never receives a history a provider would reject.
     """
@@ -591,7 +591,7 @@ def summary_input(messages: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def bullets(prompt: str, directives: Sequence[str]) -> str:
-    """`prompt` with `directives` appended as bullet points (001 2.6.3)."""
+    """`prompt` with `directives` appended as bullet points."""
     if not directives:
         return prompt
     return prompt.rstrip() + "\n" + "\n".join(f"- {d}" for d in directives)
@@ -673,7 +673,7 @@ def summarise(conversation: Conversation, plan: Plan, env: Env) -> StepResult:
 
 
 class SummarisingConfig(StepConfig):
-    """Keys every summarising step has (R4.12): where the summary goes and how it reads."""
+    """Keys every summarising step has (design D5.11): where the summary goes and how it reads."""
 
     placement: Placement = "system"
     template: str = Field(
@@ -703,7 +703,7 @@ class SummarisingConfig(StepConfig):
 def chunk_tokens(budget: Budget, summary_tokens: int) -> int:
     """Most message tokens one summariser call gets: what fits next to the previous summary.
 
-    The summariser is the same model or one with a larger window (001 2.6.2), so the request's
-    own limit, less room for the previous summary and the instructions, always fits.
+    The summariser is the same model or one with a larger window (the step's `model`), so the
+    request's own limit, less room for the previous summary and the instructions, always fits.
     """
     return max(1, budget.target, budget.limit - summary_tokens - 512)

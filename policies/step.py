@@ -31,7 +31,7 @@ class StepConfig(BaseModel):
 class StoredOutput:
     """Full text of a tool output the step cut or replaced; the gateway persists it under `ref`.
 
-    `byte_size` and `line_count` (001's `ToolOutputRef`) are derived from `text` when asked for:
+    `byte_size` and `line_count` are derived from `text` when asked for:
     a step may return hundreds of outputs per request and the gateway rarely reads them.
     """
 

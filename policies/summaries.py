@@ -1,11 +1,11 @@
-"""The one thing a policy needs from outside: summary text, asked for as data (R4.3, R4.4, R4.8).
+"""The one thing a policy needs from outside: summary text, asked for as data (design D7.1).
 
 Policies stay pure by never calling a model. A step that wants a summary builds a
 `SummaryRequest` (exactly which messages, which instructions, how long) and asks the
 `SummarySource` it was given. The source answers from what the gateway already has:
 `ready` with text, `missing` (the gateway will fetch it and run the chain again, like httpx's
 auth flow yields a request and gets the response back), or `failed` (the summariser errored: the
-step gives up and the chain moves on to its next step, R4.13).
+step gives up and the chain moves on to its next step: design D7.4).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class SummaryRequest:
     instructions: str
     max_tokens: int
     previous: str | None = None  # an earlier summary being extended with `messages`
-    retain_instructions: str | None = None  # 001's <retain> section, when asked for
-    model: str | None = None  # the model to summarise with (001 2.6.2); None: the request's model
+    retain_instructions: str | None = None  # what to keep verbatim (`<retain>`), when asked for
+    model: str | None = None  # the step's `model` to summarise with; None: the request's
     # Summarise only `messages`, with `previous` as context: the answer is appended to it
     # (`append_summaries`). False: return `previous` rewritten to cover `messages` too.
     append: bool = False
@@ -105,7 +105,7 @@ class DictSummaries:
 
 
 def prepare_for_summary(messages: tuple[Mapping[str, Any], ...]) -> tuple[Mapping[str, Any], ...]:
-    """001 2.6.1: a trailing assistant message with tool_calls breaks summarisation.
+    """A trailing assistant message with tool_calls breaks summarisation.
 
     Its tool calls have no results inside the summarised range, and providers reject such a
     history. Keep its text without the calls, or drop it when it has no text.

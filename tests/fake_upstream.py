@@ -4,7 +4,7 @@
 
 It speaks OpenAI's wire format (bodies and SSE framing from `gateway.echo_upstream`), records
 every request it receives, and misbehaves on demand, so end-to-end tests can drive the gateway
-through every failure of issue 6 without a real model. The upstream is the only thing tests may
+through every upstream failure without a real model. The upstream is the only thing tests may
 fake; this is it.
 
 Control endpoints (JSON; nothing under /_fake/ is recorded):

@@ -1,4 +1,4 @@
-"""Gateway keys and tenants (issue 10, gateway/auth.py), end to end and at the unit level.
+"""Gateway keys and tenants (gateway/auth.py, design D16.1), end to end and at the unit level.
 
 What a user would notice: with `auth.keys` configured, no key or a wrong key is a 401 and a model
 outside the key's globs is a 403, both as OpenAI error bodies the official client raises as

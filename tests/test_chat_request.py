@@ -1,4 +1,4 @@
-"""Request validation (R6.1): every bad body is a clear 400 naming its param."""
+"""Request validation (design D15.3): every bad body is a clear 400 naming its param."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Config loading and validation (issue 2 item 6, contract C config keys, R1.5)."""
+"""Config loading and validation: every key operators rely on, and config.example.yaml."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
     return path
 
 
-def test_issue_example_loads_with_every_contract_key(tmp_path: Path) -> None:
+def test_full_example_loads_with_every_key_operators_rely_on(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, ISSUE_EXAMPLE), environ={})
     model = config.models[0]
     assert config.server.max_body_bytes == 33554432
@@ -127,7 +127,7 @@ def test_model_naming_an_unknown_policy_is_rejected() -> None:
 
 
 def test_one_key_for_two_entries_is_refused_naming_both() -> None:
-    """Two entries sharing a key would give one caller two tenants: a start-up error (issue 10)."""
+    """Two entries sharing a key would give one caller two tenants: a start-up error."""
     digest = "ab" * 32
     keys = [
         {"key_sha256": digest, "tenant": "alpha"},
@@ -227,7 +227,7 @@ def test_check_config_passes_on_the_shipped_example(capsys: pytest.CaptureFixtur
 
 
 def test_the_example_documents_every_key() -> None:
-    """config.example.yaml must show every key of every config section and step (R1.5)."""
+    """config.example.yaml must show every key of every config section and step."""
     from pydantic import BaseModel
 
     from gateway.config import Config

@@ -1,4 +1,4 @@
-"""deploy/ agrees with the gateway (issue 8 items 6 and 7).
+"""deploy/ agrees with the gateway: the dashboard, the compose stack, the manifests.
 
 Docker and a cluster cannot run on the test machines, so these tests read the files and hold
 them against what the gateway really does:
@@ -50,7 +50,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "compactgate.json"
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
 
-# What the dashboard must show (R5.1, issue 8 item 6), as the sample names PromQL uses.
+# What the dashboard must show (design D17), as the sample names PromQL uses.
 REQUIRED_METRICS = {
     "compactgate_requests_total",
     "compactgate_request_duration_seconds_bucket",
@@ -658,7 +658,7 @@ class Scrape:
 
         In single-process mode prometheus-client writes `# HELP`/`# TYPE` for every registered
         family, also for a labelled one that has no sample yet (no child was ever created):
-        the summary cache and summariser families are defined but not incremented until issue 5,
+        the summary cache and summariser families are defined but not incremented until used,
         so a family counts as present when its TYPE line is there. (In multiprocess mode,
         `--workers > 1`, a family without samples is absent altogether, so the fixture runs one
         worker and clears PROMETHEUS_MULTIPROC_DIR.)

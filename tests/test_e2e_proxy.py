@@ -1,4 +1,4 @@
-"""The proxy (issue 2): the gateway, the fake upstream and the official openai client.
+"""The proxy: the gateway, the fake upstream and the official openai client.
 
 What a user would notice: with no compaction needed, the client cannot tell the gateway from
 the upstream; the upstream receives exactly what the client sent; every bad input is a clear

@@ -1,4 +1,4 @@
-"""What leaves the gateway (issue 10): only configured upstream URLs, without hop-by-hop headers.
+"""What leaves the gateway (design D11.5): only configured upstream URLs, without hop-by-hop headers.
 
 What an operator would notice: no client-controlled value chooses where the gateway connects.
 Model names only select configured routes; a passthrough path is appended to the route's

@@ -1,4 +1,4 @@
-"""Fault injection (issue 6 items 3-5): a misbehaving upstream; the client still gets one answer.
+"""Fault injection (design D10, D11): a misbehaving upstream; the client still gets one answer.
 
 The fake upstream refuses connections, hangs before its headers or in the middle of a stream,
 fails with 500s and 429s, drops the connection before or after its headers, or answers an empty

@@ -1,4 +1,4 @@
-"""Hostile input against a real gateway process (issue 10, R6.1): it never answers with its own
+"""Hostile input against a real gateway process (design D15.3): it never answers with its own
 5xx, never crashes, and keeps serving.
 
 Hypothesis builds chat-completion bodies that are wrong at every level (types, huge numbers,

@@ -1,4 +1,4 @@
-"""Per-tenant concurrency (issue 10, gateway/limits.py) against a real gateway process.
+"""Per-tenant concurrency (gateway/limits.py, design D16.2) against a real gateway process.
 
 What a user would notice: a tenant with `max_concurrent_per_tenant` requests in flight gets an
 immediate 429 with `Retry-After` (the official client raises `RateLimitError`) and nothing is sent

@@ -1,4 +1,4 @@
-"""`provider: litellm` (R1.2): a route translated by litellm, here its `openai/` provider pointed
+"""`provider: litellm` (design D11.1): a route translated by litellm, here its `openai/` provider pointed
 at the fake upstream (no network). The client must get OpenAI-shaped answers, streaming and not."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_litellm_route_answers_in_openai_format(
 def test_litellm_route_recovers_from_the_providers_context_error(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream
 ) -> None:
-    """R1.4 through litellm: the provider's 400 "maximum context length" comes back from litellm as
+    """The reactive path through litellm: the provider's 400 "maximum context length" comes back from litellm as
     its ContextWindowExceededError; the gateway must learn the window, compact and retry, so the
     client never sees the error."""
     gw = start_gateway(

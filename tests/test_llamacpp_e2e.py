@@ -1,4 +1,4 @@
-"""End to end against a REAL upstream: llama.cpp's server with a real 2,048-token window (issue 6).
+"""End to end against a REAL upstream: llama.cpp's server with a real 2,048-token window.
 
 The gateway is configured the way operators get it wrong: a window of 8,192 tokens and no
 tokenizer for the model (the `chars:4` heuristic). A ~3,000-token conversation therefore goes

@@ -1,4 +1,4 @@
-"""Load and soak, short versions of `python -m benchmarks.soak` (issue 10), loopback only.
+"""Load and soak, short versions of `python -m benchmarks.soak`, loopback only.
 
 What an operator would notice: a crowd of slow streams all complete, and afterwards the gateway
 holds no more sockets, tasks or live objects than before; its RSS does not grow from one burst to

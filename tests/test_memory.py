@@ -1,4 +1,4 @@
-"""Returning freed heap memory once a worker is idle (gateway/memory.py, issue 10).
+"""Returning freed heap memory once a worker is idle (gateway/memory.py).
 
 What an operator would notice: after a peak, a worker with nothing in flight gives the heap
 memory it freed back to the system within a few seconds, never while a request is being served,

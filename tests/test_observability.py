@@ -1,4 +1,4 @@
-"""What operators see (issue 8 items 1-5, R5.1-R5.4): shadow mode, the event log, admin gates.
+"""What operators see (design D17): shadow mode, the event log, admin gates.
 
 In-process (tests/in_process.py) where the app alone shows it; a real `compactgate serve` for a
 second port, the process's own output, and the page in a browser.

@@ -1,4 +1,4 @@
-"""The dry run and self-calibration (issue 3 items 4-6, R2.6, R5.2).
+"""The dry run and self-calibration (design D17.2, D12.3).
 
 `/v1/compactgate/plan` and `compactgate plan` must report OpenAI's own count for OpenAI models
 and show what each step did; estimates for a heuristic tokenizer must converge on what the

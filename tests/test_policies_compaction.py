@@ -1,4 +1,4 @@
-"""`compaction` against 001 section 2 and its checkpoints 3 and 4."""
+"""`compaction`: retain + summary + the last Turns, cache-stable between events (design D5.7)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def compaction(**config: object) -> Compaction:
     return Compaction(CompactionConfig(**config))
 
 
-def test_defaults_are_001s() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     config = CompactionConfig()
     assert config.threshold_ratio == 0.8 and config.retain_last_turns == 1
     assert "<summary>" in config.summary_prompt
@@ -45,7 +45,7 @@ def test_checkpoint_3_history_becomes_summary_plus_last_turn() -> None:
     out = result.conversation.messages
     assert out[0] == conversation.messages[0]
     assert out[1].role == "user" and out[1].text.startswith("[Earlier conversation summary: ")
-    # the Turns after the last event, verbatim: at least the last one (001: retain_last_turns)
+    # the Turns after the last event, verbatim: at least the last one (`retain_last_turns`)
     kept = out[2:]
     assert kept[0].role == "user" and len(kept) >= 2
     assert kept == conversation.messages[-len(kept) :]

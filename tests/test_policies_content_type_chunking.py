@@ -1,4 +1,4 @@
-"""`content_type_chunking` and `policies.chunking` (004 Strategy 3, made safe)."""
+"""`content_type_chunking` and `policies.chunking` (design D5.2)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class C:
 '''
 
 
-def test_defaults_are_004s() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     ratios = ContentTypeChunkingConfig().ratios
     assert (ratios.code, ratios.text, ratios.plan_ref, ratios.log, ratios.other) == (
         0.7,
@@ -183,7 +183,7 @@ def test_marks_pins_and_priorities_decide() -> None:
     assert result.conversation.messages[1] == conversation.messages[1]  # pinned: untouched
     p1 = conv(data, priorities={5: 1})
     lossless = ContentTypeChunking(ContentTypeChunkingConfig()).apply(p1, budget(6000), env())
-    assert "elided" not in lossless.conversation.messages[5].text  # P1: no lossy transforms
+    assert "elided" not in lossless.conversation.messages[5].text  # priority 1: no lossy transforms
     prose = ContentTypeChunking(ContentTypeChunkingConfig(compress_prose=True))
     squeezed = prose.apply(conversation, budget(3000), env())
     assert "words elided" in squeezed.conversation.messages[7].text

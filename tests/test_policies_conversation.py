@@ -58,7 +58,7 @@ def test_segments_after_a_safe_point_are_the_ones_scanned_from_it(
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations())
 def test_anchored_messages_keep_their_whole_tool_groups(conversation: Conversation) -> None:
-    """R3.3 for summaries: a message no summary may replace takes its tool group with it."""
+    """Tool groups stay whole for summaries: a message no summary may replace takes its tool group with it."""
     fixed = anchored(conversation)
     for i, message in enumerate(conversation.messages):
         if message.pin or (message.role in ("system", "developer") and message.origin >= 0):
@@ -112,7 +112,7 @@ def any_histories(draw: st.DrawFn) -> Conversation:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(any_histories(), conversations()))
 def test_segments_end_exactly_where_no_tool_group_is_split(conversation: Conversation) -> None:
-    """R3.3 for `sandwich`, in any history: it cuts only between segments, so every segment end
+    """Tool groups stay whole for `sandwich`, in any history: it cuts only between segments, so every segment end
     leaves each tool group wholly on one side; and every such point is a segment end, so a call
     never answered does not stop the middle from being summarised past it."""
     start, count = conversation.head_end(), len(conversation)
@@ -140,7 +140,7 @@ def reference_drop(conversation: Conversation, indices: set[int]) -> tuple[list[
 def test_drop_keeps_protected_messages_and_whole_tool_groups_in_any_history(
     conversation: Conversation, indices: set[int]
 ) -> None:
-    """R3.1, R3.3-R3.6: what `drop` removes is exactly the unprotected `indices` whose tool
+    """Design D1: what `drop` removes is exactly the unprotected `indices` whose tool
     groups are wholly among them, in any history (also ones whose results are away from
     their calls); and the facts it hands on are the ones the result would compute."""
     result, dropped = drop(conversation, indices)

@@ -1,4 +1,4 @@
-"""`fifo` (R4.1): how much it drops when some messages in the old Turns must stay.
+"""`fifo` (design D5.4): how much it drops when some messages in the old Turns must stay.
 
 A kept message (pinned, or a summary an earlier step put in) frees nothing when its Turn goes:
 if fifo counted it as room, it would drop too few Turns and send a request still over budget.
@@ -18,7 +18,7 @@ def test_a_pinned_message_in_an_old_turn_frees_no_room() -> None:
     window = budget(4000)
     assert conversation.tokens > window.trigger
     result = Fifo(FifoConfig()).apply(conversation, window, env())
-    assert conversation.messages[1] in result.conversation.messages  # R3.5
+    assert conversation.messages[1] in result.conversation.messages  # pinned
     assert result.conversation.tokens <= window.trigger  # it dropped enough Turns to fit
     assert check(conversation, result.conversation) == []
 

@@ -1,4 +1,4 @@
-"""Pinning (R3.5): the client's `compactgate` marks and the operator's `pin_rules`."""
+"""Pinning (design D5.12): the client's `compactgate` marks and the operator's `pin_rules`."""
 
 from __future__ import annotations
 

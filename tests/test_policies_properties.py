@@ -1,10 +1,10 @@
-"""Properties every step and every chain keep, over random conversations (R3, issue 4).
+"""Properties every step and every chain keep, over random conversations (design D1).
 
 Random conversations have parallel tool calls, pinned messages, huge tool outputs, CJK, empty
 and None contents, content arrays, system and developer messages in the middle. For every
 registered step and for chains of random subsets of them:
 
-- the output passes `invariants.check` (R3.1-R3.6);
+- the output passes `invariants.check` (design D1.1-D1.5);
 - the chain fits the budget whenever the irreducible part does;
 - the same input gives the same output;
 - a chain's output, once under the trigger, is left alone by a second run (idempotent);
@@ -35,7 +35,7 @@ summary_sources = st.sampled_from(["ready", "missing", "failed"])
 
 def irreducible(conversation: Conversation) -> int:
     """What no step may remove: system/developer prompts, pinned messages with their tool groups
-    (R3.3 keeps a pinned call's results), the latest user message."""
+    (a pinned call keeps its results), the latest user message."""
     keep = set(anchored(conversation))
     latest = conversation.latest_user_index()
     if latest is not None:

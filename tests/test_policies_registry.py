@@ -27,7 +27,7 @@ CONTRACT = {
 }
 
 
-def test_every_contract_step_type_is_registered() -> None:
+def test_every_documented_step_type_is_registered() -> None:
     assert set(STEPS) == CONTRACT
 
 

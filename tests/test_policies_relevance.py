@@ -1,4 +1,4 @@
-"""`prioritize_recent` and `discard_low_rel` (004 Strategies 2 and 4) and BM25 relevance."""
+"""`prioritize_recent` and `discard_low_rel` (design D5.8) and BM25 relevance."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def history(turns: int = 20, query: str = "how do I speed up the database index 
     return data
 
 
-def test_defaults_are_004s() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     prioritize = PrioritizeRecentConfig()
     assert (prioritize.rel_threshold, prioritize.recent_bias, prioritize.priority_boost) == (
         0.5,

@@ -156,7 +156,7 @@ def _key(message: Any) -> bytes:
 def test_a_growing_conversation_sends_each_message_to_the_summariser_once(
     step_type: str, config: dict[str, Any]
 ) -> None:
-    """Issue 5 item 3: when the summarised range grows, the summary is extended with the new
+    """When the summarised range grows, the summary is extended with the new
     messages (one call per event), not made again from the messages it already covered."""
     config_cls, _ = STEPS[step_type]
     step = build_step(config_cls(**config))
@@ -241,7 +241,7 @@ def counted(datas: list[dict[str, Any]], scale: float) -> Conversation:
 def test_calibration_drift_does_not_make_the_summaries_again(
     step_type: str, config: dict[str, Any]
 ) -> None:
-    """Issue 5: a calibrated heuristic changes every count a little from one request to the
+    """A calibrated heuristic changes every count a little from one request to the
     next; the summarised ranges stay where the cached summaries are, so the calls stay the same."""
     config_cls, _ = STEPS[step_type]
     step = build_step(config_cls(**config))
@@ -294,7 +294,7 @@ def with_uids(datas: list[dict[str, Any]], changed: frozenset[int] = frozenset()
 def test_links_seen_before_are_not_built_again_and_change_nothing(
     step_type: str, config: dict[str, Any]
 ) -> None:
-    """Issue 5 (added latency): a request that repeats the conversation's earlier messages gets
+    """Added latency: a request that repeats the conversation's earlier messages gets
     exactly the output it would get without uids or a memo, walking less: it resumes its rolling
     summary from the checkpoint the one before it left, and asks the source only for that
     checkpoint's last link (the same request object, serialised once)."""
@@ -353,7 +353,7 @@ STEP_CONFIGS = [
 def test_a_walk_resumed_from_checkpoints_gives_what_a_whole_walk_gives(
     choice: tuple[str, dict[str, Any]], lengths: list[int], shape: str, window: int
 ) -> None:
-    """Issue 5: whatever a conversation's history of requests (growing, repeated, shrunk after
+    """Whatever a conversation's history of requests (growing, repeated, shrunk after
     an edit), a step with a memo full of checkpoints returns what it returns without one."""
     step_type, config = choice
     config_cls, _ = STEPS[step_type]
@@ -441,7 +441,7 @@ def _summary_text(conversation: Conversation, step_type: str) -> str:
 def test_append_summaries_keep_the_earlier_text_frozen_until_it_is_rewritten(
     step_type: str, config: dict[str, Any], length: int
 ) -> None:
-    """Issue 5 item 3: with `append_summaries`, the summary forwarded after an event starts with
+    """With `append_summaries`, the summary forwarded after an event starts with
     the exact text forwarded before it, the new part summarising only the newly covered messages,
     until the text reaches the length key; then one event rewrites it into one, and appending
     starts again."""
@@ -554,7 +554,7 @@ def counted_uids(datas: list[dict[str, Any]], scale: float, changed: int = -1) -
 def test_a_walk_that_took_a_nearby_summary_resumes_from_it(
     step_type: str, config: dict[str, Any]
 ) -> None:
-    """Issue 5 (added latency): when the summary a cut needs is missing and one ending a unit
+    """Added latency: when the summary a cut needs is missing and one ending a unit
     away is ready (the counts drifted; a precomputation predicted the other cut), the walk takes
     that one, and the requests after it resume from there: the same conversation again asks the
     source for one link, a grown one for that link and the new ones, and each gets what a walk
@@ -603,7 +603,7 @@ def test_walks_resumed_past_nearby_summaries_give_what_whole_walks_give(
     window: int,
     seed: int,
 ) -> None:
-    """Issue 5: with a cache that holds some links and lacks others, counts that drift between
+    """With a cache that holds some links and lacks others, counts that drift between
     requests and a last message that is sometimes longer (edited, or another branch), walks take
     nearby summaries, stop at missing ones, and resume from checkpoints, and a step with a memo
     still returns what it returns without one."""
@@ -631,7 +631,7 @@ def test_walks_resumed_past_nearby_summaries_give_what_whole_walks_give(
 
 
 def test_a_nearby_summary_is_looked_for_again_once_the_conversation_allows_more() -> None:
-    """Issue 5: a walk takes a nearby summary only up to where the step's own limit puts the last
+    """A walk takes a nearby summary only up to where the step's own limit puts the last
     cut, and that limit grows with the conversation. A request that can look further (here: past
     a missing one to a ready one that is nearer the proposed cut) gets what a walk without a memo
     gets, not the walk an earlier request took."""
@@ -678,7 +678,7 @@ def test_a_nearby_summary_is_looked_for_again_once_the_conversation_allows_more(
 def test_a_recorded_walk_is_not_replayed_where_the_scan_now_proposes_another_cut(
     step_type: str, config: dict[str, Any], turns: int, edited: int, more: int
 ) -> None:
-    """Issue 5: a message edited after the summarised range (an answer made longer) moves where
+    """A message edited after the summarised range (an answer made longer) moves where
     the last event cuts (sandwich: more to shed; summarize_old: the trigger is crossed a Turn
     earlier) while everything a checkpoint is keyed by stays the same. The replay takes a
     recorded cut only where the scan proposes what it proposed then: the request gets the summary

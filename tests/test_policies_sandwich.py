@@ -1,4 +1,5 @@
-"""`sandwich` against 003's defaults and its test table CX-T1..T7 (and CX-NT3)."""
+"""`sandwich` (design D5.6): its defaults, the kept top and bottom, the summarised middle, a
+cached summary reused and extended, and a failed summary left to the next step."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def sandwich(**config: object) -> Sandwich:
     return Sandwich(SandwichConfig(**config))
 
 
-def test_defaults_are_003s() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     config = SandwichConfig()
     assert (config.preserve_top, config.preserve_bottom, config.compression_threshold) == (
         5,
@@ -38,7 +39,7 @@ def test_defaults_are_003s() -> None:
     assert "Key facts and decisions made" in config.prompt
 
 
-def test_cx_t1_under_threshold_returns_full_history() -> None:
+def test_under_threshold_returns_full_history() -> None:
     conversation = conv(chat(8))  # ~ 800 tokens
     result = sandwich().apply(conversation, WINDOW, env())
     assert result.conversation is conversation
@@ -55,15 +56,15 @@ def test_not_enough_messages_returns_full_history() -> None:
     assert result.conversation is conversation
 
 
-def test_cx_t2_to_t4_and_t7_over_threshold_summarises_the_middle() -> None:
+def test_over_threshold_summarises_the_middle() -> None:
     conversation = conv(chat(30))
     source = FakeSummaries()
     result = sandwich().apply(conversation, WINDOW, env(source))
     out = result.conversation.messages
-    assert result.summary_used and result.conversation.tokens < conversation.tokens  # CX-T2
-    assert out[:6] == conversation.messages[:6]  # CX-T3: head + top 5
-    assert out[-5:] == conversation.messages[-5:]  # CX-T4
-    summary = out[6]  # CX-T7: a system message right after the top
+    assert result.summary_used and result.conversation.tokens < conversation.tokens  # summarised
+    assert out[:6] == conversation.messages[:6]  # head + top 5
+    assert out[-5:] == conversation.messages[-5:]  # bottom 5
+    summary = out[6]  # a system message right after the top
     assert summary.role == "system" and summary.origin == -1
     assert summary.text.startswith("[Earlier conversation summary: covers ")
     assert all(
@@ -91,7 +92,7 @@ def test_cut_points_never_split_a_tool_group() -> None:
     assert len([m for m in out if m.origin > 4]) >= 2
 
 
-def test_cx_t5_cached_summary_reused_while_the_middle_is_unchanged() -> None:
+def test_cached_summary_reused_while_the_middle_is_unchanged() -> None:
     source = DictSummaries()
     data = chat(30)
     conversation = conv(data)
@@ -115,7 +116,7 @@ def test_cx_t5_cached_summary_reused_while_the_middle_is_unchanged() -> None:
     assert again.conversation.data()[: len(prefix)] == prefix
 
 
-def test_cx_t6_middle_growth_asks_for_an_extension_of_the_cached_summary() -> None:
+def test_middle_growth_asks_for_an_extension_of_the_cached_summary() -> None:
     source = FakeSummaries()
     data = chat(30)
     step = sandwich()
@@ -137,7 +138,7 @@ def test_cx_t6_middle_growth_asks_for_an_extension_of_the_cached_summary() -> No
     assert old_summary.startswith("[Earlier conversation summary: ")
 
 
-def test_cx_nt3_failed_summary_leaves_the_request_to_the_next_step() -> None:
+def test_failed_summary_leaves_the_request_to_the_next_step() -> None:
     conversation = conv(chat(30))
     failing = DictSummaries()
     failing.get = lambda request: FAILED  # type: ignore[method-assign]

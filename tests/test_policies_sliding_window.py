@@ -1,4 +1,4 @@
-"""`sliding_window` (R4.2): the most recent Turns that fit, N decided by the budget."""
+"""`sliding_window` (design D5.5): the most recent Turns that fit, N decided by the budget."""
 
 from __future__ import annotations
 

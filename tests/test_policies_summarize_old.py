@@ -1,4 +1,4 @@
-"""`summarize_old` against 004 Strategy 1: the oldest 60 % of Turns, a ~300-token summary."""
+"""`summarize_old` (design D5.7): the oldest 60 % of Turns, a ~300-token summary."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from policies.steps.summarize_old import SummarizeOld, SummarizeOldConfig
 from tests.policy_strategies import FakeSummaries, budget, chat, conv, env
 
 
-def test_defaults_are_004s() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     config = SummarizeOldConfig()
     assert (config.old_threshold, config.summary_length, config.placement) == (0.6, 300, "system")
 

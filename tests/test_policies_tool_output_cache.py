@@ -1,4 +1,4 @@
-"""`tool_output_cache` against 001 sections 1.3, 1.6 and 1.7 and the cache-stability rule."""
+"""`tool_output_cache` (design D5.1): the view, the tool budget, the fit, and cache stability."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def one_output(content: object, **fields: object):
     )
 
 
-def test_defaults_are_001s() -> None:
+def test_defaults_are_the_documented_ones() -> None:
     config = ToolOutputCacheConfig()
     assert config.max_line_length == 2000
     assert config.max_message_bytes == 50 * 1024
@@ -127,7 +127,7 @@ def test_fit_budget_masks_more_while_the_request_is_over_the_trigger() -> None:
     conversation = conv(agent(30, output_lines=50))
     small = budget(8000)
     only_001 = step(fit_budget=False).apply(conversation, small, env())
-    assert only_001.conversation is conversation  # 13k of outputs < the 20k floor of 001
+    assert only_001.conversation is conversation  # 13k of outputs < the 20k floor
     fitted = step().apply(conversation, small, env())
     assert fitted.conversation.tokens <= small.trigger
     last_group = fitted.conversation.messages[-3:]

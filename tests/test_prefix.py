@@ -59,7 +59,7 @@ def test_memory_is_bounded() -> None:
 
 
 def test_uids_are_equal_only_for_equal_messages_of_the_same_conversation() -> None:
-    """`Message.uid`: what the summary links are memoised by (issue 5). A message keeps its uid
+    """`Message.uid`: what the summary links are memoised by. A message keeps its uid
     while it is resent unchanged; an edited message and everything after it get new ones; the
     same messages in another scope (tenant or route) never share a uid."""
     memo = PrefixCounts()

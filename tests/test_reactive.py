@@ -1,4 +1,4 @@
-"""The reactive path (R1.4, R4.7, issue 6): the upstream says "context length exceeded" after all.
+"""The reactive path (design D6): the upstream says "context length exceeded" after all.
 
 The gateway is configured with a window far LARGER than the fake upstream's real limit, so the
 proactive check never fires and every overflow reaches the upstream. For every provider style
@@ -160,7 +160,7 @@ def plan_window(gateway: GatewayProcess, model: str) -> int | None:
 
 
 def assert_valid_retry(first: dict[str, Any], retry: dict[str, Any]) -> None:
-    """The retried request is smaller and keeps what must never be dropped (R3)."""
+    """The retried request is smaller and keeps what must never be dropped (design D1)."""
     sent = retry["messages"]
     assert estimate_prompt_tokens(retry) < estimate_prompt_tokens(first)
     assert estimate_prompt_tokens(retry) <= LIMIT  # what the fake accepted

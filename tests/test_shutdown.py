@@ -1,4 +1,4 @@
-"""Graceful shutdown (issue 10): SIGTERM to `compactgate serve` with a stream in flight.
+"""Graceful shutdown: SIGTERM to `compactgate serve` with a stream in flight.
 
 What an operator would notice: after SIGTERM the gateway refuses new connections at once, lets
 the streams in flight finish (the client gets every chunk and `[DONE]`), and exits 0; a stream

@@ -1,4 +1,4 @@
-"""Slow clients (issue 10): a body trickled byte by byte is cut off by `body_read_timeout_s`, and
+"""Slow clients (design D16.3): a body trickled byte by byte is cut off by `body_read_timeout_s`, and
 request headers trickled byte by byte by `header_read_timeout_s`.
 
 What a user would notice: the trickling client gets a 408 OpenAI error once the timeout has

@@ -1,4 +1,4 @@
-"""Summaries through the gateway (issue 5): the fake upstream, real gateway processes, real Redis.
+"""Summaries through the gateway (design D7): the fake upstream, real gateway processes, real Redis.
 
 A summarisation call is told apart from the client's own calls by what only the summariser
 sends: its system prompt, no tools. Windows are small (4 096 tokens, `chars:4`) so that a few
@@ -323,7 +323,7 @@ def tool_round(messages: list[dict[str, Any]], index: int) -> None:
 
 @pytest.fixture
 def summary_upstream(start_process: Starter) -> Iterator[FakeUpstream]:
-    """A second fake upstream, for the summary model only (the step's `model:`, 001 2.6.2)."""
+    """A second fake upstream, for the summary model only (the step's `model:`)."""
     process = start_process(
         [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
     )
@@ -373,7 +373,7 @@ def test_precomputed_summary_is_ready_when_the_trigger_is_crossed(
 def test_a_precomputation_runs_while_the_next_request_is_at_the_upstream(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
-    """R4.6 without slowing the agent down: a precomputation's chain runs take milliseconds of
+    """Summaries ahead of need without slowing the agent down: a precomputation's chain runs take milliseconds of
     CPU, so the gateway starts it once the agent's next call has been prepared and is at the
     upstream, never in the moment between a response and that call (`precompute_defer_s`)."""
     config = precompute_config(fake_upstream, summary_upstream)
@@ -435,7 +435,7 @@ def test_a_request_that_fits_never_waits_for_a_summary_being_made(
 def test_an_outgrown_summary_is_used_at_once_while_its_next_link_is_made(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, summary_upstream: FakeUpstream
 ) -> None:
-    """R4.6: when the conversation outgrows its summary and the next link is still being made,
+    """Ahead of need: when the conversation outgrows its summary and the next link is still being made,
     requests go out at once with the summary there is and the newer messages verbatim: not
     held back for the new link, and not trimmed by the fallback step."""
     steps = [{"type": "sandwich", "summary_tokens": 200, "model": "summarizer"}, {"type": "fifo"}]
@@ -497,7 +497,7 @@ async def test_summariser_failure_falls_back_to_the_next_step_and_is_not_cached(
     messages = chat_history(16)
     response, _ = await app_post(gateway, messages)
     assert response.status_code == 200
-    assert response.headers["x-compactgate-steps"] == "fifo"  # R4.13: through the next step
+    assert response.headers["x-compactgate-steps"] == "fifo"  # failed: the next step
     assert await app_metric(gateway, "compactgate_summarizer_calls_total", 'outcome="error"') == 1
 
     local_upstream.reset()
@@ -568,7 +568,7 @@ async def test_one_tenants_summary_is_never_used_for_another(
 async def test_appended_summaries_keep_the_forwarded_prefix(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    """Issue 5 item 3: with `append_summaries`, the second event's summary is asked for the new
+    """With `append_summaries`, the second event's summary is asked for the new
     messages only and appended, so the forwarded summary begins with the first event's text."""
     steps = [
         {

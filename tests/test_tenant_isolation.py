@@ -1,4 +1,4 @@
-"""Tenant isolation, what exists today (issue 10): nothing an operator can read says what a
+"""Tenant isolation, what exists today: nothing an operator can read says what a
 tenant's key was, and only the request log names the tenant.
 
 A gateway run at debug log level, with the event log on stdout, serves a mix of requests (good

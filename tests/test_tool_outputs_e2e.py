@@ -1,4 +1,4 @@
-"""Masked tool output stays readable (issue 7, R4.5): the gateway answers its own tools.
+"""Masked tool output stays readable (design D13.4): the gateway answers its own tools.
 
 A fake upstream plays a model that calls `tool_output_cache` / `tool_output_cache_grep` on a
 ref; the client (official openai SDK) must only ever see the final answer, and the model must

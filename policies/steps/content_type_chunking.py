@@ -1,4 +1,4 @@
-"""`content_type_chunking` (004 Strategy 3, made safe): compress each message as what it is.
+"""`content_type_chunking` (design D5.2): compress each message as what it is.
 
 Each message's type is the client's mark (`"compactgate": {"type": ...}`; `message` means
 "detect") or what `chunking.detect` finds: JSON, log, code or prose. Then, per `ratios`:
@@ -6,7 +6,7 @@ JSON loses insignificant whitespace, code its comment-only lines and blank-line 
 never changes, Python keeps the same AST), logs collapse repeated lines and keep head and tail
 at the ratio, "other" keeps head and tail at the ratio; prose is only elided with
 `compress_prose: true`, plan references (`plan_ref`, ratio 1.0) are never touched. A type whose
-ratio is 1.0 is left alone. P1 messages (`priority == 1`) get only the lossless transforms.
+ratio is 1.0 is left alone. Priority-1 messages get only the lossless transforms.
 
 Which messages and when: oldest first, only messages outside the last Turn, and only at the
 events where the history, scanned as it grew, passes the trigger (then until it is back under the

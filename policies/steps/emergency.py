@@ -1,4 +1,4 @@
-"""`emergency` (R4.7, 002 forceCompression): drop the oldest half of the Turns, then more.
+"""`emergency` (design D5.9): drop the oldest half of the Turns, then more.
 
 The last resort before recovery, used by the chain when a request is still over the limit and
 by the reactive path when the upstream said the context overflowed. First it drops the oldest

@@ -1,4 +1,4 @@
-"""`fifo` (R4.1, 000): drop the oldest whole Turns until the request is back under target.
+"""`fifo` (design D5.4): drop the oldest whole Turns until the request is back under target.
 
 Keeps: the head (system/developer), pinned messages with their tool groups, the latest user
 message, the last `keep_last_turns` Turns, and the summaries an earlier step of the chain put in

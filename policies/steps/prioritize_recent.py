@@ -1,7 +1,7 @@
-"""`prioritize_recent` (004 Strategy 2): keep the recent Turns and the relevant ones.
+"""`prioritize_recent` (design D5.8): keep the recent Turns and the relevant ones.
 
 Every Turn is scored for relevance to the latest user message (`policies.relevance`: BM25 by
-default, embeddings through `Env.relevance` with `scorer: embeddings`), P1 Turns boosted by
+default, embeddings through `Env.relevance` with `scorer: embeddings`), priority-1 Turns boosted by
 `priority_boost`. The last `recent_bias` of the Turns are always kept; older Turns scoring under
 `rel_threshold` are dropped, least relevant first, by default only until the request is under
 the policy's target. Each run of dropped Turns leaves one placeholder (`policies.pruning`).

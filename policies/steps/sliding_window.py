@@ -1,4 +1,4 @@
-"""`sliding_window` (R4.2, 000, 003): keep the most recent Turns that fit; N follows the budget.
+"""`sliding_window` (design D5.5): keep the most recent Turns that fit; N follows the budget.
 
 The window's start is a stable cut over whole Turns: it moves only when the history after it
 crosses the trigger, and then far enough to get under the target, so between events every request

@@ -1,12 +1,12 @@
-"""`tool_output_cache` (R4.5, 001 sections 1.6-1.7): shrink tool results, keep them reachable.
+"""`tool_output_cache` (design D5.1): shrink tool results, keep them reachable.
 
 Three rules, applied to `tool` messages only, in this order:
 
-1. In-context view (1.6): every line is cut at `max_line_length` characters and the message at
+1. In-context view: every line is cut at `max_line_length` characters and the message at
    `max_message_bytes` UTF-8 bytes (never inside a character; whole lines when one fits), and a
    note is appended saying the full output can be expanded with the tool `tool_output_cache` and
    its ref. The view is a function of the output alone.
-2. Tool budget (1.7): when the tool outputs together pass `context_budget_tokens` (unset: 25 % of
+2. Tool budget: when the tool outputs together pass `context_budget_tokens` (unset: 25 % of
    the context window, clamped to 20 000..60 000), the oldest are replaced by
    `[tool output trimmed; ref=<id>]`. The set is a stable cut (`budget.stable_cut`) over the
    outputs: it only grows at events, and then down to `mask_to` (0.5) of that budget, so that
@@ -142,7 +142,7 @@ class ToolOutputCache:
         )
 
     def _view(self, text: str, env: Env, refs: dict[int, str], index: int) -> str | None:
-        """001 1.6: the in-context view of `text`, or None when it already fits."""
+        """The in-context view of `text`, or None when it already fits."""
         config = self.config
         if len(text) <= config.max_line_length and len(text) * 4 <= config.max_message_bytes:
             return None  # no line can be too long, and even 4-byte characters would fit
@@ -184,7 +184,7 @@ class ToolOutputCache:
     def _over_tool_budget(
         self, messages: list[Message], order: list[int], budget: Budget
     ) -> set[int]:
-        """001 1.7: the oldest outputs past `context_budget_tokens`, by a stable cut."""
+        """The oldest outputs past `context_budget_tokens`, by a stable cut."""
         tool_budget = self.config.tool_budget(budget.context_window)
         sizes = [messages[i].tokens for i in order]
         cut = stable_cut(sizes, 0, tool_budget, int(tool_budget * self.config.mask_to))
