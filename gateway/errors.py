@@ -11,7 +11,9 @@ code. The hierarchy:
     ├── PermissionDeniedError        403 permission_error
     │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
     ├── NotFoundError                404 invalid_request_error
-    │   └── ModelNotFoundError          code model_not_found
+    │   ├── ModelNotFoundError          code model_not_found
+    │   └── RouteNotFoundError          no code (no endpoint at this path)
+    ├── MethodNotAllowedError        405 invalid_request_error
     ├── BodyTooLargeError            413 invalid_request_error
     ├── RequestTimeoutError          408 (a client that trickles its body too slowly)
     ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
@@ -63,16 +65,13 @@ class GatewayError(Exception):
 
     def body(self) -> bytes:
         """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
-        return orjson.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.error_type,
-                    "param": self.param,
-                    "code": self.code,
-                }
-            }
-        )
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None, code: str | None) -> bytes:
+    """OpenAI's error envelope. The gateway's own errors get theirs from `GatewayError.body`;
+    a transport that must shape a provider's refusal as an OpenAI server would uses this."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 class InvalidRequestError(GatewayError):
@@ -116,6 +115,14 @@ class ModelNotFoundError(NotFoundError):
     """The `model` is not configured and there is no default route."""
 
 
+class RouteNotFoundError(NotFoundError):
+    """No endpoint at this path (the router's own answer, which names no code)."""
+
+
+class MethodNotAllowedError(GatewayError):
+    """An endpoint asked with a method it does not take."""
+
+
 class BodyTooLargeError(GatewayError):
     """The body is over `server.max_body_bytes`."""
 
@@ -157,6 +164,8 @@ ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
     OriginNotAllowedError: (403, "permission_error", "origin_not_allowed"),
     NotFoundError: (404, "invalid_request_error", "not_found"),
     ModelNotFoundError: (404, "invalid_request_error", "model_not_found"),
+    RouteNotFoundError: (404, "invalid_request_error", None),
+    MethodNotAllowedError: (405, "invalid_request_error", None),
     BodyTooLargeError: (413, "invalid_request_error", "request_too_large"),
     RequestTimeoutError: (408, "invalid_request_error", "request_timeout"),
     TooManyRequestsError: (429, "rate_limit_error", "too_many_concurrent_requests"),
@@ -178,6 +187,7 @@ REASONS: dict[type[GatewayError], str] = {
     OriginNotAllowedError: "origin_not_allowed",
     NotFoundError: "not_found",
     ModelNotFoundError: "unknown_model",
+    MethodNotAllowedError: "method_not_allowed",
     BodyTooLargeError: "body_too_large",
     RequestTimeoutError: "client_timeout",
     TooManyRequestsError: "tenant_limit",
