@@ -160,7 +160,7 @@ class Exchange:
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     stream: bool = False
-    reason: str = ""  # the failure kind, when the request failed (errors.REASONS, upstream_*)
+    reason: str = ""  # the failure kind, when the request failed (errors.ERROR_TABLE, upstream_*)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
 
     @property
