@@ -5,38 +5,19 @@ pointed at the fake upstream (no network)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from gateway.config import ConfigError, parse_config
 from tests.in_process import AppStarter, LocalUpstream
+from tests.test_litellm_route import config as litellm_model
 
 pytestmark = pytest.mark.slow  # the app imports litellm at start-up (seconds, once per process)
-
-
-def litellm_model(upstream: LocalUpstream) -> dict[str, Any]:
-    return {
-        "models": [
-            {
-                "name": "via-litellm",
-                "upstream": {
-                    "provider": "litellm",
-                    "model": "openai/fake-model",
-                    "base_url": upstream.base_url,
-                    "api_key": "sk-upstream",
-                },
-                "context_window": 50_000,
-                "tokenizer": "chars:4",
-            }
-        ]
-    }
 
 
 async def test_a_litellm_route_chats_through_litellm_and_passes_other_paths_over_http(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = await start_app(litellm_model(local_upstream))
+    gw = await start_app(litellm_model(local_upstream))  # type: ignore[arg-type]
     local_upstream.script([{"kind": "ok", "content": "translated"}])
     answer = await gw.openai().chat.completions.create(
         model="via-litellm", messages=[{"role": "user", "content": "hi"}]
