@@ -186,16 +186,9 @@ def presented_token(scope: Scope) -> bytes | None:
 # -- the JSON feeds -----------------------------------------------------------------------------
 
 
-def _bad_request(message: str, param: str) -> JSONResponse:
-    body = {
-        "error": {
-            "message": message,
-            "type": "invalid_request_error",
-            "param": param,
-            "code": None,
-        }
-    }
-    return JSONResponse(body, status_code=400)
+def _bad_request(message: str, param: str) -> Response:
+    error = InvalidRequestError(message, param=param)
+    return Response(error.body(), status_code=error.status, media_type="application/json")
 
 
 async def events(request: Request) -> Response:

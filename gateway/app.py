@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
-from . import admin, litellm_upstream
+from . import admin
 from .agent_compaction import CompactionPoints, recognise
 from .asgi import (
     ClientDisconnected,
@@ -65,8 +65,10 @@ from .errors import (
     ContextLengthExceededError,
     GatewayError,
     InvalidRequestError,
+    MethodNotAllowedError,
     ModelNotFoundError,
     NotFoundError,
+    RouteNotFoundError,
     ShuttingDownError,
     UpstreamError,
     UpstreamTimeoutError,
@@ -158,7 +160,7 @@ class Exchange:
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     stream: bool = False
-    reason: str = ""  # the failure kind, when the request failed (errors.REASONS, upstream_*)
+    reason: str = ""  # the failure kind, when the request failed (errors.ERROR_TABLE, upstream_*)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
 
     @property
@@ -246,7 +248,7 @@ class Gateway:
         self.config = config
         self.metrics = Metrics()
         self.router = Router(config)
-        self.upstream = UpstreamClient(config.server)
+        self.upstream = UpstreamClient(config.server, config.providers)
         self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
         self.readiness = Readiness(config, self.store)
@@ -288,9 +290,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        await self.upstream.start()
-        if any(u.provider == "litellm" for m in self.config.models for u in m.targets):
-            await litellm_upstream.warm_up()  # import it now, not on the first request
+        await self.upstream.start()  # and litellm imported now, if a model uses it
         self.pipeline.ref_secret = await self.shared_secret()
         freeze_startup_objects()  # last: everything start-up made stays out of collections
         try:
@@ -1197,7 +1197,7 @@ def upstream_url(route: Route, wire: Wire, upstream: UpstreamConfig | None = Non
                 f"uses for chat completions only; use /v1/chat/completions.",
                 param="model",
             )
-        return litellm_upstream.url_for(upstream.base_url)
+        return upstream.base_url or ""  # litellm's api_base; empty: the provider's default
     if upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no upstream for {wire.name}.")
     return upstream.base_url + wire.upstream_path
@@ -1231,6 +1231,7 @@ def destinations(
             if path is None
             else f"{upstream.base_url}{path}",
             upstream_headers(client, route, wire, upstream),
+            None if path is None else "openai",  # a passthrough path is plain HTTP
         )
         for upstream in route.targets
         if path is None or upstream.base_url is not None
@@ -1639,12 +1640,11 @@ async def _on_gateway_error(request: Request, error: Exception) -> Response:
 
 
 async def _on_http_error(request: Request, error: Exception) -> Response:
-    status = getattr(error, "status_code", 404)
-    message = "Not found." if status == 404 else str(getattr(error, "detail", "Bad request."))
-    body = {
-        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
-    }
-    return JSONResponse(body, status_code=status)
+    """The router's own answers (no such path, or not with this method), from the table."""
+    problem: GatewayError = RouteNotFoundError("Not found.")
+    if getattr(error, "status_code", 404) == 405:
+        problem = MethodNotAllowedError(str(getattr(error, "detail", "Method Not Allowed")))
+    return Response(problem.body(), status_code=problem.status, media_type="application/json")
 
 
 class _Dispatch:

@@ -50,6 +50,8 @@ LITELLM_HINT = (
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
 # Pages served from this machine may call the gateway from a browser; other sites may not.
 LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
+# How a model's upstream is reached (`upstream.provider`): each names one transport.
+Provider = Literal["openai", "litellm"]
 
 
 class PathProblems(ValueError):
@@ -130,7 +132,13 @@ class UpstreamConfig(_Strict):
     )
     model: str | None = Field(None, description="Model name sent upstream (rename)")
     api_key: str | None = Field(None, description="Gateway-held key; else the client's is passed")
-    provider: Literal["openai", "litellm"] = "openai"
+    provider: Provider = Field(
+        "openai",
+        description=(
+            "openai: an OpenAI-compatible server at base_url; litellm: chat completions "
+            "translated by litellm (`model` in litellm's naming, base_url its optional api_base)"
+        ),
+    )
     headers: dict[str, str] = Field(default_factory=dict, description="Extra headers to send")
     weight: float = Field(
         1.0, gt=0, description="Share of requests when a model lists several upstreams"
@@ -141,6 +149,12 @@ class UpstreamConfig(_Strict):
     def _url(cls, value: str | None) -> str | None:
         if value is None or value == "":
             return None
+        if value.startswith("litellm:"):
+            # The transport is declared, not spelled into the URL.
+            raise ValueError(
+                "a litellm route is declared with provider: litellm; base_url is then the "
+                "provider's API base (http:// or https://), or left out for its default"
+            )
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
@@ -463,6 +477,11 @@ class Config(_Strict):
 
     def policy(self, name: str) -> PolicyConfig:
         return self.policies.get(name) or self.policies.get("default") or PolicyConfig()
+
+    @property
+    def providers(self) -> frozenset[Provider]:
+        """The providers the models' upstreams declare: the transports to start."""
+        return frozenset(u.provider for m in self.models for u in m.targets)
 
 
 class ConfigError(Exception):

@@ -11,7 +11,9 @@ code. The hierarchy:
     ├── PermissionDeniedError        403 permission_error
     │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
     ├── NotFoundError                404 invalid_request_error
-    │   └── ModelNotFoundError          code model_not_found
+    │   ├── ModelNotFoundError          code model_not_found
+    │   └── RouteNotFoundError          no code (no endpoint at this path)
+    ├── MethodNotAllowedError        405 invalid_request_error
     ├── BodyTooLargeError            413 invalid_request_error
     ├── RequestTimeoutError          408 (a client that trickles its body too slowly)
     ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
@@ -23,11 +25,12 @@ code. The hierarchy:
     └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
-unchanged (design D15.2). Each class also names a failure kind (`REASONS`), the `reason` of its
-request's log line.
+unchanged (design D15.2). Each row also names a failure kind, the `reason` of its request's log line.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import orjson
 
@@ -51,28 +54,25 @@ class GatewayError(Exception):
 
     @property
     def status(self) -> int:
-        return _lookup(type(self))[0]
+        return _lookup(type(self)).status
 
     @property
     def error_type(self) -> str:
-        return _lookup(type(self))[1]
+        return _lookup(type(self)).type
 
     @property
     def code(self) -> str | None:
-        return self._code if self._code is not None else _lookup(type(self))[2]
+        return self._code if self._code is not None else _lookup(type(self)).code
 
     def body(self) -> bytes:
         """The OpenAI error body: {"error": {"message", "type", "param", "code"}}."""
-        return orjson.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.error_type,
-                    "param": self.param,
-                    "code": self.code,
-                }
-            }
-        )
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None, code: str | None) -> bytes:
+    """OpenAI's error envelope. The gateway's own errors get theirs from `GatewayError.body`;
+    a transport that must shape a provider's refusal as an OpenAI server would uses this."""
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 class InvalidRequestError(GatewayError):
@@ -116,6 +116,14 @@ class ModelNotFoundError(NotFoundError):
     """The `model` is not configured and there is no default route."""
 
 
+class RouteNotFoundError(NotFoundError):
+    """No endpoint at this path (the router's own answer, which names no code)."""
+
+
+class MethodNotAllowedError(GatewayError):
+    """An endpoint asked with a method it does not take."""
+
+
 class BodyTooLargeError(GatewayError):
     """The body is over `server.max_body_bytes`."""
 
@@ -144,57 +152,52 @@ class ShuttingDownError(GatewayError):
     """The server's shutdown deadline passed before this response could finish."""
 
 
-# class -> (status, type, default code). Subclasses not listed inherit their parent's row.
-ERROR_TABLE: dict[type[GatewayError], tuple[int, str, str | None]] = {
-    GatewayError: (500, "server_error", None),
-    InvalidRequestError: (400, "invalid_request_error", None),
-    ContextLengthExceededError: (400, "invalid_request_error", "context_length_exceeded"),
-    InvalidCompactionError: (400, "invalid_request_error", "invalid_encrypted_content"),
-    CompactionExpiredError: (410, "invalid_request_error", "compaction_expired"),
-    StoreUnavailableError: (503, "server_error", "store_unavailable"),
-    AuthenticationError: (401, "authentication_error", "invalid_api_key"),
-    PermissionDeniedError: (403, "permission_error", "model_not_allowed"),
-    OriginNotAllowedError: (403, "permission_error", "origin_not_allowed"),
-    NotFoundError: (404, "invalid_request_error", "not_found"),
-    ModelNotFoundError: (404, "invalid_request_error", "model_not_found"),
-    BodyTooLargeError: (413, "invalid_request_error", "request_too_large"),
-    RequestTimeoutError: (408, "invalid_request_error", "request_timeout"),
-    TooManyRequestsError: (429, "rate_limit_error", "too_many_concurrent_requests"),
-    UpstreamError: (502, "upstream_error", "bad_gateway"),
-    UpstreamUnreachableError: (502, "upstream_error", "upstream_unreachable"),
-    UpstreamTimeoutError: (504, "upstream_error", "upstream_timeout"),
-    ShuttingDownError: (503, "server_error", "shutting_down"),
-}
+class Row(NamedTuple):
+    """What a failure kind means to the client (status, OpenAI `type`, default `code`) and to
+    the operator (`reason`, the failure kind its request's log line names)."""
+
+    status: int
+    type: str
+    code: str | None
+    reason: str
 
 
-# class -> the failure kind a request's log line names as its `reason` (errors relayed from the
-# upstream are named by `upstream_reason`). Subclasses not listed inherit their parent's kind.
-REASONS: dict[type[GatewayError], str] = {
-    GatewayError: "internal",
-    InvalidRequestError: "bad_request",
-    ContextLengthExceededError: "context_overflow",
-    AuthenticationError: "auth",
-    PermissionDeniedError: "forbidden",
-    OriginNotAllowedError: "origin_not_allowed",
-    NotFoundError: "not_found",
-    ModelNotFoundError: "unknown_model",
-    BodyTooLargeError: "body_too_large",
-    RequestTimeoutError: "client_timeout",
-    TooManyRequestsError: "tenant_limit",
-    UpstreamError: "upstream_error",
-    UpstreamUnreachableError: "upstream_unreachable",
-    UpstreamTimeoutError: "upstream_timeout",
-    ShuttingDownError: "shutting_down",
+# class -> its row. Subclasses not listed inherit their parent's row.
+ERROR_TABLE: dict[type[GatewayError], Row] = {
+    GatewayError: Row(500, "server_error", None, "internal"),
+    InvalidRequestError: Row(400, "invalid_request_error", None, "bad_request"),
+    ContextLengthExceededError: Row(
+        400, "invalid_request_error", "context_length_exceeded", "context_overflow"
+    ),
+    InvalidCompactionError: Row(
+        400, "invalid_request_error", "invalid_encrypted_content", "bad_request"
+    ),
+    CompactionExpiredError: Row(410, "invalid_request_error", "compaction_expired", "internal"),
+    StoreUnavailableError: Row(503, "server_error", "store_unavailable", "internal"),
+    AuthenticationError: Row(401, "authentication_error", "invalid_api_key", "auth"),
+    PermissionDeniedError: Row(403, "permission_error", "model_not_allowed", "forbidden"),
+    OriginNotAllowedError: Row(403, "permission_error", "origin_not_allowed", "origin_not_allowed"),
+    NotFoundError: Row(404, "invalid_request_error", "not_found", "not_found"),
+    ModelNotFoundError: Row(404, "invalid_request_error", "model_not_found", "unknown_model"),
+    RouteNotFoundError: Row(404, "invalid_request_error", None, "not_found"),
+    MethodNotAllowedError: Row(405, "invalid_request_error", None, "method_not_allowed"),
+    BodyTooLargeError: Row(413, "invalid_request_error", "request_too_large", "body_too_large"),
+    RequestTimeoutError: Row(408, "invalid_request_error", "request_timeout", "client_timeout"),
+    TooManyRequestsError: Row(
+        429, "rate_limit_error", "too_many_concurrent_requests", "tenant_limit"
+    ),
+    UpstreamError: Row(502, "upstream_error", "bad_gateway", "upstream_error"),
+    UpstreamUnreachableError: Row(
+        502, "upstream_error", "upstream_unreachable", "upstream_unreachable"
+    ),
+    UpstreamTimeoutError: Row(504, "upstream_error", "upstream_timeout", "upstream_timeout"),
+    ShuttingDownError: Row(503, "server_error", "shutting_down", "shutting_down"),
 }
 
 
 def reason_of(error: GatewayError) -> str:
     """The failure kind of one of our errors, for logs."""
-    for klass in type(error).__mro__:
-        found = REASONS.get(klass)  # type: ignore[arg-type]
-        if found is not None:
-            return found
-    return REASONS[GatewayError]
+    return _lookup(type(error)).reason
 
 
 def upstream_reason(status: int) -> str:
@@ -210,7 +213,7 @@ def upstream_reason(status: int) -> str:
     return "upstream_bad_request"
 
 
-def _lookup(cls: type[GatewayError]) -> tuple[int, str, str | None]:
+def _lookup(cls: type[GatewayError]) -> Row:
     for klass in cls.__mro__:
         row = ERROR_TABLE.get(klass)  # type: ignore[arg-type]
         if row is not None:
@@ -221,7 +224,7 @@ def _lookup(cls: type[GatewayError]) -> tuple[int, str, str | None]:
 def status_of_code(code: object) -> int:
     """The status the table gives an error `code` (an error event in a stream carries only its
     code); 502 for a code the gateway does not make: the upstream failed."""
-    for status, _, known in ERROR_TABLE.values():
-        if known is not None and known == code:
-            return status
+    for row in ERROR_TABLE.values():
+        if row.code is not None and row.code == code:
+            return row.status
     return 502

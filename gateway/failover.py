@@ -17,16 +17,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .config import UpstreamConfig
+from .config import Provider, UpstreamConfig
 
 
 @dataclass(frozen=True, slots=True)
 class Destination:
-    """One upstream as a request reaches it: the URL for this API path and the headers."""
+    """One upstream as a request reaches it: the URL for this API path and the headers. A
+    litellm upstream's URL is its api_base; its passthrough paths go over plain HTTP
+    (`transport="openai"`)."""
 
     upstream: UpstreamConfig
     url: str
     headers: Mapping[str, str]
+    transport: Provider | None = None  # None: the upstream's own provider
+
+    @property
+    def provider(self) -> Provider:
+        """The transport this request takes."""
+        return self.transport or self.upstream.provider
 
     @property
     def label(self) -> str:

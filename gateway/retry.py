@@ -73,7 +73,9 @@ async def send_balanced(
         delay: float | None = None
         rest = policy.cooldown_seconds
         try:
-            response = await client.open(method, destination.url, destination.headers, body)
+            response = await client.open(
+                method, destination.url, destination.headers, body, destination.provider
+            )
         except UpstreamUnreachableError:
             if several:
                 balancer.rest(destination.upstream, rest)  # type: ignore[union-attr]

@@ -14,10 +14,9 @@ import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from policies import Policy
-from policies.registry import build_step, parse_step_config
+from policies import Policy, build_policy
 
-from . import litellm_upstream, model_registry
+from . import model_registry
 from .config import Config, ModelConfig, PolicyConfig, PricingConfig, RetryConfig, UpstreamConfig
 from .tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
 from .tokens import CountCache, MessageCounter
@@ -56,36 +55,8 @@ class Route:
         return self.upstreams or (self.upstream,)
 
     @property
-    def chat_url(self) -> str | None:
-        """Where chat completions go: the OpenAI-compatible URL, or litellm's scheme."""
-        if self.upstream.provider == "litellm":
-            return litellm_upstream.url_for(self.upstream.base_url)
-        if self.upstream.base_url is None:
-            return None
-        return self.upstream.base_url + "/chat/completions"
-
-    @property
     def renamed(self) -> bool:
         return self.upstream_model != self.name
-
-
-def compile_policy(name: str, config: PolicyConfig) -> Policy:
-    step_configs = config.steps if config.steps is not None else default_step_configs()
-    return Policy(
-        name=name,
-        steps=tuple(build_step(c) for c in step_configs),
-        max_iterations=config.max_iterations,
-        recovery_mode=config.recovery_mode,
-    )
-
-
-def default_step_configs() -> list:
-    """The chain a policy without `steps` gets: mask old tool output, then drop old Turns."""
-    try:
-        from policies.registry import DEFAULT_STEPS  # type: ignore[attr-defined]
-    except ImportError:
-        DEFAULT_STEPS = ({"type": "fifo"},)
-    return [parse_step_config(s) if isinstance(s, dict) else s for s in DEFAULT_STEPS]
 
 
 class Router:
@@ -94,8 +65,11 @@ class Router:
     def __init__(self, config: Config) -> None:
         self._config = config
         self._counters: dict[str, MessageCounter] = {}
-        self._policies = {name: compile_policy(name, pc) for name, pc in config.policies.items()}
-        self._policies.setdefault("default", compile_policy("default", config.policy("default")))
+        configured = {"default": config.policy("default"), **config.policies}
+        self._policies = {
+            name: build_policy(name, pc.steps, pc.max_iterations, pc.recovery_mode)
+            for name, pc in configured.items()
+        }
         self._exact: dict[str, Route] = {}
         self._globs: list[ModelConfig] = []
         self._resolved: dict[str, Route | None] = {}

@@ -43,7 +43,6 @@ import orjson
 from policies.conversation import content_text
 from policies.summaries import SummaryAnswer, SummaryRequest
 
-from . import litellm_upstream
 from .config import SummariesConfig
 from .context_errors import classify
 from .errors import GatewayError
@@ -267,7 +266,7 @@ class Summarizer:
         destinations = []
         for upstream in chosen.targets:
             if upstream.provider == "litellm":
-                url = litellm_upstream.url_for(upstream.base_url)
+                url = upstream.base_url or ""  # litellm's api_base
             elif upstream.base_url is not None:
                 url = upstream.base_url + wire.upstream_path
             else:

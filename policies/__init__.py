@@ -10,7 +10,7 @@ from .chain import ChainResult, Policy, StepReport, run_chain, summarize_reports
 from .conversation import Conversation, Message, Turn, find_safe_boundary, parse_turns
 from .invariants import Violation, check
 from .memo import Memo
-from .pinning import Marks, PinRule, apply_pin_rules, marks_from_extension, split_extension
+from .pinning import PinRule, apply_pin_rules
 from .registry import DEFAULT_STEPS, STEPS, build_policy, build_step, parse_step_config
 from .step import Env, StepConfig, StepResult, StoredOutput
 from .summaries import SummaryAnswer, SummaryRequest
@@ -22,7 +22,6 @@ __all__ = [
     "ChainResult",
     "Conversation",
     "Env",
-    "Marks",
     "Memo",
     "Message",
     "PinRule",
@@ -40,11 +39,9 @@ __all__ = [
     "build_step",
     "check",
     "find_safe_boundary",
-    "marks_from_extension",
     "parse_step_config",
     "parse_turns",
     "run_chain",
-    "split_extension",
     "stable_cut",
     "summarize_reports",
 ]

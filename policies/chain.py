@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from .budget import Budget
 from .conversation import Conversation
+from .recovery import RecoveryMode, recover
 from .rollup import SummarisingConfig
 from .step import Env, Finishing, Step, StepResult, StoredOutput
+from .steps.emergency import Emergency, EmergencyConfig
 from .summaries import SummaryRequest
-
-RecoveryMode = Literal["truncate", "fresh_start", "error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +157,10 @@ def run_chain(
     env: Env,
     *,
     force: bool = False,
-    emergency: Step | None = None,
-    recover: RecoverFn | None = None,
 ) -> ChainResult:
     """Apply `policy` to `conversation`; pure and deterministic.
 
     `force` runs the steps even under the trigger (the upstream rejected the request).
-    `emergency` and `recover` default to the built-in emergency step and recovery.
     """
     tokens_before = conversation.tokens
     if tokens_before <= budget.trigger and not force:
@@ -187,10 +184,9 @@ def run_chain(
     recovery: str | None = None
     error: str | None = None
     if run.conversation.tokens > budget.limit:
-        run.apply(emergency if emergency is not None else _default_emergency())
+        run.apply(Emergency(EmergencyConfig()))
     if run.conversation.tokens > budget.limit:
-        recover_fn = recover if recover is not None else _default_recover()
-        outcome = recover_fn(run.conversation, budget, env, policy.recovery_mode)
+        outcome = recover(run.conversation, budget, env, policy.recovery_mode)
         recovery = outcome.mode
         error = outcome.error
         if outcome.result is not None:
@@ -238,35 +234,6 @@ def _passes(run: _Run, policy: Policy, goal: int, force: bool) -> None:
             progressed = progressed or run.conversation != before
         if run.conversation.tokens <= goal or not progressed:
             break
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryOutcome:
-    """What a recovery did: `result` is None when nothing was changed (mode `error`)."""
-
-    mode: str
-    result: StepResult | None
-    error: str | None = None
-
-
-class RecoverFn:
-    """Signature of a recovery: (conversation, budget, env, mode) -> RecoveryOutcome."""
-
-    def __call__(
-        self, conversation: Conversation, budget: Budget, env: Env, mode: RecoveryMode
-    ) -> RecoveryOutcome: ...
-
-
-def _default_emergency() -> Step:
-    from .steps.emergency import Emergency, EmergencyConfig
-
-    return Emergency(EmergencyConfig())
-
-
-def _default_recover() -> RecoverFn:
-    from .recovery import recover
-
-    return recover  # type: ignore[return-value]
 
 
 def summarize_reports(reports: Sequence[StepReport]) -> str:

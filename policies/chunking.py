@@ -324,43 +324,33 @@ def elide(text: str, ratio: float) -> str:
 
 
 def elide_lines(text: str, goal: int, head_share: float) -> str:
-    if len(text) <= goal:
-        return text
-    lines = text.split("\n")
-    head_room = int(goal * head_share)
-    tail_room = goal - head_room
-    head, used = 0, 0
-    while head < len(lines) and used + len(lines[head]) + 1 <= head_room:
-        used += len(lines[head]) + 1
-        head += 1
-    tail, used = 0, 0
-    while tail < len(lines) - head and used + len(lines[-1 - tail]) + 1 <= tail_room:
-        used += len(lines[-1 - tail]) + 1
-        tail += 1
-    cut = len(lines) - head - tail
-    if cut <= 1:
-        return text
-    return "\n".join([*lines[:head], ELISION.format(n=cut), *lines[len(lines) - tail :]])
+    return _elide(text, "\n", goal, int(goal * head_share), ELISION, min_cut=2)
 
 
 def elide_words(text: str, goal: int) -> str:
+    return _elide(text, " ", goal, goal // 2, WORD_ELISION, min_cut=4)
+
+
+def _elide(text: str, separator: str, goal: int, head_room: int, marker: str, min_cut: int) -> str:
+    """The first parts of `text` that fit `head_room` characters and the last that fit the rest
+    of `goal`, with `marker` naming how many were cut between; `text` as it is when it fits
+    already or fewer than `min_cut` parts would go (a marker would save nothing)."""
     if len(text) <= goal:
         return text
-    words = text.split(" ")
-    head_room = goal // 2
+    parts = text.split(separator)
     tail_room = goal - head_room
     head, used = 0, 0
-    while head < len(words) and used + len(words[head]) + 1 <= head_room:
-        used += len(words[head]) + 1
+    while head < len(parts) and used + len(parts[head]) + 1 <= head_room:
+        used += len(parts[head]) + 1
         head += 1
     tail, used = 0, 0
-    while tail < len(words) - head and used + len(words[-1 - tail]) + 1 <= tail_room:
-        used += len(words[-1 - tail]) + 1
+    while tail < len(parts) - head and used + len(parts[-1 - tail]) + 1 <= tail_room:
+        used += len(parts[-1 - tail]) + 1
         tail += 1
-    cut = len(words) - head - tail
-    if cut <= 3:
+    cut = len(parts) - head - tail
+    if cut < min_cut:
         return text
-    return " ".join([*words[:head], WORD_ELISION.format(n=cut), *words[len(words) - tail :]])
+    return separator.join([*parts[:head], marker.format(n=cut), *parts[len(parts) - tail :]])
 
 
 def compress(

@@ -2,10 +2,9 @@
 
 Two sources, both pure:
 
-- The per-message extension `"compactgate": {"pin": true, "priority": 1, "type": "plan_ref"}`
-  (stripped before forwarding). `marks_from_extension` validates it: `pin` a boolean,
-  `priority` 1..3 (1 is the highest), `type` one of `message`, `code`, `plan_ref`,
-  `log`, `other`; anything else is a ValueError whose message names the field and the value.
+- The client's marks: the per-message extension `"compactgate": {"pin", "priority", "type"}`,
+  validated and stripped by the wire adapters (`gateway.wire.request.read_marks`), reaches the
+  policies as each `Message`'s `pin`, `priority` (1..3, 1 the highest) and `kind`.
 - Config rules `pin_rules: [{role?, tool_name?, content_regex?}]`: a message is pinned when it
   matches every field a rule sets (a rule that sets none matches nothing). `tool_name` matches a
   tool result answering a call to that function and an assistant message calling it;
@@ -20,54 +19,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from .conversation import Message, is_mapping
-
-EXTENSION = "compactgate"
-KINDS = ("message", "code", "plan_ref", "log", "other")
-
-
-class Marks(NamedTuple):
-    pin: bool = False
-    priority: int | None = None
-    kind: str | None = None
-
-
-NO_MARKS = Marks()
-
-
-def marks_from_extension(obj: Any) -> Marks:
-    """The marks in a message's `compactgate` value; ValueError naming what is wrong."""
-    if obj is None:
-        return NO_MARKS
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"'compactgate' must be an object, got {type(obj).__name__}")
-    unknown = sorted(str(k) for k in obj if k not in ("pin", "priority", "type"))
-    if unknown:
-        raise ValueError(
-            f"'compactgate' has unknown field(s) {', '.join(unknown)} (known: pin, priority, type)"
-        )
-    pin = obj.get("pin", False)
-    if not isinstance(pin, bool):
-        raise ValueError(f"'compactgate.pin' must be true or false, got {pin!r}")
-    priority = obj.get("priority")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 3
-    ):
-        raise ValueError(f"'compactgate.priority' must be 1, 2 or 3, got {priority!r}")
-    kind = obj.get("type")
-    if kind is not None and kind not in KINDS:
-        raise ValueError(f"'compactgate.type' must be one of {', '.join(KINDS)}, got {kind!r}")
-    return Marks(pin, priority, kind)
-
-
-def split_extension(data: Mapping[str, Any]) -> tuple[dict[str, Any], Marks]:
-    """(the message as it is forwarded, without the extension; its marks)."""
-    forward = {k: v for k, v in data.items() if k != EXTENSION}
-    return forward, marks_from_extension(data.get(EXTENSION))
 
 
 class PinRuleLike(Protocol):

@@ -12,8 +12,10 @@ Three modes, chosen per policy by `recovery_mode`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from .budget import Budget
-from .chain import RecoveryMode, RecoveryOutcome
 from .content import with_text
 from .conversation import PROTECTED_ROLES, Conversation, Message, content_text
 from .step import Env, StepResult
@@ -26,6 +28,17 @@ HANDOVER_INSTRUCTIONS = (
 )
 HANDOVER_TOKENS = 500
 TRUNCATION_MARKER = "\n[... {n} characters cut by compactgate to fit the context window ...]\n"
+
+RecoveryMode = Literal["truncate", "fresh_start", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryOutcome:
+    """What a recovery did: `result` is None when nothing was changed (mode `error`)."""
+
+    mode: str
+    result: StepResult | None
+    error: str | None = None
 
 
 def recover(

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from .chain import Policy, RecoveryMode
+from .chain import Policy
+from .recovery import RecoveryMode
 from .step import Step, StepConfig, StepFactory
 from .steps import (
     compaction,

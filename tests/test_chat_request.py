@@ -99,3 +99,36 @@ def test_extension_is_read_and_stripped_unknown_fields_kept() -> None:
     forwarded = request.forward_payload(None, None)
     assert forwarded["messages"] == [{"role": "user", "content": "keep me"}]
     assert forwarded["temperature"] == 0.2 and forwarded["x_vendor"] == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    ("extension", "param", "needle"),
+    [
+        ("yes", "messages[0].compactgate", "must be an object"),
+        ({"pin": "true"}, "messages[0].compactgate.pin", "must be a boolean"),
+        ({"priority": 0}, "messages[0].compactgate.priority", "must be 1, 2 or 3"),
+        ({"priority": 4}, "messages[0].compactgate.priority", "must be 1, 2 or 3"),
+        ({"priority": True}, "messages[0].compactgate.priority", "must be 1, 2 or 3"),
+        ({"type": "summary"}, "messages[0].compactgate.type", "must be one of"),
+        ({"pinned": True}, "messages[0].compactgate", "unknown keys: pinned"),
+    ],
+)
+def test_bad_marks_are_400s_naming_the_field(extension: object, param: str, needle: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x", "compactgate": extension}]}
+    with pytest.raises(InvalidRequestError) as info:
+        parse(body)
+    assert info.value.param == param and info.value.status == 400
+    assert info.value.message.startswith(param) and needle in info.value.message
+
+
+def test_marks_default_to_none_and_type_alone_is_kept() -> None:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "user", "content": "b", "compactgate": {"type": "log"}},
+        ],
+    }
+    first, second = parse(body).marks  # type: ignore[attr-defined]
+    assert (first.pin, first.priority, first.kind) == (False, None, None)
+    assert (second.pin, second.priority, second.kind) == (False, None, "log")

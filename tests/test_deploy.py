@@ -392,6 +392,20 @@ def dockerignored(path: str, patterns: list[str]) -> bool:
     return ignored
 
 
+def test_the_wheel_lists_every_package_of_the_source_tree() -> None:
+    """setuptools takes only the packages pyproject lists: a subpackage left out is missing from
+    the wheel the image installs, and the gateway fails to import there."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    listed = set(project["tool"]["setuptools"]["packages"])
+    present = {
+        init.parent.relative_to(REPO_ROOT).as_posix().replace("/", ".")
+        for top in ("gateway", "policies")
+        for init in (REPO_ROOT / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert present == listed
+
+
 def test_build_context_holds_what_the_wheel_is_built_from() -> None:
     ignore = DOCKERFILE.with_name(DOCKERFILE.name + ".dockerignore")
     patterns = [

@@ -1,4 +1,5 @@
-"""Pinning (design D5.12): the client's `compactgate` marks and the operator's `pin_rules`."""
+"""Pinning (design D5.12): the operator's `pin_rules`, and pinned messages kept by every step (the
+client's `compactgate` marks are read in tests/test_chat_request.py)."""
 
 from __future__ import annotations
 
@@ -6,43 +7,10 @@ import pytest
 from pydantic import ValidationError
 
 from policies import check, run_chain
-from policies.pinning import Marks, PinRule, apply_pin_rules, marks_from_extension, split_extension
+from policies.pinning import PinRule, apply_pin_rules
 from policies.registry import build_policy
 from policies.steps.sandwich import Sandwich, SandwichConfig
 from tests.policy_strategies import assistant_calls, budget, chat, conv, env, msg, tool
-
-
-def test_marks_from_extension() -> None:
-    assert marks_from_extension(None) == Marks(False, None, None)
-    assert marks_from_extension({"pin": True, "priority": 1, "type": "plan_ref"}) == Marks(
-        True, 1, "plan_ref"
-    )
-    pin, priority, kind = marks_from_extension({"type": "log"})
-    assert (pin, priority, kind) == (False, None, "log")
-
-
-@pytest.mark.parametrize(
-    ("value", "needle"),
-    [
-        ("yes", "must be an object"),
-        ({"pin": "true"}, "compactgate.pin"),
-        ({"priority": 0}, "compactgate.priority"),
-        ({"priority": 4}, "compactgate.priority"),
-        ({"priority": True}, "compactgate.priority"),
-        ({"type": "summary"}, "compactgate.type"),
-        ({"pinned": True}, "unknown field(s) pinned"),
-    ],
-)
-def test_bad_marks_are_clear_errors(value: object, needle: str) -> None:
-    with pytest.raises(ValueError, match=None) as info:
-        marks_from_extension(value)
-    assert needle in str(info.value)
-
-
-def test_split_extension_strips_it() -> None:
-    data = {"role": "user", "content": "x", "compactgate": {"pin": True}}
-    forward, marks = split_extension(data)
-    assert forward == {"role": "user", "content": "x"} and marks.pin
 
 
 def test_pin_rules() -> None:
