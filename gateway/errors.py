@@ -25,7 +25,8 @@ code. The hierarchy:
     └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
-unchanged (design D15.2). Each row also names a failure kind, the `reason` of its request's log line.
+unchanged (design D15.2). Each row also names a failure kind, the `reason` of its request's log
+line.
 """
 
 from __future__ import annotations
