@@ -217,6 +217,11 @@ _JA = {
 _CUES: tuple[tuple[str, re.Pattern[str], re.Pattern[str]], ...] = tuple(
     (kind, re.compile(_EN[kind]), re.compile(f"{_ZH[kind]}|{_JA[kind]}")) for kind in KIND_SCORES
 )
+# Every kind's cues in one pattern: one scan tells whether a sentence has a cue at all (most
+# have none); only then are the kinds tried one by one, strongest first. (No named group per
+# kind: a capturing group in the alternation makes the scan several times slower.)
+_ANY_EN = re.compile("|".join(_EN[kind] for kind in KIND_SCORES))
+_ANY_CJK = re.compile("|".join(f"{_ZH[kind]}|{_JA[kind]}" for kind in KIND_SCORES))
 # Letters a case-insensitive pattern takes for an ASCII letter that lower() keeps apart.
 _FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
 _CJK = re.compile("[\u3040-\u9fff]")
@@ -372,6 +377,17 @@ _DETAILS: tuple[_Detail, ...] = (
 )
 # Which kind each entry of `_DETAILS` finds: the proper-name kind has three entries.
 _DETAIL_KINDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 6, 6, 7)
+# `_DETAILS` as `_details` walks it: (kind, cheap test, the patterns' bound search methods).
+_DETAIL_TABLE = tuple(
+    (kind, detail.may, tuple(p.search for p in detail.patterns))
+    for kind, detail in zip(_DETAIL_KINDS, _DETAILS, strict=True)
+)
+
+
+def _lowered(text: str) -> str:
+    """`text` lower-cased, with the letters a case-insensitive pattern takes for an ASCII letter
+    folded to it (the fold only when the text has a letter beyond ASCII)."""
+    return text.lower() if text.isascii() else text.translate(_FOLD).lower()
 
 
 def _seen(text: str, lower: str) -> _Seen:
@@ -388,19 +404,29 @@ def _seen(text: str, lower: str) -> _Seen:
 
 def _cue(seen: _Seen) -> str | None:
     """The kind of the strongest cue in a sentence, if any."""
-    lower, latin = seen.lower, _LATIN.search(seen.lower) is not None
-    for kind, english, chinese_japanese in _CUES:
-        if (latin and english.search(lower)) or (seen.cjk and chinese_japanese.search(lower)):
-            return kind
+    lower = seen.lower
+    latin = _LATIN.search(lower) is not None and _ANY_EN.search(lower) is not None
+    cjk = seen.cjk and _ANY_CJK.search(lower) is not None
+    if latin or cjk:
+        for kind, english, chinese_japanese in _CUES:
+            if (latin and english.search(lower)) or (cjk and chinese_japanese.search(lower)):
+                return kind
     return None
 
 
-def _details(seen: _Seen) -> int:
-    """How many kinds of concrete detail a sentence has."""
+def _details(seen: _Seen, enough: int = len(_DETAILS)) -> int:
+    """How many kinds of concrete detail a sentence has, counted up to `enough`."""
     found: set[int] = set()
-    for kind, detail in zip(_DETAIL_KINDS, _DETAILS, strict=True):
-        if kind not in found and detail.found(seen):
-            found.add(kind)
+    text = seen.text
+    for kind, may, searches in _DETAIL_TABLE:
+        if kind in found or not may(seen):
+            continue
+        for search in searches:
+            if search(text) is not None:
+                found.add(kind)
+                if len(found) >= enough:
+                    return len(found)
+                break
     return len(found)
 
 
@@ -480,9 +506,10 @@ def score(sentence: str) -> Statement:
     text = sentence.strip()
     if (len(text) < MIN_CHARS and not _has_cjk(text)) or _FILLER.match(text) or len(text) < 2:
         return Statement(text, 0.0, None)
-    lower = text.translate(_FOLD).lower()
-    seen = _seen(text, lower)
-    kind, details = _cue(seen), _details(seen)
+    seen = _seen(text, _lowered(text))
+    kind = _cue(seen)
+    # a cued sentence only asks whether it has a detail; a bare fact counts up to three
+    details = _details(seen, 1 if kind is not None else 3)
     if kind is not None:
         value = KIND_SCORES[kind] + (DETAIL_BONUS if details else 0.0)
     elif details:

@@ -82,7 +82,7 @@ def oracle(text: str) -> tuple[str | None, int]:
 
 
 def fast(text: str) -> tuple[str | None, int]:
-    seen = salience._seen(text, text.translate(salience._FOLD).lower())
+    seen = salience._seen(text, salience._lowered(text))
     return salience._cue(seen), salience._details(seen)
 
 

@@ -48,7 +48,9 @@ class LedgerConfig(StepConfig):
 
 class Entry(NamedTuple):
     text: str
-    score: float
+    # None for an entry read back from the block: scored from its text only when the block
+    # must shrink (most passes it fits, and a new request's memo has not seen it yet)
+    score: float | None
     order: int  # position in the conversation (earlier entries first)
 
 
@@ -92,12 +94,15 @@ class Ledger:
         at = _ledger_index(conversation)
         if at is None:
             return conversation
-        present = "\n".join(
-            _normalised(m.text, env)
-            for i, m in enumerate(conversation.messages)
-            if i != at and (m.role in self.config.roles or m.origin < 0)
+        present = self._present(
+            [
+                m
+                for i, m in enumerate(conversation.messages)
+                if i != at and (m.role in self.config.roles or m.origin < 0)
+            ],
+            env,
         )
-        entries = _parse(conversation.messages[at].text, self.config.header, env)
+        entries = _parse(conversation.messages[at].text, self.config.header)
         left = [e for e in entries if normalised(e.text) not in present]
         if len(left) == len(entries):
             return conversation
@@ -107,40 +112,90 @@ class Ledger:
         messages[at] = self._message(left, env)
         return conversation.with_contents(messages)
 
+    def _present(self, messages: Sequence[Message], env: Env) -> str:
+        """The normalised texts of `messages`, one a line: what an entry is looked for in.
+        Remembered by their uids when all have one (a resent conversation's kept messages)."""
+        uids = tuple([m.uid for m in messages])
+        if None in uids:
+            return "\n".join([_normalised(m.text, env) for m in messages])
+        key = ("ledger-present", uids)
+        found = env.memo.peek(key)
+        if found is None:
+            found = "\n".join([_normalised(m.text, env) for m in messages])
+            env.memo.put(key, found, len(found) + 8 * len(uids))
+        return found  # type: ignore[return-value]
+
     def _entries(self, conversation: Conversation, at: int | None, env: Env) -> list[Entry]:
         """The ledger's entries so far, then the salient sentences of the messages a later step
         may remove, in the order they were said, each statement once."""
         seen: set[str] = set()
         entries: list[Entry] = []
         if at is not None:
-            for entry in _parse(conversation.messages[at].text, self.config.header, env):
+            for entry in _parse(conversation.messages[at].text, self.config.header):
                 key = normalised(entry.text)
                 if key not in seen:
                     seen.add(key)
                     entries.append(Entry(entry.text, entry.score, len(entries)))
         base = len(entries)
-        roles, protected = self.config.roles, conversation.protected()
-        for i, message in enumerate(conversation.messages):
-            if protected[i] or message.origin < 0 or message.role not in roles:
-                continue
+        for text, key, value, i in self._said(conversation, env):
+            if key not in seen:
+                seen.add(key)
+                entries.append(Entry(text, value, base + i))
+        return entries
+
+    def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
+        """(line, comparison key, score, message index) of the salient passages in the messages
+        a later step may remove, in order, each statement at its first place only.
+
+        Remembered by the uids of those messages (equal uids, equal messages): a resent
+        conversation is one lookup, not one per message (a new message or an edit makes new
+        uids; the messages are then looked up one by one, by their text)."""
+        messages, protected, roles = (
+            conversation.messages,
+            conversation.protected(),
+            self.config.roles,
+        )
+        picked = [
+            i
+            for i, m in enumerate(messages)
+            if not protected[i] and m.origin >= 0 and m.role in roles
+        ]
+        uids = tuple([messages[i].uid for i in picked])
+        if None in uids:
+            said = self._collected([messages[i] for i in picked], env)
+        else:
+            key = ("ledger-said", self.config.min_salience, self.config.max_entry_chars, uids)
+            said = env.memo.peek(key)  # type: ignore[assignment]
+            if said is None:
+                said = self._collected([messages[i] for i in picked], env)
+                env.memo.put(key, said, 8 * len(uids) + sum(len(t) for t, _, _, _ in said))
+        return [(text, key, value, picked[k]) for text, key, value, k in said]
+
+    def _collected(
+        self, messages: Sequence[Message], env: Env
+    ) -> tuple[tuple[str, str, float, int], ...]:
+        """`_said` of `messages`, with each passage's position in `messages`."""
+        seen: set[str] = set()
+        out = []
+        for k, message in enumerate(messages):
             for text, key, value in self._candidates(message.text, env):
                 if key not in seen:
                     seen.add(key)
-                    entries.append(Entry(text, value, base + i))
-        return entries
+                    out.append((text, key, value, k))
+        return tuple(out)
 
     def _candidates(self, text: str, env: Env) -> Sequence[tuple[str, str, float]]:
         """A message's would-be entries: (line, comparison key, score) of each salient passage;
         remembered, since a client resends every message on every request."""
         threshold, limit = self.config.min_salience, self.config.max_entry_chars
 
-        def work() -> list[tuple[str, str, float]]:
+        def work() -> tuple[tuple[str, str, float], ...]:
             out = []
             for statement in salient(text, threshold):
                 # one line per entry: a statement over several lines has them joined by spaces
                 line = _trimmed(" ".join(statement.text.split()), limit)
                 out.append((line, normalised(line), statement.score))
-            return out
+            return tuple(out)
 
         return env.memo.get(("ledger-candidates", threshold, limit, text), work, len(text))
 
@@ -151,8 +206,9 @@ class Ledger:
         total = sum(sizes) + env.text_tokens(self.config.header) + FRAMING_TOKENS
         if total <= cap:
             return entries
+        scores = [_score(e.text, env) if e.score is None else e.score for e in entries]
         gone: set[int] = set()
-        for k in sorted(range(len(entries)), key=lambda k: (entries[k].score, entries[k].order)):
+        for k in sorted(range(len(entries)), key=lambda k: (scores[k], entries[k].order)):
             if total <= cap:
                 break
             gone.add(k)
@@ -169,17 +225,18 @@ def _ledger_index(conversation: Conversation) -> int | None:
     return next((i for i, m in enumerate(conversation.messages) if m.kind == KIND), None)
 
 
-def _parse(text: str, header: str, env: Env) -> list[Entry]:
-    """The entries of a ledger block, as `_message` wrote them (each entry's score remembered:
-    the block is parsed again on every pass and every request)."""
+def _parse(text: str, header: str) -> list[Entry]:
+    """The entries of a ledger block, as `_message` wrote them, not yet scored."""
     lines = text.split("\n")
     if lines and lines[0] == header:
         lines = lines[1:]
     entries = [line[len(BULLET) :] for line in lines if line.startswith(BULLET)]
-    return [Entry(entry, _score(entry, env), k) for k, entry in enumerate(entries)]
+    return [Entry(entry, None, k) for k, entry in enumerate(entries)]
 
 
 def _score(text: str, env: Env) -> float:
+    """An entry's score read back from the block (remembered: the block comes back on every
+    pass and every request)."""
     return env.memo.get(("ledger-entry-score", text), lambda: score(text).score, len(text))
 
 
