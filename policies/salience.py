@@ -231,6 +231,7 @@ _ASCII_LETTER = re.compile("[A-Za-z]")
 _DIGIT = re.compile(r"\d")
 _DOT_WORD = re.compile(r"\.\w")
 _LOWER_UPPER = re.compile("[a-z][A-Z]")
+_TOP_LEVEL = re.compile(r"\.(?:com|org|net|io|dev|internal|local|cn|jp)")
 _CJK_NAME_MARK = re.compile("[「“《\u3040-\u9fff]")
 _NAME_PHRASES = ("name is", "called", "call me", "owns", "in charge of", "responsible for", "work")
 
@@ -247,10 +248,12 @@ class _Seen(NamedTuple):
 
 
 class _Detail(NamedTuple):
-    """One kind of concrete detail: found when a pattern matches. `may` is a cheap test that
-    is true whenever a pattern could match (each pattern needs what it checks), so most
-    sentences are never scanned by the slow patterns."""
+    """One way to find a kind of concrete detail: found when a pattern matches. `may` is a
+    cheap test that is true whenever a pattern could match (each pattern needs what it checks),
+    so most sentences are never scanned by the slow patterns. A kind with several ways to be
+    found has several entries, each with the test its own patterns need."""
 
+    kind: int
     may: Callable[[_Seen], bool]
     patterns: tuple[re.Pattern[str], ...]
 
@@ -258,40 +261,55 @@ class _Detail(NamedTuple):
         return self.may(seen) and any(p.search(seen.text) for p in self.patterns)
 
 
+_FILE_EXTENSIONS = (
+    "py|js|ts|tsx|go|rs|java|rb|c|h|cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|"
+    "env|log"
+)
 # Concrete details: each kind found counts once, however often it matches. A pattern that
 # starts with a lookbehind is written character first, the lookbehind after it (the same
 # matches): the regular expression engine then skips ahead to the next candidate character
-# instead of trying every position.
+# instead of trying every position (a file name is found from its dot). A run of digits that
+# the unit after it cannot start inside is matched possessively (`*+`: giving back never leads
+# to a match) and only from its first digit (a match from inside the run has one from there).
 _DETAILS: tuple[_Detail, ...] = (
     # a number with a unit or currency (also CJK units and counters)
     _Detail(
+        0,
         lambda s: s.digit,
         (
             re.compile(
-                r"(?i:[$€£¥]\s?\d[\d,.]*|\d[\d,.]*\s?(?:%|ms|s\b|sec|seconds?|min(?:utes?)?|"
-                r"hours?|days?|weeks?|months?|years?|[kmgt]i?b\b|bytes?|tokens?|px|rpm|rps|qps|"
-                r"requests?|users?|usd|eur|gbp|jpy|cny|rmb|dollars?|euros?|yen|km|kg|mb/s|gb/s|"
-                r"cores?|replicas?|nodes?|times|x\b|元|円|万|億|亿|个|件|人|台|天|日|時間|小时|分钟|"
-                r"分|秒|週間|周|年|月|号|歳|岁))"
+                r"(?i:[$€£¥]\s?\d[\d,.]*|\d(?<!\d\d)[\d,.]*+\s?(?:%|ms|s\b|sec|seconds?|"
+                r"min(?:utes?)?|hours?|days?|weeks?|months?|years?|[kmgt]i?b\b|bytes?|tokens?|"
+                r"px|rpm|rps|qps|requests?|users?|usd|eur|gbp|jpy|cny|rmb|dollars?|euros?|yen|"
+                r"km|kg|mb/s|gb/s|cores?|replicas?|nodes?|times|x\b|元|円|万|億|亿|个|件|人|台|天|"
+                r"日|時間|小时|分钟|分|秒|週間|周|年|月|号|歳|岁))"
             ),
         ),
     ),
-    # a date or a time (a weekday's name is the one without a digit)
+    # a date or a time: in digits, a month's name and a day, or a weekday's name
     _Detail(
-        lambda s: s.digit or "day" in s.lower,  # no look-alike letter in "day"
+        1,
+        lambda s: s.digit,
         (
             re.compile(
-                r"(?i:\b\d{4}[-/.]\d{1,2}[-/.]\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{1,4}年\d{1,2}月|"
-                r"\d{1,2}月\d{1,2}[日号]|"
-                r"\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
-                r"(?:st|nd|rd|th)?\b|"
-                r"\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b)"
+                r"\d(?<!\w\d)(?:\d{3}[-/.]\d{1,2}[-/.]\d{1,2}\b|\d?:\d{2}\b)|\d{1,4}年\d{1,2}月|"
+                r"\d{1,2}月\d{1,2}[日号]"
+            ),
+            re.compile(
+                r"(?i:\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
+                r"(?:st|nd|rd|th)?\b)"
             ),
         ),
+    ),
+    _Detail(
+        1,
+        lambda s: "day" in s.lower,  # no look-alike letter in "day"
+        (re.compile(r"(?i:\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b)"),),
     ),
     # a version, an IP address, a port
     # (bounded by what is not an ASCII letter or digit: in CJK text there is no \b before one)
     _Detail(
+        2,
         lambda s: s.digit,
         (
             re.compile(
@@ -302,41 +320,49 @@ _DETAILS: tuple[_Detail, ...] = (
     ),
     # a path or a file name (ASCII-bounded, as in CJK text nothing separates them)
     _Detail(
-        lambda s: "/" in s.text or _DOT_WORD.search(s.text) is not None,
+        3,
+        lambda s: "/" in s.text,
         (
             re.compile(
                 r"(?i:(?<![A-Za-z0-9._-])(?:~|\.{1,2})?/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+|"
-                r"(?:^|(?<=[\s(`'\"]))/[A-Za-z0-9_.-]+|[A-Za-z0-9_-]+\.(?:py|js|ts|tsx|go|rs|java|"
-                r"rb|c|h|cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|env|log)"
-                r"(?![A-Za-z0-9]))"
+                r"(?:^|(?<=[\s(`'\"]))/[A-Za-z0-9_.-]+)"
             ),
         ),
     ),
-    # an address: URL, e-mail, host name
     _Detail(
-        lambda s: "/" in s.text or "@" in s.text or _DOT_WORD.search(s.text) is not None,
-        (
-            re.compile(
-                r"(?i:\bhttps?://\S+|\b[\w.+-]+@[\w-]+\.[\w.]+\b|\b[\w-]+(?:\.[\w-]+)*\."
-                r"(?:com|org|net|io|dev|internal|local|cn|jp)\b)"
-            ),
-        ),
+        3,
+        lambda s: _DOT_WORD.search(s.text) is not None,
+        (re.compile(rf"(?i:\.(?<=[A-Za-z0-9_-]\.)(?:{_FILE_EXTENSIONS})(?![A-Za-z0-9]))"),),
+    ),
+    # an address: URL, e-mail, host name
+    _Detail(4, lambda s: "://" in s.text, (re.compile(r"(?i:\bhttps?://\S+)"),)),
+    _Detail(4, lambda s: "@" in s.text, (re.compile(r"(?i:\b[\w.+-]+@[\w-]+\.[\w.]+\b)"),)),
+    _Detail(
+        4,
+        lambda s: _TOP_LEVEL.search(s.lower) is not None,  # look-alikes folded in `lower`
+        (re.compile(r"(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|dev|internal|local|cn|jp)\b)"),),
     ),
     # an identifier: snake_case, camelCase, CONSTANT_CASE, a ticket or key like ABC-123
     _Detail(
-        lambda s: (
-            s.digit or "_" in s.text or "`" in s.text or _LOWER_UPPER.search(s.text) is not None
-        ),
-        (
-            re.compile(
-                r"\b[a-z]+_[a-z0-9_]+\b|\b[a-z]+[A-Z][a-zA-Z0-9]+\b|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|"
-                r"\b[A-Z]{2,}-\d+\b|`[^`\s]{2,}`|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b"
-            ),
-        ),
+        5,
+        lambda s: "_" in s.text,
+        (re.compile(r"\b[a-z]+_[a-z0-9_]+\b|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b"),),
     ),
+    _Detail(
+        5,
+        lambda s: _LOWER_UPPER.search(s.text) is not None,
+        (re.compile(r"\b[a-z]+[A-Z][a-zA-Z0-9]+\b"),),
+    ),
+    _Detail(
+        5,
+        lambda s: s.digit and "-" in s.text,
+        (re.compile(r"\b[A-Z]{2,}-\d+\b|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b"),),
+    ),
+    _Detail(5, lambda s: "`" in s.text, (re.compile(r"`[^`\s]{2,}`"),)),
     # a proper name: capitalised in the middle of an English sentence, with inner capitals
     # (PostgreSQL, GitHub), an acronym (AWS, SLA)
     _Detail(
+        6,
         lambda s: s.upper,
         (
             re.compile(r"[A-Z](?<=[a-z,] [A-Z])[a-z]+"),
@@ -345,16 +371,17 @@ _DETAILS: tuple[_Detail, ...] = (
         ),
     ),
     # ... a Latin word inside CJK text (UTC, Kubernetes), counted with the above
-    # ... or introduced as one ("my name is", "owns", "is responsible for"), counted with them
-    # (three entries of one kind: see `_DETAIL_KINDS`)
     _Detail(
+        6,
         lambda s: s.cjk and s.upper_or_latin,
         (
             re.compile("[A-Za-z](?<=[\u3040-\u9fff][A-Za-z])[\\w.+-]*"),
             re.compile("[A-Za-z][\\w.+-]*(?=[\u3040-\u9fff])"),
         ),
     ),
+    # ... or introduced as one ("my name is", "owns", "is responsible for"), counted with them
     _Detail(
+        6,
         lambda s: any(p in s.lower for p in _NAME_PHRASES),  # look-alikes folded in `lower`
         (
             re.compile(
@@ -365,6 +392,7 @@ _DETAILS: tuple[_Detail, ...] = (
     ),
     # a name in CJK text: quoted, or introduced as one (名叫, 叫做, 姓; さん, 様, 名前は)
     _Detail(
+        7,
         lambda s: _CJK_NAME_MARK.search(s.text) is not None,
         (
             re.compile(
@@ -375,13 +403,8 @@ _DETAILS: tuple[_Detail, ...] = (
         ),
     ),
 )
-# Which kind each entry of `_DETAILS` finds: the proper-name kind has three entries.
-_DETAIL_KINDS: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 6, 6, 7)
 # `_DETAILS` as `_details` walks it: (kind, cheap test, the patterns' bound search methods).
-_DETAIL_TABLE = tuple(
-    (kind, detail.may, tuple(p.search for p in detail.patterns))
-    for kind, detail in zip(_DETAIL_KINDS, _DETAILS, strict=True)
-)
+_DETAIL_TABLE = tuple((d.kind, d.may, tuple(p.search for p in d.patterns)) for d in _DETAILS)
 
 
 def _lowered(text: str) -> str:

@@ -68,6 +68,8 @@ class ContentTypeChunking:
 
     def __init__(self, config: ContentTypeChunkingConfig) -> None:
         self.config = config
+        # what besides a message decides its compressed form (a memo key's part)
+        self._settings = (config.ratios.model_dump_json(), config.compress_prose)
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
@@ -119,8 +121,19 @@ class ContentTypeChunking:
 
         Both the type and the compressed form are functions of the text (and the marks and
         config), worked out once per text through `memo`: the same history comes back on every
-        request.
+        request. A message the gateway has seen (a uid: equal uids, equal data) is looked up by
+        its uid, which costs no hashing or comparing of its text.
         """
+        if message.uid is None:
+            return self._compressed_text(message, memo)
+        key = ("chunked", self._settings, message.uid, message.kind, message.priority)
+        found = memo.peek(key)
+        if found is None:
+            found = (self._compressed_text(message, memo),)
+            memo.put(key, found, len(found[0][0]) if found[0] else 0)
+        return found[0]  # type: ignore[index,no-any-return]
+
+    def _compressed_text(self, message: Message, memo: Memo) -> tuple[str, str] | None:
         text = message.text
         if not text or text.isspace():
             return None
