@@ -7,6 +7,7 @@ rules are not fitted to it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -17,8 +18,9 @@ from hypothesis import strategies as st
 from benchmarks.fidelity_sessions import LANGUAGES, SHAPES, forwarded_text, session, survived
 from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.prefix import PrefixCounts
 from gateway.wire import CHAT, MESSAGES, RESPONSES
-from policies import build_policy, check, run_chain
+from policies import Conversation, build_policy, check, run_chain
 from policies.relevance import task_query
 from policies.salience import normalised, salience, salient, score
 from policies.steps.discard_low_rel import DiscardLowRel, DiscardLowRelConfig
@@ -347,3 +349,63 @@ async def test_the_ledger_is_forwarded_on_every_api(api: str) -> None:
     if api == "messages":  # the gateway's block joins the top-level system prompt
         assert rule in orjson.dumps(sent["system"]).decode()
         assert "You are a coding assistant." in orjson.dumps(sent["system"]).decode()
+
+
+# -- remembered work -----------------------------------------------------------------------------
+
+
+def _forwarded(result: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    return [dict(m.data) for m in result.conversation.messages], [r.as_dict() for r in result.steps]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 5),
+    language=st.sampled_from(LANGUAGES),
+    shape=st.sampled_from(SHAPES),
+    start=st.integers(6, 40),
+    changes=st.lists(
+        st.tuples(st.sampled_from(["append", "edit", "truncate", "resend"]), st.integers(0, 999)),
+        min_size=1,
+        max_size=5,
+    ),
+    fraction=st.sampled_from((0.5, 0.25)),
+)
+def test_a_conversation_resent_to_one_process_compacts_as_a_fresh_one_would(
+    seed: int,
+    language: Any,
+    shape: Any,
+    start: int,
+    changes: list[tuple[str, int]],
+    fraction: float,
+) -> None:
+    """The gateway gives a resent message the uid it had and keeps one memo across requests;
+    the chain then looks up what it worked out before (the ledger's statements, by the uids of
+    the messages it reads). Whatever the client changes between requests (new messages, an
+    edited earlier message, history cut from the front), the forwarded request and the step
+    reports are those of a fresh run with no uids and no memo."""
+    pool = session(seed, language, shape, turns=40).messages
+    system, rest = pool[0], pool[1:]
+    history = list(rest[:start])
+    prefix, shared = PrefixCounts(), env()
+    for change, pick in changes:
+        if change == "append":
+            history += rest[len(history) : len(history) + 1 + pick % 6]
+        elif change == "edit":
+            users = [i for i, m in enumerate(history) if m["role"] == "user"]
+            if users:
+                i = users[pick % len(users)]
+                statement = HELD_OUT[pick % len(HELD_OUT)]
+                history[i] = {**history[i], "content": f"{history[i]['content']} {statement}"}
+        elif change == "truncate":
+            history = history[1 + pick % 6 :]
+        messages = orjson.loads(orjson.dumps([system, *history, msg("user", "Continue.")]))
+        uids = prefix.measure("t", "t", messages, lambda m: 0, 0).uids
+        seen = conv(messages)
+        seen = Conversation(
+            tuple(replace(m, uid=uid) for m, uid in zip(seen.messages, uids, strict=True))
+        )
+        limits = budget(max(64, int(seen.tokens * fraction / 0.6)))
+        fresh = run_chain(conv(messages), limits, DEFAULT, env())
+        remembered = run_chain(seen, limits, DEFAULT, shared)
+        assert _forwarded(remembered) == _forwarded(fresh)
