@@ -12,8 +12,9 @@ every chain in `config.example.yaml`, by the same chain without its `ledger` ste
 alone and by each relevance step (`prioritize_recent`, `discard_low_rel`) alone. A statement
 survives when its exact text (whitespace and case aside) is in the forwarded messages.
 Printed: survival by chain and type, the ledger's tokens as a share of the budget, the invariant
-check, and the time of the default chain on a 200-message request with and without the ledger.
-Tokens: 4 per message plus a quarter of the ASCII characters and one per CJK character.
+check, and the CPU time of the default chain on a 200-message request with and without the
+ledger, its messages given uids as the gateway gives them (`chain_time`). Tokens: 4 per message
+plus a quarter of the ASCII characters and one per CJK character.
 """
 
 from __future__ import annotations
