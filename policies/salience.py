@@ -257,9 +257,6 @@ class _Detail(NamedTuple):
     may: Callable[[_Seen], bool]
     patterns: tuple[re.Pattern[str], ...]
 
-    def found(self, seen: _Seen) -> bool:
-        return self.may(seen) and any(p.search(seen.text) for p in self.patterns)
-
 
 _FILE_EXTENSIONS = (
     "py|js|ts|tsx|go|rs|java|rb|c|h|cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|"
