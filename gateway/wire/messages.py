@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
     from ..context_errors import ContextError
     from ..tokens import MessageCounter
+    from .resent import ResentScope
 
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`
@@ -99,7 +100,9 @@ class MessagesWire(Wire):
     def __init__(self, *, count_only: bool = False) -> None:
         self.count_only = count_only  # /v1/messages/count_tokens: no max_tokens, no stream
 
-    def parse(self, body: bytes, max_messages: int) -> WireRequest:
+    def parse(
+        self, body: bytes, max_messages: int, resent: ResentScope | None = None
+    ) -> WireRequest:
         payload = load_object(body)
         model = read_model(payload)
         stream = False if self.count_only else read_stream(payload)
@@ -110,12 +113,19 @@ class MessagesWire(Wire):
         if not isinstance(raw, list):
             raise InvalidRequestError("messages: Field required", param="messages")
         check_count(len(raw), max_messages, "messages")
-        builder = _Builder()
-        builder.system(payload.get("system"))
-        for index, message in enumerate(raw):
-            builder.message(message, index)
-        builder.finish()
+        system = payload.get("system")
+        seen = None if resent is None else resent.seen(system, raw)
+        if seen is not None and seen.state is not None:
+            builder = _Builder.resumed(seen.state, seen.same)
+        else:
+            builder = _Builder()
+            builder.system(system)
+        for index in range(len(builder.wire_messages), len(raw)):
+            builder.message(raw[index], index)
+        marks = builder.finish()
         check_tools(payload, "tools")
+        if seen is not None and resent is not None:
+            resent.keep(seen, builder)
         return WireRequest(
             wire=self,
             body=body,
@@ -123,7 +133,7 @@ class MessagesWire(Wire):
             model=model,
             stream=stream,
             messages=builder.messages,
-            marks=builder.marks,
+            marks=marks,
             has_extension=builder.has_extension,
             max_output=max_output,
             layout=Layout(
@@ -265,6 +275,18 @@ def _usage(usage: Mapping[str, Any], known: Usage | None) -> Usage:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _State:
+    """What `_Builder` has read so far, in sizes of its lists and its running facts."""
+
+    messages: int
+    marked: int
+    nested_markers: bool
+    has_extension: bool
+    latest: int
+    previous_calls: set[str]
+
+
 class _Builder:
     """Splits messages into canonical messages, remembering which blocks made each one.
 
@@ -275,7 +297,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        self.marks: list[Marks] = []
+        self.marks: list[Marks] = []  # before `finish` pins the latest assistant message
         self.spans: list[tuple[int, tuple[int, ...] | None]] = []
         self.wire_messages: list[Any] = []
         self.parts: list[int] = []
@@ -285,10 +307,46 @@ class _Builder:
         self._latest = -1  # the canonical message of the latest assistant message
         self._calls: set[str] = set()
         self._previous_calls: set[str] = set()
+        # The state after `system` and after each message: where a later parse may resume.
+        self.states: list[_State] = []
+
+    @classmethod
+    def resumed(cls, previous: _Builder, count: int) -> _Builder:
+        """A builder that has read `previous`'s system and first `count` messages: given the
+        same bytes, the parse of a message depends only on what came before it."""
+        state = previous.states[count]
+        builder = cls()
+        builder.messages = previous.messages[: state.messages]
+        builder.marks = previous.marks[: state.messages]
+        builder.spans = previous.spans[: state.messages]
+        builder.wire_messages = previous.wire_messages[:count]
+        builder.parts = previous.parts[:count]
+        builder.marked = previous.marked[: state.marked]
+        builder.nested_markers = state.nested_markers
+        builder.has_extension = state.has_extension
+        builder._latest = state.latest
+        builder._previous_calls = state.previous_calls  # never changed once replaced
+        builder.states = previous.states[: count + 1]
+        return builder
+
+    def _save(self) -> None:
+        self.states.append(
+            _State(
+                len(self.messages),
+                len(self.marked),
+                self.nested_markers,
+                self.has_extension,
+                self._latest,
+                self._previous_calls,
+            )
+        )
 
     def system(self, system: Any) -> None:
-        if system is None:
-            return
+        if system is not None:
+            self._system(system)
+        self._save()
+
+    def _system(self, system: Any) -> None:
         if isinstance(system, str):
             content: Any = system
         elif isinstance(system, list):
@@ -341,12 +399,17 @@ class _Builder:
             self._latest = before
             self._previous_calls = self._calls
             self._calls = set()
+        self._save()
 
-    def finish(self) -> None:
-        """Pin the latest assistant message: its thinking goes back exactly as it came."""
-        if self._latest >= 0:
-            marks = self.marks[self._latest]
-            self.marks[self._latest] = Marks(pin=True, priority=marks.priority, kind=marks.kind)
+    def finish(self) -> list[Marks]:
+        """The marks, with the latest assistant message pinned: its thinking goes back exactly
+        as it came. (A copy: `marks` stays as read, for a later parse to resume from.)"""
+        if self._latest < 0:
+            return self.marks
+        marks = list(self.marks)
+        latest = marks[self._latest]
+        marks[self._latest] = Marks(pin=True, priority=latest.priority, kind=latest.kind)
+        return marks
 
     def _assistant(self, blocks: list[Any], index: int, marks: Marks) -> None:
         texts: list[str] = []
