@@ -1,4 +1,4 @@
-"""The previous request's parse of each conversation, taken over for the messages resent as they were.
+"""Each conversation's previous parse, taken over for the messages resent as they were.
 
 An agent resends its whole history on every turn, and turning an API's messages into the
 canonical conversation (a Messages message into its tool results, text and tool calls) costs
