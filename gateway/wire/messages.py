@@ -91,6 +91,10 @@ class Layout:
     # Any block of `system` or `messages` (nested in a tool result too) has cache_control: the
     # only blocks a rendered conversation is made of, so without one it can carry no marker.
     markers: bool
+    # Client message index -> (that message, a step's data for it, the message rendered from
+    # both, the marker map entries it made or None): shared by the requests of a conversation
+    # (`resent`), so a held result resent with the same objects is not rendered again.
+    renders: dict[int, tuple[Any, Any, Any, Any]]
 
 
 class MessagesWire(Wire):
@@ -142,6 +146,7 @@ class MessagesWire(Wire):
                 builder.parts,
                 builder.marked,
                 bool(builder.marked) or builder.nested_markers,
+                builder.renders,
             ),
         )
 
@@ -309,6 +314,7 @@ class _Builder:
         self._previous_calls: set[str] = set()
         # The state after `system` and after each message: where a later parse may resume.
         self.states: list[_State] = []
+        self.renders: dict[int, tuple[Any, Any, Any, Any]] = {}  # see `Layout.renders`
 
     @classmethod
     def resumed(cls, previous: _Builder, count: int) -> _Builder:
@@ -327,6 +333,7 @@ class _Builder:
         builder._latest = state.latest
         builder._previous_calls = state.previous_calls  # never changed once replaced
         builder.states = previous.states[: count + 1]
+        builder.renders = previous.renders
         return builder
 
     def _save(self) -> None:
@@ -617,7 +624,7 @@ class _Renderer:
                 elif positions is None:  # string content
                     out.append({**wire, "content": content_text(data.get("content"))})
                 else:
-                    out.append({**wire, "content": self._blocks(index, positions, data, same)})
+                    out.append(self._rebuilt(index, positions, data, wire))
             elif index == self._index:  # (a message of several parts has blocks, no string)
                 self._group.extend(self._blocks(index, positions or (), data, same))
                 self._unchanged += same
@@ -632,6 +639,29 @@ class _Renderer:
         if kept is not None:
             _move_breakpoints(self.payload, layout, kept)
         _limit_breakpoints(self.payload, layout.markers)
+
+    def _rebuilt(
+        self, index: int, positions: tuple[int, ...], data: Mapping[str, Any], wire: Any
+    ) -> Any:
+        """Client message `index`, made of one canonical message a step changed (`data`), with
+        its blocks rewritten. A pure function of the two objects: the render of an earlier
+        request of the conversation is reused when it had these very objects."""
+        kept, renders = self.kept, self.layout.renders
+        hit = renders.get(index)
+        if hit is not None and hit[0] is wire and hit[1] is data:
+            if kept is None:
+                return hit[2]
+            if hit[3] is not None:
+                kept.update(hit[3])
+                return hit[2]
+        made: dict[tuple[int, int], Any] | None = None if kept is None else {}
+        self.kept = made
+        rebuilt = {**wire, "content": self._blocks(index, positions, data, False)}
+        self.kept = kept
+        if kept is not None and made is not None:
+            kept.update(made)
+        renders[index] = (wire, data, rebuilt, None if made is None else tuple(made.items()))
+        return rebuilt
 
     def _blocks(
         self, index: int, positions: tuple[int, ...], data: Mapping[str, Any], same: bool
