@@ -25,7 +25,7 @@ from gateway.wire import MESSAGES
 from gateway.wire.request import WireRequest
 from tests.wire_strategies import messages_bodies
 
-WINDOWS = (1_200, 100_000)  # compacted (a held result on later turns), and as sent
+WINDOWS = (600, 1_200, 100_000)  # compacted (a held result on later turns), and as sent
 EDITS = ("none", "text", "keys", "number", "extension", "reorder")
 
 
@@ -34,7 +34,7 @@ def _gateway() -> Gateway:
         "name": "m",
         "upstream": {"base_url": "http://127.0.0.1:9/v1"},
         "tokenizer": "chars:4",
-        "context_window": WINDOWS[0],
+        "context_window": 100_000,
         "max_output_tokens": 100,
         "policy": "p",
     }
@@ -93,25 +93,33 @@ def _same_request(resumed: WireRequest, fresh: WireRequest) -> None:
     st.lists(
         st.tuples(
             st.floats(0, 1),  # how much of the session the request holds
-            st.sampled_from(EDITS),
+            st.one_of(st.just("none"), st.sampled_from(EDITS)),  # half of them unedited
             st.integers(0, 50),
             st.integers(0, 50),
             st.sampled_from(("a", "b")),
-            st.sampled_from(WINDOWS),
         ),
         min_size=2,
-        max_size=8,
+        max_size=10,
     ),
+    st.booleans(),
+    st.sampled_from(WINDOWS),
 )
 async def test_a_resumed_parse_forwards_exactly_what_a_parse_from_scratch_does(
-    body: dict[str, Any], requests: list[tuple[float, str, int, int, str, int]]
+    body: dict[str, Any],
+    requests: list[tuple[float, str, int, int, str]],
+    in_order: bool,
+    window: int,
 ) -> None:
+    """`in_order`: the requests hold ever more of the session, as an agent's turns do (held
+    results are then resent); else any part of it, in any order."""
     memo, scratch = _gateway(), _gateway()
     scratch.pipeline.ref_secret = memo.pipeline.ref_secret  # the same refs for masked outputs
     route = memo.router.resolve("m")
     assert route is not None
     session = body["messages"]
-    for share, edit, at, other, tenant, window in requests:
+    if in_order:
+        requests = sorted(requests, key=lambda request: request[0])
+    for share, edit, at, other, tenant in requests:
         end = max(1, round(share * len(session)))
         sent = orjson.dumps({**body, "messages": _edited(session[:end], edit, at, other)})
         try:
@@ -142,3 +150,35 @@ def test_a_conversation_is_resumed_only_for_its_own_tenant() -> None:
     assert b.messages[0] is not a.messages[0] and b.layout.messages[0] is not a.layout.messages[0]
     assert again.messages[0] is a.messages[0]
     assert gw.resent.reused == 1
+
+
+async def test_an_agent_session_over_a_small_window_forwards_what_a_parse_from_scratch_does() -> (
+    None
+):
+    """Claude Code's shape, turn after turn: a prompt-cache marker on the system and on the
+    newest block, tool outputs masked by compaction events and resent in held results between
+    them. Every forwarded body is the one a parse from scratch gives."""
+    memo, scratch = _gateway(), _gateway()
+    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    route = memo.router.resolve("m")
+    assert route is not None
+    marker = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are Claude Code.", "cache_control": marker}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the failing tests."}]
+    events = 0
+    for step in range(30):
+        use = {"type": "tool_use", "id": f"toolu_{step}", "name": "Bash", "input": {"n": step}}
+        output = f"line {step}: " + "error in module value handler " * 30
+        result = {"type": "tool_result", "tool_use_id": use["id"], "content": output}
+        messages += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+        marked = copy.deepcopy(messages)
+        marked[-1]["content"][-1]["cache_control"] = marker
+        sent = orjson.dumps({"model": "m", "max_tokens": 100, "system": system, "messages": marked})
+        expected = await scratch.pipeline.prepare(
+            MESSAGES.parse(sent, 10_000), route, "a", window=2_000
+        )
+        resumed = memo.parse(MESSAGES, sent, "a")
+        forwarded = await memo.pipeline.prepare(resumed, route, "a", window=2_000)
+        assert forwarded.body == expected.body
+        events += expected.chain is not None and expected.chain.changed
+    assert events > 10 and memo.resent.reused > 0  # compacted turns, parses resumed
