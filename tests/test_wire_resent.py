@@ -23,6 +23,7 @@ from gateway.config import parse_config
 from gateway.errors import InvalidRequestError
 from gateway.wire import MESSAGES
 from gateway.wire.request import WireRequest
+from policies import Message
 from tests.wire_strategies import messages_bodies
 
 WINDOWS = (600, 1_200, 100_000)  # compacted (a held result on later turns), and as sent
@@ -182,3 +183,33 @@ async def test_an_agent_session_over_a_small_window_forwards_what_a_parse_from_s
         assert forwarded.body == expected.body
         events += expected.chain is not None and expected.chain.changed
     assert events > 10 and memo.resent.reused > 0  # compacted turns, parses resumed
+
+
+def test_a_resent_message_is_rendered_from_what_the_step_made_of_it_this_time() -> None:
+    """The same client message, resent, masked one way on one request and another way on the
+    next: each body carries that request's own rewrite (a render is reused only for the very
+    objects it was made from)."""
+    gw = _gateway()
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"cmd": "ls"}}
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a\nb\nc"}
+    body = orjson.dumps(
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "messages": [
+                {"role": "user", "content": "List the files."},
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [result]},
+            ],
+        }
+    )
+    for text in ("[output 1 masked]", "[output 1 cut: a]"):
+        request = gw.parse(MESSAGES, body, "a")
+        messages = [
+            Message(data, 1, origin=i).with_data({**data, "content": text}, 1)
+            if data["role"] == "tool"
+            else Message(data, 1, origin=i)
+            for i, data in enumerate(request.messages)
+        ]
+        sent = request.forward_payload(messages, None)
+        assert sent["messages"][2]["content"] == [{**result, "content": text}]
