@@ -23,6 +23,10 @@ A message a step made is a new user or assistant message, or, for the system rol
 block appended to `system`. Prompt-cache breakpoints: when a block that carried `cache_control`
 is removed, its marker moves to the nearest kept block before it, never past a longer-lived
 marker, and there are never more than four.
+
+An agent resends its history every turn: a parse resumes the conversation's previous one after
+the messages resent byte for byte (`resent`), and a rewritten message is reused while it would be
+made from the very same objects again (`Layout.renders`).
 """
 
 from __future__ import annotations
