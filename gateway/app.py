@@ -119,6 +119,7 @@ from .wire import (
     answers,
     wire_of,
 )
+from .wire.resent import ResentMessages
 
 log = logging.getLogger("compactgate")
 
@@ -258,6 +259,7 @@ class Gateway:
         self.compaction_points = CompactionPoints()  # where each tenant's agents compact
         self.compaction_answers = CompactionAnswers(self)  # ... and their answers, ahead of need
         self.remote_compaction = RemoteCompaction(self)  # Responses compaction on any upstream
+        self.resent = ResentMessages()  # each conversation's previous parse
         summarizer = Summarizer(
             self.upstream,
             self.router,
@@ -328,6 +330,11 @@ class Gateway:
         return found
 
     # -- helpers used along the path ---------------------------------------------------------
+
+    def parse(self, wire: Wire, body: bytes, tenant: str) -> WireRequest:
+        """`body` as a request of `wire`'s API (400 when it is not one). What the tenant's
+        previous request of the conversation sent alike is not parsed again."""
+        return wire.parse(body, self.config.server.max_messages, self.resent.scope(tenant))
 
     async def count_remote(
         self,
@@ -463,7 +470,7 @@ class Endpoint:
 
     async def parse(self, body: bytes, tenant: str) -> WireRequest:
         """The body as this API's request (400 when it is not one)."""
-        return self.wire.parse(body, self.gw.config.server.max_messages)
+        return self.gw.parse(self.wire, body, tenant)
 
     def route(self, identity: Identity, request: WireRequest) -> Route:
         """The request's model as a Route this caller may use (404, 403)."""

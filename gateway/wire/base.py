@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from policies import Message
 
     from ..tokens import MessageCounter
+    from .resent import ResentScope
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,11 @@ class Wire:
     name: ClassVar[str]
     upstream_path: ClassVar[str]  # appended to the upstream's base_url
 
-    def parse(self, body: bytes, max_messages: int) -> WireRequest:
+    def parse(
+        self, body: bytes, max_messages: int, resent: ResentScope | None = None
+    ) -> WireRequest:
+        """The body as a request of this API (a 400 when it is not one). `resent`: the tenant's
+        memo of previous parses, for an adapter whose parse is worth resuming."""
         raise NotImplementedError
 
     def render(

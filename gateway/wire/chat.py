@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from policies import Message
 
     from ..tokens import MessageCounter
+    from .resent import ResentScope
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -41,7 +42,9 @@ class ChatWire(Wire):
     name = "chat"
     upstream_path = "/chat/completions"
 
-    def parse(self, body: bytes, max_messages: int) -> WireRequest:
+    def parse(
+        self, body: bytes, max_messages: int, resent: ResentScope | None = None
+    ) -> WireRequest:
         payload = load_object(body)
         model = read_model(payload)
         stream = read_stream(payload)

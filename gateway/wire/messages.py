@@ -23,6 +23,10 @@ A message a step made is a new user or assistant message, or, for the system rol
 block appended to `system`. Prompt-cache breakpoints: when a block that carried `cache_control`
 is removed, its marker moves to the nearest kept block before it, never past a longer-lived
 marker, and there are never more than four.
+
+An agent resends its history every turn: a parse resumes the conversation's previous one after
+the messages resent byte for byte (`resent`), and a rewritten message is reused while it would be
+made from the very same objects again (`Layout.renders`).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
 
     from ..context_errors import ContextError
     from ..tokens import MessageCounter
+    from .resent import ResentScope
 
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`
@@ -90,6 +95,10 @@ class Layout:
     # Any block of `system` or `messages` (nested in a tool result too) has cache_control: the
     # only blocks a rendered conversation is made of, so without one it can carry no marker.
     markers: bool
+    # Client message index -> (that message, a step's data for it, the message rendered from
+    # both, the marker map entries it made or None): shared by the requests of a conversation
+    # (`resent`), so a held result resent with the same objects is not rendered again.
+    renders: dict[int, tuple[Any, Any, Any, Any]]
 
 
 class MessagesWire(Wire):
@@ -99,7 +108,9 @@ class MessagesWire(Wire):
     def __init__(self, *, count_only: bool = False) -> None:
         self.count_only = count_only  # /v1/messages/count_tokens: no max_tokens, no stream
 
-    def parse(self, body: bytes, max_messages: int) -> WireRequest:
+    def parse(
+        self, body: bytes, max_messages: int, resent: ResentScope | None = None
+    ) -> WireRequest:
         payload = load_object(body)
         model = read_model(payload)
         stream = False if self.count_only else read_stream(payload)
@@ -110,12 +121,19 @@ class MessagesWire(Wire):
         if not isinstance(raw, list):
             raise InvalidRequestError("messages: Field required", param="messages")
         check_count(len(raw), max_messages, "messages")
-        builder = _Builder()
-        builder.system(payload.get("system"))
-        for index, message in enumerate(raw):
-            builder.message(message, index)
-        builder.finish()
+        system = payload.get("system")
+        seen = None if resent is None else resent.seen(system, raw)
+        if seen is not None and seen.state is not None:
+            builder = _Builder.resumed(seen.state, seen.same)
+        else:
+            builder = _Builder()
+            builder.system(system)
+        for index in range(len(builder.wire_messages), len(raw)):
+            builder.message(raw[index], index)
+        marks = builder.finish()
         check_tools(payload, "tools")
+        if seen is not None and resent is not None:
+            resent.keep(seen, builder)
         return WireRequest(
             wire=self,
             body=body,
@@ -123,7 +141,7 @@ class MessagesWire(Wire):
             model=model,
             stream=stream,
             messages=builder.messages,
-            marks=builder.marks,
+            marks=marks,
             has_extension=builder.has_extension,
             max_output=max_output,
             layout=Layout(
@@ -132,6 +150,7 @@ class MessagesWire(Wire):
                 builder.parts,
                 builder.marked,
                 bool(builder.marked) or builder.nested_markers,
+                builder.renders,
             ),
         )
 
@@ -265,6 +284,18 @@ def _usage(usage: Mapping[str, Any], known: Usage | None) -> Usage:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _State:
+    """What `_Builder` has read so far, in sizes of its lists and its running facts."""
+
+    messages: int
+    marked: int
+    nested_markers: bool
+    has_extension: bool
+    latest: int
+    previous_calls: set[str]
+
+
 class _Builder:
     """Splits messages into canonical messages, remembering which blocks made each one.
 
@@ -275,7 +306,7 @@ class _Builder:
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        self.marks: list[Marks] = []
+        self.marks: list[Marks] = []  # before `finish` pins the latest assistant message
         self.spans: list[tuple[int, tuple[int, ...] | None]] = []
         self.wire_messages: list[Any] = []
         self.parts: list[int] = []
@@ -285,10 +316,48 @@ class _Builder:
         self._latest = -1  # the canonical message of the latest assistant message
         self._calls: set[str] = set()
         self._previous_calls: set[str] = set()
+        # The state after `system` and after each message: where a later parse may resume.
+        self.states: list[_State] = []
+        self.renders: dict[int, tuple[Any, Any, Any, Any]] = {}  # see `Layout.renders`
+
+    @classmethod
+    def resumed(cls, previous: _Builder, count: int) -> _Builder:
+        """A builder that has read `previous`'s system and first `count` messages: given the
+        same bytes, the parse of a message depends only on what came before it."""
+        state = previous.states[count]
+        builder = cls()
+        builder.messages = previous.messages[: state.messages]
+        builder.marks = previous.marks[: state.messages]
+        builder.spans = previous.spans[: state.messages]
+        builder.wire_messages = previous.wire_messages[:count]
+        builder.parts = previous.parts[:count]
+        builder.marked = previous.marked[: state.marked]
+        builder.nested_markers = state.nested_markers
+        builder.has_extension = state.has_extension
+        builder._latest = state.latest
+        builder._previous_calls = state.previous_calls  # never changed once replaced
+        builder.states = previous.states[: count + 1]
+        builder.renders = previous.renders
+        return builder
+
+    def _save(self) -> None:
+        self.states.append(
+            _State(
+                len(self.messages),
+                len(self.marked),
+                self.nested_markers,
+                self.has_extension,
+                self._latest,
+                self._previous_calls,
+            )
+        )
 
     def system(self, system: Any) -> None:
-        if system is None:
-            return
+        if system is not None:
+            self._system(system)
+        self._save()
+
+    def _system(self, system: Any) -> None:
         if isinstance(system, str):
             content: Any = system
         elif isinstance(system, list):
@@ -341,12 +410,17 @@ class _Builder:
             self._latest = before
             self._previous_calls = self._calls
             self._calls = set()
+        self._save()
 
-    def finish(self) -> None:
-        """Pin the latest assistant message: its thinking goes back exactly as it came."""
-        if self._latest >= 0:
-            marks = self.marks[self._latest]
-            self.marks[self._latest] = Marks(pin=True, priority=marks.priority, kind=marks.kind)
+    def finish(self) -> list[Marks]:
+        """The marks, with the latest assistant message pinned: its thinking goes back exactly
+        as it came. (A copy: `marks` stays as read, for a later parse to resume from.)"""
+        if self._latest < 0:
+            return self.marks
+        marks = list(self.marks)
+        latest = marks[self._latest]
+        marks[self._latest] = Marks(pin=True, priority=latest.priority, kind=latest.kind)
+        return marks
 
     def _assistant(self, blocks: list[Any], index: int, marks: Marks) -> None:
         texts: list[str] = []
@@ -554,7 +628,7 @@ class _Renderer:
                 elif positions is None:  # string content
                     out.append({**wire, "content": content_text(data.get("content"))})
                 else:
-                    out.append({**wire, "content": self._blocks(index, positions, data, same)})
+                    out.append(self._rebuilt(index, positions, data, wire))
             elif index == self._index:  # (a message of several parts has blocks, no string)
                 self._group.extend(self._blocks(index, positions or (), data, same))
                 self._unchanged += same
@@ -569,6 +643,29 @@ class _Renderer:
         if kept is not None:
             _move_breakpoints(self.payload, layout, kept)
         _limit_breakpoints(self.payload, layout.markers)
+
+    def _rebuilt(
+        self, index: int, positions: tuple[int, ...], data: Mapping[str, Any], wire: Any
+    ) -> Any:
+        """Client message `index`, made of one canonical message a step changed (`data`), with
+        its blocks rewritten. A pure function of the two objects: the render of an earlier
+        request of the conversation is reused when it had these very objects."""
+        kept, renders = self.kept, self.layout.renders
+        hit = renders.get(index)
+        if hit is not None and hit[0] is wire and hit[1] is data:
+            if kept is None:
+                return hit[2]
+            if hit[3] is not None:
+                kept.update(hit[3])
+                return hit[2]
+        made: dict[tuple[int, int], Any] | None = None if kept is None else {}
+        self.kept = made
+        rebuilt = {**wire, "content": self._blocks(index, positions, data, False)}
+        self.kept = kept
+        if kept is not None and made is not None:
+            kept.update(made)
+        renders[index] = (wire, data, rebuilt, None if made is None else tuple(made.items()))
+        return rebuilt
 
     def _blocks(
         self, index: int, positions: tuple[int, ...], data: Mapping[str, Any], same: bool

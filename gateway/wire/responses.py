@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from policies import Message
 
     from ..tokens import MessageCounter
+    from .resent import ResentScope
 
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 INSTRUCTIONS = -1  # layout entry of the canonical message made from `instructions`
@@ -76,7 +77,9 @@ class ResponsesWire(Wire):
     name = "responses"
     upstream_path = "/responses"
 
-    def parse(self, body: bytes, max_messages: int) -> WireRequest:
+    def parse(
+        self, body: bytes, max_messages: int, resent: ResentScope | None = None
+    ) -> WireRequest:
         payload = load_object(body)
         model = read_model(payload)
         stream = read_stream(payload)

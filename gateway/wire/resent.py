@@ -1,0 +1,114 @@
+"""Each conversation's previous parse, taken over for the messages resent as they were.
+
+An agent resends its whole history on every turn, and turning an API's messages into the
+canonical conversation (a Messages message into its tool results, text and tool calls) costs
+more than anything else the gateway does on a request that fits. Here every message is
+serialised (orjson, C speed) and compared, byte for byte, with the previous request of the same
+conversation; the adapter resumes its parse after the longest run of leading messages that is
+identical, and parses only the rest.
+
+Bytes, not `==`: `{"a": 1, "b": 2} == {"b": 2, "a": 1}` and `1 == 1.0 == True`, yet each of
+those is different JSON, and the forwarded body is built from what was parsed. Identical bytes
+parse to identical objects, so a resumed parse is exactly a parse from scratch, and the
+previous objects can stand for the new ones (an equal run then compares by identity later on).
+
+Keyed by tenant, `system` and the first message: an entry is never read for another tenant, and
+conversations that share an opening only cost each other a longer parse. Bounded by
+conversations and by the bytes they hold; event-loop only (not thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MAX_CONVERSATIONS = 512
+MAX_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Entry:
+    items: list[bytes]  # each message of the previous request, serialised
+    state: Any  # the adapter's parse of them, able to resume after any leading run
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A request's messages against its conversation's previous request."""
+
+    key: tuple[str, bytes, bytes]
+    items: list[bytes]
+    same: int  # leading messages byte-identical to the previous request's (0 without one)
+    state: Any  # the previous request's parse (None: no previous request)
+
+
+class ResentMessages:
+    """Per conversation, the previous request's serialised messages and the adapter's parse."""
+
+    def __init__(
+        self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
+    ) -> None:
+        self._entries: OrderedDict[tuple[str, bytes, bytes], _Entry] = OrderedDict()
+        self._max = max_conversations
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self.reused = 0  # messages whose parse was taken over
+
+    def scope(self, tenant: str) -> ResentScope:
+        return ResentScope(self, tenant)
+
+    def seen(self, tenant: str, system: Any, messages: Sequence[Any]) -> Seen | None:
+        """How far `messages` repeat the conversation's previous request; None when they cannot
+        be serialised (nested deeper than orjson writes): then nothing is reused or kept."""
+        try:
+            head = orjson.dumps(system)
+            items = [orjson.dumps(m) for m in messages]
+        except orjson.JSONEncodeError:
+            return None
+        key = (tenant, head, items[0] if items else b"")
+        entry = self._entries.get(key)
+        if entry is None:
+            return Seen(key, items, 0, None)
+        old = entry.items
+        limit = min(len(old), len(items))
+        if items[:limit] == old[:limit]:  # the usual case (appended only), in one C loop
+            same = limit
+        else:
+            same = 0
+            while same < limit and items[same] == old[same]:
+                same += 1
+        self.reused += same
+        return Seen(key, items, same, entry.state)
+
+    def keep(self, seen: Seen, state: Any) -> None:
+        """Remember `state`, the adapter's parse of the request `seen` describes."""
+        size = len(seen.key[1]) + sum(map(len, seen.items))
+        old = self._entries.pop(seen.key, None)
+        if old is not None:
+            self._bytes -= old.size
+        if size > self._max_bytes:
+            return
+        self._entries[seen.key] = _Entry(seen.items, state, size)
+        self._bytes += size
+        while len(self._entries) > self._max or self._bytes > self._max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= dropped.size
+
+
+@dataclass(frozen=True, slots=True)
+class ResentScope:
+    """One tenant's view of the memo: what an adapter's `parse` is given."""
+
+    memo: ResentMessages
+    tenant: str
+
+    def seen(self, system: Any, messages: Sequence[Any]) -> Seen | None:
+        return self.memo.seen(self.tenant, system, messages)
+
+    def keep(self, seen: Seen, state: Any) -> None:
+        self.memo.keep(seen, state)
