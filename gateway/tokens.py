@@ -29,6 +29,12 @@ What is counted per field (constants below, each with its source):
 
 Heuristic tokenizers (`exact = False`) bypass the cache: a `len()` per string is cheaper than
 hashing the message, and their calibration factor changes between requests.
+
+An exact byte-level BPE (`Tokenizer.bytes_bound`) also gets `MessageCounter.bound`: the same
+counting with every text's tokens replaced by its UTF-8 length. Every term of a count is a text's
+tokens or a constant, added, except the newline that joins tool definitions to a system message,
+which the bound counts as the whole joined tail; so the bound is never below the count, and it
+costs a length per string instead of a BPE run.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.tokenizers import Tokenizer
+from gateway.tokenizers import Tokenizer, Utf8Bound
 
 # --------------------------------------------------------------------------------------------
 # Constants of the chat format
@@ -248,6 +254,10 @@ class MessageCounter:
         self._person = _personalisation(tokenizer.name)
         self._keyed = hashlib.sha256(self._person)  # copied per key: personalised sha256
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+        # An upper bound of this counter's counts, cheap to compute; None when none is proven.
+        self.bound: MessageCounter | None = (
+            BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
+        )
 
     # -- public ------------------------------------------------------------------------------
 
@@ -262,6 +272,7 @@ class MessageCounter:
         self._person = _personalisation(tokenizer.name)
         self._keyed = hashlib.sha256(self._person)
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+        self.bound = BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
 
     def recorded(self, work: Callable[[], object]) -> list[str]:
         """The texts `work` would have this counter tokenize, each counted 0 meanwhile (a
@@ -305,6 +316,18 @@ class MessageCounter:
         if new:
             self.cache.put_many(new)
         return total
+
+    def keys(self, messages: Sequence[Mapping[str, Any]]) -> list[bytes | None]:
+        """Each message's cache key (its fingerprint), None where it is not cached (see `_key`);
+        all None for a counter that does not cache."""
+        if not self._use_cache:
+            return [None] * len(messages)
+        return [self._key(message) for message in messages]
+
+    def uncached(self, message: Mapping[str, Any]) -> int:
+        """Tokens of one message, tokenized without the cache; thread-safe for an exact
+        tokenizer (the caller keeps what it learns: `Counting`)."""
+        return self._count_message(message)
 
     def message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one message including its framing; served from the cache when seen before."""
@@ -352,14 +375,33 @@ class MessageCounter:
         """
         if not tools and not functions:
             return 0
-        total = self._cached(
+        total = self._definitions(tools, functions)
+        if system_text is not None:
+            # token boundaries near the end of the text decide the newline's cost
+            total += self._newline_cost(system_text[-64:]) - TOOLS_SYSTEM_MESSAGE_SAVING
+        return total
+
+    def known_definitions(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        functions: Sequence[Mapping[str, Any]] | None,
+    ) -> int | None:
+        """The cached count of these tool definitions, None when not counted yet (or not cached)."""
+        key = self._key([tools or [], functions or []]) if self._use_cache else None
+        return None if key is None else self.cache.get(key)
+
+    def _definitions(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        functions: Sequence[Mapping[str, Any]] | None,
+    ) -> int:
+        return self._cached(
             [tools or [], functions or []], lambda: self._count_tools(tools, functions)
         )
-        if system_text is not None:
-            total -= TOOLS_SYSTEM_MESSAGE_SAVING
-            tail = system_text[-64:]  # token boundaries near the end decide the newline's cost
-            total += self._count(tail + "\n") - self._count(tail)
-        return total
+
+    def _newline_cost(self, tail: str) -> int:
+        """Tokens the newline after `tail` adds (0 or 1 in practice: it may join a token)."""
+        return self._count(tail + "\n") - self._count(tail)
 
     def _key(self, value: object) -> bytes | None:
         """The cache key of `value`: sha256 (first 16 bytes) of its canonical JSON, personalised
@@ -491,6 +533,33 @@ class MessageCounter:
         if definitions:
             total += self._count(render_function_definitions(definitions))
         return total + TOOLS_OVERHEAD_TOKENS
+
+
+class BoundCounter(MessageCounter):
+    """`exact`'s counting with each text's UTF-8 length for its tokens: never below `exact`'s
+    count of the same messages and tools (`exact.tokenizer.bytes_bound`), nothing cached.
+
+    Two terms differ from plain substitution. The newline that joins tool definitions to a
+    system message costs a difference of two counts, which a byte count does not bound; the
+    bound takes the whole joined tail instead (64 characters at most). And tool definitions
+    `exact` has already counted are taken from its cache, exact, which only makes the bound
+    tighter.
+    """
+
+    def __init__(self, exact: MessageCounter) -> None:
+        super().__init__(Utf8Bound(), CountCache(0))
+        self._exact = exact
+
+    def _definitions(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        functions: Sequence[Mapping[str, Any]] | None,
+    ) -> int:
+        known = self._exact.known_definitions(tools, functions)
+        return known if known is not None else self._count_tools(tools, functions)
+
+    def _newline_cost(self, tail: str) -> int:
+        return self._count(tail + "\n")
 
 
 # --------------------------------------------------------------------------------------------
