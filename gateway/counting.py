@@ -38,6 +38,8 @@ STORE_PREFIX = "count:"
 # tiktoken does (it reads about 15 MB/s of English or code on one core).
 OFFLOAD_MIN_BYTES = 32 * 1024
 MAX_LATE_BYTES = 64 * 1024 * 1024  # message bytes the background counting may hold at once
+# With a stopping rule the work is cut finer, so that it can stop part-way.
+CHUNKS_PER_THREAD = 4
 DEFAULT_THREADS = 2
 DEFAULT_TTL_S = 86_400.0
 
@@ -69,11 +71,26 @@ class Counting:
         *,
         background: bool = False,
     ) -> list[int]:
-        """The exact count of each of `messages` (`sizes`: their byte sizes, when known).
+        """The exact count of each of `messages` (`sizes`: their upper bounds, when known).
 
         Small work is done on the event loop; large work in the counting threads, split
         between them (`background`: in the one background thread, looked up there too).
         """
+        counts = await self.until(counter, tenant, messages, sizes, background=background)
+        return [count if count is not None else 0 for count in counts]
+
+    async def until(
+        self,
+        counter: MessageCounter,
+        tenant: str,
+        messages: Sequence[Mapping[str, Any]],
+        sizes: Sequence[int] | None = None,
+        fits: Callable[[int], bool] | None = None,
+        *,
+        background: bool = False,
+    ) -> list[int | None]:
+        """`exact`, stopping early once `fits(upper bound of the total)` holds: the counts made
+        so far plus the bounds (`sizes`) of the rest. A message left uncounted is None."""
         if not messages:
             return []
         if sizes is None:
@@ -88,23 +105,37 @@ class Counting:
         missing = [i for i, count in enumerate(counts) if count is None]
         if missing and self._store is not None:
             missing = await self._from_store(counter, tenant, keys, counts, missing)
-        if missing:
-            todo = [messages[i] for i in missing]
-            parts = 1 if background else self._threads
-            chunks = _split(range(len(todo)), [sizes[i] for i in missing], parts)
-            results = await asyncio.gather(
-                *(self._run(background, _count, counter, [todo[i] for i in c]) for c in chunks)
-            )
-            made = [count for result in results for count in result]
-            new: list[tuple[bytes, int]] = []
-            for i, count in zip(missing, made, strict=True):
-                counts[i] = count
-                key = keys[i]
-                if key is not None:
-                    new.append((key, count))
+        if not missing:
+            return counts
+        if background:
+            chunks = [missing]
+        else:
+            parts = self._threads * (CHUNKS_PER_THREAD if fits is not None else 1)
+            chunks = _split(missing, [sizes[i] for i in missing], parts)
+        bound = sum(c if c is not None else sizes[i] for i, c in enumerate(counts))
+        running = {
+            asyncio.ensure_future(self._count(background, counter, messages, chunk)): chunk
+            for chunk in chunks
+        }
+        new: list[tuple[bytes, int]] = []
+        try:
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    chunk = running.pop(future)
+                    for i, count in zip(chunk, future.result(), strict=True):
+                        counts[i] = count
+                        bound += count - sizes[i]
+                        if keys[i] is not None:
+                            new.append((keys[i], count))  # type: ignore[arg-type]
+                if running and fits is not None and fits(bound):
+                    break  # the rest cannot change the decision: counted later
+        finally:
+            for future in running:
+                future.cancel()
             counter.cache.put_many(new)
             self._share(tenant, new)
-        return [count if count is not None else 0 for count in counts]
+        return counts
 
     async def run(self, background: bool, work: Callable[[], T]) -> T:
         """`work()` in a counting thread (the background one when `background`)."""
@@ -176,6 +207,15 @@ class Counting:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _count(
+        self,
+        background: bool,
+        counter: MessageCounter,
+        messages: Sequence[Mapping[str, Any]],
+        chunk: Sequence[int],
+    ) -> list[int]:
+        return await self._run(background, _count, counter, [messages[i] for i in chunk])
+
     async def _run(self, background: bool, work: Callable[..., T], *args: Any) -> T:
         pool = self._later if background else self._now
         return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
@@ -200,7 +240,7 @@ def _sizes(counter: MessageCounter, messages: Sequence[Mapping[str, Any]]) -> li
     return [bound.message(m) for m in messages]
 
 
-def _split(indices: range, sizes: Sequence[int], parts: int) -> list[list[int]]:
+def _split(indices: Sequence[int], sizes: Sequence[int], parts: int) -> list[list[int]]:
     """`indices` cut into at most `parts` runs of about equal size, in order."""
     total = sum(sizes)
     if parts <= 1 or total <= 0:

@@ -327,11 +327,13 @@ class Pipeline:
         )
         rest = request.messages[len(counted.counts) :]
         if count_late and not force and counter.bound is not None and rest:
-            early = self._on_bound(request, route, tenant, counted, window, observe)
+            early = await self._on_bound(request, route, tenant, counted, window, observe)
             if early is not None:
                 return early
         counts = counted.counts
-        counts.extend(await self.counting.exact(counter, tenant, rest))
+        if len(counts) < len(request.messages):  # (`_on_bound` may have counted them all)
+            rest = request.messages[len(counts) :]
+            counts.extend(await self.counting.exact(counter, tenant, rest))
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
@@ -480,7 +482,7 @@ class Pipeline:
             late=late,
         )
 
-    def _on_bound(
+    async def _on_bound(
         self,
         request: WireRequest,
         route: Route,
@@ -490,7 +492,12 @@ class Pipeline:
         observe: bool,
     ) -> Prepared | None:
         """The request forwarded on its upper bound, when that bound fits and the messages not
-        counted yet are worth counting later; None: count now."""
+        counted yet are worth counting later; None: the caller counts them (all counted here
+        already when only their exact counts fit, or the request does not fit at all).
+
+        A bound over the trigger is narrowed by counting messages exactly (in the counting
+        threads) until it fits; what is left is counted later.
+        """
         bound = route.counter.bound
         assert bound is not None
         known = list(counted.counts)  # exact: the unchanged prefix of the conversation
@@ -501,9 +508,18 @@ class Pipeline:
             return None
         tools = self.tools_tokens(request, route, bound)
         budget = self.budget(request, route, tools, window)
-        counts = known + sizes
-        if not request.stateful and not self._plainly_fits(sum(counts), budget, route):
-            return None
+        base = sum(known)
+
+        def fits(rest_bound: int) -> bool:
+            return request.stateful or self._plainly_fits(base + rest_bound, budget, route)
+
+        made: list[int | None] = [None] * len(rest)
+        if not fits(size):
+            made = await self.counting.until(route.counter, tenant, rest, sizes, fits)
+            if None not in made:
+                counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
+                return None
+        counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
         uids = tuple(counted.uids)
 
         async def settle() -> ExactCount:

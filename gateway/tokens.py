@@ -30,11 +30,8 @@ What is counted per field (constants below, each with its source):
 Heuristic tokenizers (`exact = False`) bypass the cache: a `len()` per string is cheaper than
 hashing the message, and their calibration factor changes between requests.
 
-An exact byte-level BPE (`Tokenizer.bytes_bound`) also gets `MessageCounter.bound`: the same
-counting with every text's tokens replaced by its UTF-8 length. Every term of a count is a text's
-tokens or a constant, added, except the newline that joins tool definitions to a system message,
-which the bound counts as the whole joined tail; so the bound is never below the count, and it
-costs a length per string instead of a BPE run.
+An exact byte-level BPE (`Tokenizer.bytes_bound`) also gets `MessageCounter.bound`, an upper
+bound that costs a serialisation instead of a BPE run (see `BoundCounter` for the proof).
 """
 
 from __future__ import annotations
@@ -97,6 +94,17 @@ IMAGE_SHORT_SIDE: Final = 768
 IMAGE_TILE_SIDE: Final = 512
 # Audio and file parts: no public formula that does not need the media decoded (duration, pages).
 MEDIA_FLAT_TOKENS: Final = 765
+# A tuple: `in` compares, never hashes (a client's "type" may be a list).
+MEDIA_KINDS: Final = ("input_audio", "file", "input_file", "audio", "video_url")
+# The most one image or media part can cost: a high-detail image scaled to 768x2048, 2x4 tiles.
+MAX_PART_TOKENS: Final = max(
+    MEDIA_FLAT_TOKENS,
+    IMAGE_FLAT_TOKENS,
+    IMAGE_BASE_TOKENS
+    + IMAGE_TILE_TOKENS
+    * math.ceil(IMAGE_SHORT_SIDE / IMAGE_TILE_SIDE)
+    * math.ceil(IMAGE_FIT_SIDE / IMAGE_TILE_SIDE),
+)
 
 # Message fields the gateway owns and strips before forwarding: never counted.
 GATEWAY_FIELDS: Final = frozenset({"compactgate"})
@@ -477,7 +485,7 @@ class MessageCounter:
             return self._count(part["refusal"])
         if kind == "image_url":
             return image_tokens(part.get("image_url"))
-        if kind in ("input_audio", "file", "input_file", "audio", "video_url"):
+        if kind in MEDIA_KINDS:
             return MEDIA_FLAT_TOKENS
         return self._json(part)
 
@@ -536,19 +544,51 @@ class MessageCounter:
 
 
 class BoundCounter(MessageCounter):
-    """`exact`'s counting with each text's UTF-8 length for its tokens: never below `exact`'s
-    count of the same messages and tools (`exact.tokenizer.bytes_bound`), nothing cached.
+    """Never below `exact`'s count of the same messages and tools, when `exact`'s tokenizer is
+    `bytes_bound` (a text has at most as many tokens as UTF-8 bytes); nothing cached.
 
-    Two terms differ from plain substitution. The newline that joins tool definitions to a
-    system message costs a difference of two counts, which a byte count does not bound; the
-    bound takes the whole joined tail instead (64 characters at most). And tool definitions
-    `exact` has already counted are taken from its cache, exact, which only makes the bound
-    tighter.
+    A message: the length of its compact JSON, plus `TOKENS_PER_MESSAGE`, plus
+    `TOOL_CALL_TOKENS` per tool call (and for a `function_call`), plus `MAX_PART_TOKENS` per
+    image, audio or file part. Every other term of the exact count is the tokens of a string
+    value (at most its UTF-8 bytes, which its JSON string holds, escapes only adding), a `name`'s
+    one token (its key's bytes cover it), or the tokens of a value's compact JSON (a part of the
+    message's JSON). One C call per message instead of a walk over its fields. A message orjson
+    cannot write (a lone surrogate, a Mapping that is not a dict) is counted as `exact` counts
+    it, with each text's UTF-8 length for its tokens (a lone surrogate is 3 bytes there and
+    in tiktoken, which replaces it by U+FFFD).
+
+    Tool definitions: `exact`'s counting with each text's UTF-8 length, except that the
+    newline joining them to a system message, a difference of two counts that a byte count does
+    not bound, is taken as the whole joined tail (64 characters at most); definitions `exact`
+    has already counted are taken from its cache, exact, which only makes the bound tighter.
     """
 
     def __init__(self, exact: MessageCounter) -> None:
         super().__init__(Utf8Bound(), CountCache(0))
         self._exact = exact
+
+    def message(self, message: Mapping[str, Any]) -> int:
+        try:
+            size = len(_dumps(message))
+        except orjson.JSONEncodeError:
+            return self._count_message(message)
+        extra = TOKENS_PER_MESSAGE
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            extra += TOOL_CALL_TOKENS * len(calls)
+        if "function_call" in message:
+            extra += TOOL_CALL_TOKENS
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping):
+                    kind = part.get("type")
+                    if kind == "image_url" or kind in MEDIA_KINDS:
+                        extra += MAX_PART_TOKENS
+        return size + extra
+
+    def messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(map(self.message, messages)) + PRIMING_TOKENS
 
     def _definitions(
         self,
