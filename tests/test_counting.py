@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.tokenizers import CharsTokenizer, load_tokenizer, utf8_length
+from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer, utf8_length
 from gateway.tokens import CountCache, MessageCounter
 from tests.conftest import Starter
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
@@ -62,6 +62,20 @@ def test_utf8_length_bounds_the_count_of_samples(spec: str, text: str) -> None:
 def test_utf8_length_is_never_below_a_tiktoken_count(text: str) -> None:
     for counter in COUNTERS.values():
         assert counter.text(text) <= utf8_length(text)
+
+
+SPECIAL = st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", "<|im_start|>", "<|endofprompt|>"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(ANY_TEXT | SPECIAL, max_size=4))
+def test_a_count_is_the_length_of_encode_ordinary(parts: list[str]) -> None:
+    """Special-token strings are ordinary text; lone surrogates are replaced as tiktoken does."""
+    text = "".join(parts)
+    for counter in COUNTERS.values():
+        tokenizer = counter.tokenizer
+        assert isinstance(tokenizer, TiktokenTokenizer)
+        assert tokenizer.count(text) == len(tokenizer.encoding.encode_ordinary(text))
 
 
 JSONISH = st.recursive(
