@@ -748,6 +748,9 @@ class Endpoint:
     ) -> Prepared:
         """Prepare the client's original request again against a tighter window."""
         pipeline = self.gw.pipeline
+        if previous.late is not None:  # the window is learnt in counted tokens, not a bound
+            await asyncio.wait([previous.late])
+            previous = previous.settled()
         tools = pipeline.tools_tokens(request, route)
 
         def limit_at(window: int) -> int:

@@ -377,3 +377,25 @@ async def test_counts_made_on_one_replica_are_found_by_another_through_redis(
     assert sum(key is not None for key in keyed) > 50
     # every message the second replica had to count, it found in the store instead
     assert other.shared == sum(key is not None for key in keyed)
+
+
+async def test_a_request_forwarded_on_its_bound_is_compacted_after_a_context_error(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """The window is misconfigured (the upstream's is smaller): the bound fitted the configured
+    one, the upstream refuses, and the retry compacts against the window it stated."""
+    gw = await start_app(
+        {
+            "models": [{**gpt(local_upstream, 1_000_000), "policy": "p"}],
+            "policies": {"p": {"steps": [{"type": "fifo"}]}},
+        }
+    )
+    local_upstream.configure({"context_limit": 12_000})
+    messages = history("retry")
+    answer = await post(gw, orjson.dumps({"model": "m", "messages": messages}))
+    assert answer.status_code == 200
+    assert answer.headers["x-compactgate-retries"] == "1"
+    assert "x-compactgate-tokens-counted" not in answer.headers  # the retry was counted
+    assert int(answer.headers["x-compactgate-tokens-before"]) == exact_tokens(messages)
+    first, retried = local_upstream.chat_requests()
+    assert len(retried["json"]["messages"]) < len(first["json"]["messages"])
