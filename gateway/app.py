@@ -282,7 +282,7 @@ class Gateway:
             tool_outputs=self.tool_outputs,
             summary_source=self.summaries.source,
             count_remote=self.count_remote,
-            counting=Counting(self.store if shared else None),
+            counting=Counting(self.store if shared else None, threads=config.server.count_threads),
         )
         self.upstream_counts = UpstreamCounts(self.upstream)
         self.precompute = Precompute(self.summaries, self.pipeline)

@@ -295,8 +295,9 @@ async def test_a_first_seen_request_that_fits_by_its_bound_goes_before_it_is_cou
     assert int(again.headers["x-compactgate-tokens-before"]) == exact_tokens(messages)
 
 
+@pytest.mark.parametrize("threads", [0, 2])
 async def test_a_request_whose_bound_reaches_the_trigger_is_counted_until_it_fits(
-    start_app: AppStarter, local_upstream: LocalUpstream
+    start_app: AppStarter, local_upstream: LocalUpstream, threads: int
 ) -> None:
     messages = history("narrow")
     exact = exact_tokens(messages)
@@ -304,7 +305,9 @@ async def test_a_request_whose_bound_reaches_the_trigger_is_counted_until_it_fit
     bound = COUNTERS["tiktoken:o200k_base"].bound.messages(messages)  # type: ignore[union-attr]
     # A window whose trigger (80 % of what is left after the output) lies between the two.
     window = int((exact + bound) / 2 / 0.8) + 1000
-    gw = await start_app({"models": [gpt(local_upstream, window)]})
+    gw = await start_app(
+        {"server": {"count_threads": threads}, "models": [gpt(local_upstream, window)]}
+    )
     answer = await post(gw, body)
     assert answer.status_code == 200
     [sent] = local_upstream.chat_requests()
