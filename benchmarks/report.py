@@ -162,11 +162,11 @@ def verdicts(results: Results) -> list[Verdict]:
         ),
         Verdict(
             "200 messages, first time seen, fits by its upper bound: added / relay added",
-            overhead_ratio(results, "agent-count", "gateway", "relay"),
+            overhead_ratio(results, "agent-first", "gateway", "relay"),
             "x",
             2.0,
             False,
-            "agent-count",
+            "agent-first",
             "gateway",
         ),
         Verdict(

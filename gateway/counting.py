@@ -23,8 +23,11 @@ counts on the request path, which slows clients down instead of growing without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -43,6 +46,7 @@ OFFLOAD_MIN_BYTES = 32 * 1024
 MAX_LATE_BYTES = 64 * 1024 * 1024  # message bytes the background counting may hold at once
 # With a stopping rule the work is cut finer, so that it can stop part-way.
 CHUNKS_PER_THREAD = 4
+BACKGROUND_NICE = 10  # added to the background counting thread's nice value
 DEFAULT_THREADS = 0
 DEFAULT_TTL_S = 86_400.0
 
@@ -60,7 +64,9 @@ class Counting:
         self._ttl = ttl_s
         self._threads = max(0, threads)  # 0: a request's own counts are made on the event loop
         self._now = ThreadPoolExecutor(max(1, threads), thread_name_prefix="compactgate-count")
-        self._later = ThreadPoolExecutor(1, thread_name_prefix="compactgate-count-later")
+        self._later = ThreadPoolExecutor(
+            1, thread_name_prefix="compactgate-count-later", initializer=_yield_to_requests
+        )
         self._late_bytes = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.shared = 0  # counts found in the store (made by another replica, or before)
@@ -254,6 +260,13 @@ class Counting:
     async def _run(self, background: bool, work: Callable[..., T], *args: Any) -> T:
         pool = self._later if background else self._now
         return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+
+
+def _yield_to_requests() -> None:
+    """Lower the background counting thread's CPU priority (on Linux a thread has its own nice
+    value), so that on a busy machine the requests being served run first."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 def _lookup(
