@@ -436,17 +436,7 @@ class Endpoint:
             with gw.limits.hold(identity.tenant):  # 429; released however the response ends
                 await self.serve(scope, watcher.send, request, route, exchange, identity)
             if exchange.status < 400 and self.precomputes and exchange.agent_compaction is None:
-                tenant, headers = identity.tenant, scope["headers"]
-                when_settled(
-                    exchange.prepared,
-                    lambda prepared: (
-                        gw.compaction_answers.after_response(
-                            tenant, route, request, None if prepared.bounded else prepared, headers
-                        )
-                        if prepared is not None
-                        else None
-                    ),
-                )
+                self.agent_next(identity.tenant, route, request, exchange, scope["headers"])
             # Ahead of need, never delaying this answer (not after a compaction made here).
             if exchange.status < 400 and self.precomputes and exchange.compacted is None:
                 gw.precompute.after_response(
@@ -474,6 +464,24 @@ class Endpoint:
             watcher.stop()
             gw.metrics.inflight.dec()
             self.record(exchange)
+
+    def agent_next(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        exchange: Exchange,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """After an ordinary answer: the agent's next compaction summary, if it is near (judged
+        on the exact count: after it is made, for a request forwarded on its bound)."""
+        answers = self.gw.compaction_answers
+
+        def then(prepared: Prepared | None) -> None:
+            exact = prepared if prepared is not None and not prepared.bounded else None
+            answers.after_response(tenant, route, request, exact, headers)
+
+        when_settled(exchange.prepared, then)
 
     async def parse(self, body: bytes, tenant: str) -> WireRequest:
         """The body as this API's request (400 when it is not one)."""

@@ -30,6 +30,7 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .stores import SafeStore
@@ -116,67 +117,54 @@ class Counting:
             missing = await self._from_store(counter, tenant, keys, counts, missing)
         if not missing:
             return counts
-        bound = sum(c if c is not None else sizes[i] for i, c in enumerate(counts))
+        work = _Work(counter, tenant, messages, sizes, fits, keys, counts, missing)
         if not background and self._threads == 0:
-            return self._inline(
-                counter, tenant, messages, sizes, fits, keys, counts, missing, bound
-            )
-        if background:
-            chunks = [missing]
+            self._inline(work)
         else:
-            parts = self._threads * (CHUNKS_PER_THREAD if fits is not None else 1)
-            chunks = _split(missing, [sizes[i] for i in missing], parts)
+            await self._threaded(work, background)
+        return counts
+
+    def _inline(self, work: _Work) -> None:
+        """Count on the event loop, one message at a time (no thread to hand over to: the
+        cheapest in CPU, and it stops at the first message that settles it)."""
+        new: list[tuple[bytes, int]] = []
+        bound = work.bound()
+        for i in work.missing:
+            count = work.counter.uncached(work.messages[i])
+            bound += work.record(i, count, new)
+            if work.fits is not None and work.fits(bound):
+                break
+        work.counter.cache.put_many(new)
+        self._share(work.tenant, new)
+
+    async def _threaded(self, work: _Work, background: bool) -> None:
+        """Count in the counting threads, in chunks (one in the background thread), stopping
+        when `work.fits`: chunks not started are cancelled, the rest counted later."""
+        if background:
+            chunks = [list(work.missing)]
+        else:
+            parts = self._threads * (CHUNKS_PER_THREAD if work.fits is not None else 1)
+            chunks = _split(work.missing, [work.sizes[i] for i in work.missing], parts)
         running = {
-            asyncio.ensure_future(self._count(background, counter, messages, chunk)): chunk
-            for chunk in chunks
+            asyncio.ensure_future(self._count(background, work.counter, work.messages, c)): c
+            for c in chunks
         }
         new: list[tuple[bytes, int]] = []
+        bound = work.bound()
         try:
             while running:
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for future in done:
                     chunk = running.pop(future)
                     for i, count in zip(chunk, future.result(), strict=True):
-                        counts[i] = count
-                        bound += count - sizes[i]
-                        if keys[i] is not None:
-                            new.append((keys[i], count))  # type: ignore[arg-type]
-                if running and fits is not None and fits(bound):
+                        bound += work.record(i, count, new)
+                if running and work.fits is not None and work.fits(bound):
                     break  # the rest cannot change the decision: counted later
         finally:
             for future in running:
                 future.cancel()
-            counter.cache.put_many(new)
-            self._share(tenant, new)
-        return counts
-
-    def _inline(
-        self,
-        counter: MessageCounter,
-        tenant: str,
-        messages: Sequence[Mapping[str, Any]],
-        sizes: Sequence[int],
-        fits: Callable[[int], bool] | None,
-        keys: Sequence[bytes | None],
-        counts: list[int | None],
-        missing: Sequence[int],
-        bound: int,
-    ) -> list[int | None]:
-        """`until`'s counting on the event loop, one message at a time (no thread to hand
-        over to: the cheapest in CPU, and it stops at the first message that settles it)."""
-        new: list[tuple[bytes, int]] = []
-        for i in missing:
-            count = counter.uncached(messages[i])
-            counts[i] = count
-            bound += count - sizes[i]
-            key = keys[i]
-            if key is not None:
-                new.append((key, count))
-            if fits is not None and fits(bound):
-                break
-        counter.cache.put_many(new)
-        self._share(tenant, new)
-        return counts
+            work.counter.cache.put_many(new)
+            self._share(work.tenant, new)
 
     async def run(self, background: bool, work: Callable[[], T]) -> T:
         """`work()` in a counting thread (the background one when `background`)."""
@@ -260,6 +248,32 @@ class Counting:
     async def _run(self, background: bool, work: Callable[..., T], *args: Any) -> T:
         pool = self._later if background else self._now
         return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+
+
+@dataclass(slots=True)
+class _Work:
+    """One `until` call's state: the messages, their bounds and keys, the counts made so far."""
+
+    counter: MessageCounter
+    tenant: str
+    messages: Sequence[Mapping[str, Any]]
+    sizes: Sequence[int]
+    fits: Callable[[int], bool] | None
+    keys: Sequence[bytes | None]
+    counts: list[int | None]
+    missing: Sequence[int]
+
+    def bound(self) -> int:
+        """The counts made plus the bounds of the messages not counted yet."""
+        return sum(self.sizes[i] if c is None else c for i, c in enumerate(self.counts))
+
+    def record(self, index: int, count: int, new: list[tuple[bytes, int]]) -> int:
+        """Keep `count` for message `index` (and in `new` if it has a key); the bound's change."""
+        self.counts[index] = count
+        key = self.keys[index]
+        if key is not None:
+            new.append((key, count))
+        return count - self.sizes[index]
 
 
 def _yield_to_requests() -> None:

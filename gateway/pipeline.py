@@ -521,28 +521,36 @@ class Pipeline:
                 return None
         counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
         uids = tuple(counted.uids)
-
-        async def settle() -> ExactCount:
-            made = await self.counting.exact(route.counter, tenant, rest, sizes, background=True)
-            exact_tools = await self.counting.run(True, lambda: self.tools_tokens(request, route))
-            exact = known + made
-            self._prefix.fill(f"{tenant}|{route.name}", request.messages, exact)
-            system = sum(
-                n
-                for m, n in zip(request.messages, exact, strict=True)
-                if m.get("role") in ("system", "developer")
-            )
-            return ExactCount(
-                sum(exact) + exact_tools + PRIMING_TOKENS,
-                system,
-                exact_tools,
-                self.budget(request, route, exact_tools, window),
-            )
-
-        late = self.counting.later(size, settle)
+        late = self.counting.later(
+            size, lambda: self._settle(request, route, tenant, known, sizes, window)
+        )
         if late is None:
             return None
         return self._unchanged(request, route, counts, tools, budget, observe, uids, late)
+
+    async def _settle(
+        self,
+        request: WireRequest,
+        route: Route,
+        tenant: str,
+        known: list[int],
+        sizes: list[int],
+        window: int | None,
+    ) -> ExactCount:
+        """The exact figures of a request forwarded on its bound (`known`: the counts of its
+        leading messages; `sizes`: the bounds of the rest), counted in the background thread."""
+        rest = request.messages[len(known) :]
+        made = await self.counting.exact(route.counter, tenant, rest, sizes, background=True)
+        tools = await self.counting.run(True, lambda: self.tools_tokens(request, route))
+        exact = known + made
+        self._prefix.fill(f"{tenant}|{route.name}", request.messages, exact)
+        system = sum(
+            n
+            for m, n in zip(request.messages, exact, strict=True)
+            if m.get("role") in ("system", "developer")
+        )
+        budget = self.budget(request, route, tools, window)
+        return ExactCount(sum(exact) + tools + PRIMING_TOKENS, system, tools, budget)
 
     async def _learn_counts(
         self,
