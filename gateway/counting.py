@@ -1,4 +1,4 @@
-"""Exact token counts of a request's messages: remembered, shared, and made off the event loop.
+"""Exact token counts of a request's messages: remembered, shared, and made only as needed.
 
 The rule this module keeps: **a message is tokenized once per tokenizer, wherever its
 conversation goes.** A count is looked for under the message's fingerprint
@@ -12,12 +12,13 @@ from the summaries.)
 Counts a request waits for are made on the event loop, one message at a time, stopping as soon
 as they settle the decision (`until`); with `threads` (`server.count_threads`) they are split
 between that many threads instead, where tiktoken runs in parallel (it releases the GIL while it
-encodes): faster when cores are idle, but more CPU in all (measured on a 2-core machine shared
-with the client and the upstream: 0.79x the CPU of counting everything inline, against 1.1x
-with two threads). Counts that can wait (the request was decided on its upper bound:
-`Pipeline`) are made by one background thread (`later`), off the event loop. The background work
-is bounded by the bytes it holds (`MAX_LATE_BYTES`); beyond that `later` declines and the caller
-counts on the request path, which slows clients down instead of growing without limit.
+encodes): faster when cores are idle, but more CPU in all (a first-seen 200-message request on a
+2-core machine shared with the client and the upstream, stopping early: 0.79x the CPU of
+counting it all in one go on the event loop, 1.13x split between two threads). Counts that can
+wait (the request was decided on its upper bound: `Pipeline`) are made by one background thread
+(`later`), off the event loop. The background work is bounded by the bytes it holds
+(`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request path,
+which slows clients down instead of growing without limit.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ class Counting:
     ) -> list[int]:
         """The exact count of each of `messages` (`sizes`: their upper bounds, when known).
 
-        Small work is done on the event loop; large work in the counting threads, split
-        between them (`background`: in the one background thread, looked up there too).
+        Small work is counted at once; large work is looked up in the cache and the store
+        first, then counted on the event loop or split between the counting threads
+        (`background`: all of it in the one background thread).
         """
         counts = await self.until(counter, tenant, messages, sizes, background=background)
         return [count if count is not None else 0 for count in counts]
