@@ -17,6 +17,9 @@ Targets:
     gateway-compact      CompactGate, model `bench-compact` (32k window: masking + trimming)
     gateway-emergency    CompactGate, a model whose upstream rejects the request once with
                          `context_length_exceeded`, so the gateway compacts and retries
+    gateway-count        CompactGate, model `bench-count` (128k window): the 200-message request
+                         fits its trigger, but its upper bound (the UTF-8 bytes of its texts)
+                         does not, so a first-seen one is counted exactly before it is forwarded
     gateway-summary      CompactGate, model `bench-summary` (64k window, policy `compaction`):
                          the request crosses the trigger and is served with a summary of its
                          older turns that is already in the summary cache (the warm-up
@@ -132,9 +135,21 @@ CASES: tuple[Case, ...] = (
         "first_time",
         False,
         1,
-        ("direct", "gateway", "litellm", "headroom"),
+        ("direct", "gateway", "relay", "litellm", "headroom"),
         Load(15, 3),
         Load(8, 3),
+    ),
+    Case(
+        "agent-count",
+        "200 messages, first time seen, 128k window: its upper bound reaches the trigger, so it "
+        "is counted before it goes (gateway-count), c=1",
+        "agent",
+        "first_time",
+        False,
+        1,
+        ("direct", "relay", "gateway-count"),
+        Load(20, 3),
+        Load(10, 3),
     ),
     Case(
         "agent-seen-stream",

@@ -159,6 +159,7 @@ class Bench:
                 "compact": targets.COMPACT_MODEL,
                 "emergency": targets.EMERGENCY_PREFIX + workloads.MODEL_MARK.decode(),
                 "summary": targets.SUMMARY_MODEL,
+                "count": targets.COUNT_MODEL,
             }[kind]
             build = {
                 "small": workloads.small,
@@ -174,6 +175,7 @@ class Bench:
             "gateway-compact": "compact",
             "gateway-emergency": "emergency",
             "gateway-summary": "summary",
+            "gateway-count": "count",
         }
         kind = kinds.get(target, "passthrough")
         workload = self.workload(case.shape, kind, case.stream)

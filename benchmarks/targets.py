@@ -34,6 +34,8 @@ EMERGENCY_PREFIX = "bench-emergency-"
 COMPACT_WINDOW = 32_768
 SUMMARY_MODEL = "bench-summary"  # policy `compaction`: summary of old turns + the last turn
 SUMMARY_WINDOW = 65_536  # the 200-message request (~60k tokens) crosses its trigger
+COUNT_MODEL = "bench-count"  # nothing compacted, but the request must be counted first:
+COUNT_WINDOW = 128_000  # ~60k tokens fit its trigger (~101k), ~205k bytes of text do not
 EMERGENCY_REJECT_ABOVE = 65_536  # bytes: the 200-message body is rejected, a compacted one is not
 
 
@@ -206,6 +208,9 @@ def gateway_config(upstream: Service, emergency: Service) -> str:
         f"    context_window: 1000000\n{common}"
         "    policy: compact\n"
         "    max_retries: 2\n"
+        f"  - name: {COUNT_MODEL}\n"
+        f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
+        f"    context_window: {COUNT_WINDOW}\n{common}"
         f"  - name: {SUMMARY_MODEL}\n"
         f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
         f"    context_window: {SUMMARY_WINDOW}\n{common}"

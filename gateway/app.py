@@ -61,6 +61,7 @@ from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, reported_in_stream, with_report
 from .cors import BrowserAccess
 from .costs import Accountant, Priced
+from .counting import Counting
 from .errors import (
     ContextLengthExceededError,
     GatewayError,
@@ -82,7 +83,7 @@ from .limits import ConcurrencyLimits, register_gauges
 from .logs import clip, log_request, request_fields, tenant_label
 from .memory import freeze_startup_objects
 from .metrics import Metrics
-from .pipeline import Pipeline, Prepared
+from .pipeline import Pipeline, Prepared, when_settled
 from .readiness import Readiness
 from .remote_compaction import (
     AGENT,
@@ -145,6 +146,7 @@ class Exchange:
     retries: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
+    tokens_bound: bool = False  # the token figures are an upper bound, not counts (`Prepared`)
     steps: str = "none"
     observe: bool = False
     stateful: bool = False  # the history is held upstream: forwarded as it came
@@ -192,6 +194,7 @@ class Exchange:
             stream=self.stream,
             tokens_before=self.tokens_before,
             tokens_after=self.tokens_after,
+            tokens_bound=self.tokens_bound,
             steps=self.steps,
             retries=self.retries,
             internal_rounds=self.internal_rounds,
@@ -270,6 +273,7 @@ class Gateway:
             balancer=self.balancer,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
+        shared = config.store.startswith(("redis://", "rediss://"))
         self.pipeline = Pipeline(
             self.metrics,
             safety_margin=config.server.safety_margin_tokens,
@@ -280,6 +284,7 @@ class Gateway:
             tool_outputs=self.tool_outputs,
             summary_source=self.summaries.source,
             count_remote=self.count_remote,
+            counting=Counting(self.store if shared else None, threads=config.server.count_threads),
         )
         self.upstream_counts = UpstreamCounts(self.upstream)
         self.precompute = Precompute(self.summaries, self.pipeline)
@@ -299,6 +304,7 @@ class Gateway:
             yield
         finally:
             await self.summaries.close()  # cancels background summaries
+            await self.pipeline.counting.close()  # cancels background counts
             await self.store.close()
             await self.upstream.close()
             self.events.close()
@@ -437,9 +443,7 @@ class Endpoint:
             with gw.limits.hold(identity.tenant):  # 429; released however the response ends
                 await self.serve(scope, watcher.send, request, route, exchange, identity)
             if exchange.status < 400 and self.precomputes and exchange.agent_compaction is None:
-                gw.compaction_answers.after_response(
-                    identity.tenant, route, request, exchange.prepared, scope["headers"]
-                )
+                self.agent_next(identity.tenant, route, request, exchange, scope["headers"])
             # Ahead of need, never delaying this answer (not after a compaction made here).
             if exchange.status < 400 and self.precomputes and exchange.compacted is None:
                 gw.precompute.after_response(
@@ -467,6 +471,24 @@ class Endpoint:
             watcher.stop()
             gw.metrics.inflight.dec()
             self.record(exchange)
+
+    def agent_next(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        exchange: Exchange,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """After an ordinary answer: the agent's next compaction summary, if it is near (judged
+        on the exact count: after it is made, for a request forwarded on its bound)."""
+        answers = self.gw.compaction_answers
+
+        def then(prepared: Prepared | None) -> None:
+            exact = prepared if prepared is not None and not prepared.bounded else None
+            answers.after_response(tenant, route, request, exact, headers)
+
+        when_settled(exchange.prepared, then)
 
     async def parse(self, body: bytes, tenant: str) -> WireRequest:
         """The body as this API's request (400 when it is not one)."""
@@ -537,6 +559,7 @@ class Endpoint:
             window=gw.effective_window(route),
             observe=observe,
             headers=None if observe else scope["headers"],
+            count_late=agent is None,  # an agent's compaction point is learnt from exact counts
         )
         gw.precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
         if agent is not None:  # forwarded: where and how this agent compacts is learnt
@@ -740,6 +763,9 @@ class Endpoint:
     ) -> Prepared:
         """Prepare the client's original request again against a tighter window."""
         pipeline = self.gw.pipeline
+        if previous.late is not None:  # the window is learnt in counted tokens, not a bound
+            await asyncio.wait([previous.late])
+            previous = previous.settled()
         tools = pipeline.tools_tokens(request, route)
 
         def limit_at(window: int) -> int:
@@ -814,9 +840,13 @@ class Endpoint:
         rounds were added: their usage is summed into the answer's)."""
         exchange.usage = usage
         if usage is not None and usage.input > 0 and not exchange.internal_rounds:
-            self.gw.calibration.observe(
-                route, prepared.sent_tokens, usage.input, prepared.correction
-            )
+            calibration = self.gw.calibration
+
+            def observe(settled: Prepared | None) -> None:
+                if settled is not None and not settled.bounded:  # an upper bound is no estimate
+                    calibration.observe(route, settled.sent_tokens, usage.input, settled.correction)
+
+            when_settled(prepared, observe)
 
     def account(self, prepared: Prepared, exchange: Exchange, usage: Usage | None) -> None:
         """Price an answered request (`costs`): both arms, into the metrics and the exchange."""
@@ -833,10 +863,12 @@ class Endpoint:
         )
 
     def note(self, exchange: Exchange, prepared: Prepared) -> None:
+        prepared = prepared.settled()
         exchange.prepared = prepared
         exchange.priority_preserved = prepared.priority_preserved
         exchange.tokens_before = prepared.tokens_before
         exchange.tokens_after = prepared.tokens_after
+        exchange.tokens_bound = prepared.bounded
         exchange.observe = prepared.observe
         steps = prepared.changed_steps
         exchange.steps = ",".join(steps) if steps else "none"
@@ -851,6 +883,7 @@ class Endpoint:
             (prefix + b"retries", str(exchange.retries).encode()),
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
             *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
+            *((b"x-compactgate-tokens-counted", b"upper-bound"),) * exchange.tokens_bound,
             *_cost_headers(exchange.priced),
             *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
             *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
@@ -858,8 +891,22 @@ class Endpoint:
         ]
 
     def record(self, exchange: Exchange) -> None:
-        metrics = self.gw.metrics
+        """Metrics, the log line and `/ui`'s sample of a finished request; for a request
+        forwarded on its upper bound, once its exact count is made (`when_settled`)."""
         total = time.perf_counter() - exchange.started
+        if exchange.prepared is None or not exchange.tokens_bound:
+            self.recorded(exchange, total)
+            return
+
+        def settled(prepared: Prepared | None) -> None:
+            if prepared is not None:
+                self.note(exchange, prepared)
+            self.recorded(exchange, total)
+
+        when_settled(exchange.prepared, settled)
+
+    def recorded(self, exchange: Exchange, total: float) -> None:
+        metrics = self.gw.metrics
         model, api = exchange.model, self.api
         metrics.request_seconds.labels(model, api).observe(total)
         if exchange.upstream_seconds:
@@ -867,7 +914,7 @@ class Endpoint:
         metrics.overhead_seconds.labels(model, api).observe(
             max(0.0, total - exchange.upstream_seconds)
         )
-        if exchange.tokens_before:
+        if exchange.tokens_before and not exchange.tokens_bound:  # a bound is not a count
             metrics.tokens_before.labels(model, api).inc(exchange.tokens_before)
             metrics.tokens_after.labels(model, api).inc(exchange.tokens_after)
             if saved := self.tokens_saved(exchange):

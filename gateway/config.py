@@ -90,6 +90,15 @@ class ServerConfig(_Strict):
         32, ge=0, description="Kept free on top of the output reserve"
     )
     clamp_max_tokens: bool = Field(False, description="Lower max_tokens instead of failing")
+    count_threads: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description=(
+            "Threads that share the counting a request waits for (tiktoken runs in parallel in "
+            "them); 0: on the event loop, the least CPU when no core is idle"
+        ),
+    )
     stream_usage: Literal["inject", "passthrough"] = Field(
         "passthrough",
         description="inject: ask streaming upstreams for usage (calibration) and strip it again",

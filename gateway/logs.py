@@ -54,6 +54,7 @@ def request_fields(
     stream: bool = False,
     tokens_before: int = 0,
     tokens_after: int = 0,
+    tokens_bound: bool = False,
     steps: str = "none",
     retries: int = 0,
     internal_rounds: int = 0,
@@ -61,8 +62,10 @@ def request_fields(
     upstream_s: float = 0.0,
 ) -> dict[str, Any]:
     """A request line's fields, always these and in this order. `tenant` is the tenant id
-    (shown as `tenant_label` shows it); `reason` is the failure kind, "-" for a success."""
-    return {
+    (shown as `tenant_label` shows it); `reason` is the failure kind, "-" for a success.
+    `tokens_bound`: the token figures are an upper bound, not counts (a request forwarded on
+    its bound whose exact count was abandoned, at shutdown); only then is the field written."""
+    fields = {
         "request_id": request_id,
         "tenant": tenant_label(tenant),
         "api": api,
@@ -79,6 +82,9 @@ def request_fields(
         "upstream_ms": round(upstream_s * 1000, 2),
         "overhead_ms": round(max(0.0, total_s - upstream_s) * 1000, 2),
     }
+    if tokens_bound:
+        fields["tokens_bound"] = True
+    return fields
 
 
 def log_request(fields: Mapping[str, Any]) -> None:

@@ -7,10 +7,18 @@ client's original request (a retry never compacts an already compacted body: env
 An unchanged request is forwarded as the client's own bytes. A compacted one is re-serialised
 once, after the invariant checker has passed it; a result that breaks an invariant is never sent
 (the original is, and a metric counts it: design D1).
+
+Counting only what can matter: when the route's tokenizer has a proven upper bound
+(`MessageCounter.bound`) and the messages not counted yet are large, the request is measured by
+that bound first. A bound under the trigger proves the exact count is under it too, so the
+request is forwarded at once, `bounded`, and counted exactly off the request path (`late`), for
+the next turn and for everything that reports tokens (`when_settled`). Only a bound that reaches
+the trigger makes the request wait for its exact count.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections import OrderedDict
@@ -36,6 +44,7 @@ from policies.pinning import apply_pin_rules
 from policies.rollup import SummarisingConfig as Summarising
 from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
 
+from .counting import Counting
 from .errors import ContextLengthExceededError, InvalidRequestError
 from .expansion import offer
 from .held import HeldResults
@@ -43,7 +52,7 @@ from .metrics import Metrics
 from .prefix import Counted, PrefixCounts
 from .routing import Route
 from .tokenizers import CharsTokenizer, UpstreamTokenizer
-from .tokens import PRIMING_TOKENS
+from .tokens import PRIMING_TOKENS, MessageCounter
 from .tool_outputs import ToolOutputCache
 from .wire import WireRequest
 
@@ -53,6 +62,19 @@ MAX_SUMMARY_ROUNDS = 8  # links of a rolling summary fetched one after the other
 MAX_MEMO_REFS = 4096  # tool-output refs remembered per process
 EXPANSION_MAX_SHARE = 0.1  # the expansion tools may take at most this share of a window
 OUTPUT_RESERVE_SHARE = 0.2  # of the window, for the output when nothing says (design D2.2)
+# Messages not counted yet smaller than this (by their bound, ~bytes) are counted at once: it
+# costs well under a millisecond, less than handing the count to a thread.
+LATE_MIN_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ExactCount:
+    """The exact figures of a request forwarded on its upper bound, counted afterwards."""
+
+    tokens: int  # the whole prompt
+    system: int
+    tools: int
+    budget: Budget | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +123,27 @@ class Prepared:
     # The uid of each client message (equal uids: equal messages, `prefix`): which conversation
     # it is and whether it only appended to the last request (cost accounting's cache model).
     uids: tuple[int | None, ...] = ()
+    # Forwarded on its upper bound: the token figures are that bound (UTF-8 bytes of the texts
+    # plus the framing), not counts; `late` makes the exact ones off the request path.
+    bounded: bool = False
+    late: asyncio.Future[ExactCount] | None = None
+
+    def settled(self) -> Prepared:
+        """This request with its exact figures when they are known (else as it is)."""
+        late = self.late
+        if late is None or not late.done() or late.cancelled() or late.exception() is not None:
+            return self
+        exact = late.result()
+        history = exact.tokens - exact.tools - PRIMING_TOKENS - exact.system
+        return replace(
+            self,
+            tokens_before=exact.tokens,
+            tokens_after=exact.tokens,
+            budget=exact.budget,
+            tokens_by_region={"system": exact.system, "tools": exact.tools, "history": history},
+            bounded=False,
+            late=None,
+        )
 
     @property
     def stored(self) -> tuple[StoredOutput, ...]:
@@ -135,7 +178,9 @@ class Pipeline:
         tool_outputs: ToolOutputCache | None = None,
         summary_source: Callable[[Route, str], DictSummaries] | None = None,
         count_remote: RemoteCounter | None = None,
+        counting: Counting | None = None,
     ) -> None:
+        self.counting = counting if counting is not None else Counting()
         self._count_remote = count_remote  # the upstream's own counts (`tokenizer: upstream`)
         self._summary_source = summary_source  # (route, tenant) -> the chain's summary source
         self._tool_outputs = tool_outputs
@@ -263,6 +308,7 @@ class Pipeline:
         observe: bool = False,
         headers: Sequence[tuple[bytes, bytes]] | None = None,
         remember: bool = True,
+        count_late: bool = False,
     ) -> Prepared:
         """Decide what to send for `request` against `window` (the effective context window).
 
@@ -270,10 +316,24 @@ class Pipeline:
         computed with its credential. Without them only stored summaries are used (plan).
         `remember`: hold a compaction event's result for the conversation's next requests
         (`held`); a question about a request (plan, count_tokens) reads what is held only.
+        `count_late`: a request whose upper bound fits may be forwarded before it is counted
+        exactly (`bounded`); without it every figure is exact.
         """
         await self._learn_counts(request, route, headers)
-        counted = self.counts(request, route, tenant)
+        scope = f"{tenant}|{route.name}"
+        counter = route.counter
+        counted = self._prefix.known(
+            scope, counter.tokenizer.name, request.messages, len(request.body)
+        )
+        rest = request.messages[len(counted.counts) :]
+        if count_late and not force and counter.bound is not None and rest:
+            early = await self._on_bound(request, route, tenant, counted, window, observe)
+            if early is not None:
+                return early
         counts = counted.counts
+        if len(counts) < len(request.messages):  # (`_on_bound` may have counted them all)
+            rest = request.messages[len(counts) :]
+            counts.extend(await self.counting.exact(counter, tenant, rest))
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
@@ -287,7 +347,6 @@ class Pipeline:
             if budget.limit <= 0:
                 budget = self._too_small(request, budget, tools_tokens)
                 request = request.with_max_output(budget.reserved_output)  # what is forwarded
-            scope = f"{tenant}|{route.name}"
             chain = None if force else self._held.extend(scope, conversation, budget)
             if chain is not None and check(conversation, chain.conversation):
                 chain = None  # cannot happen while the client only appends; an event then
@@ -378,8 +437,10 @@ class Pipeline:
         budget: Budget | None,
         observe: bool,
         uids: tuple[int | None, ...] = (),
+        late: asyncio.Future[ExactCount] | None = None,
     ) -> Prepared:
-        """The fast path: forward the client's own bytes (or a rename of them)."""
+        """The fast path: forward the client's own bytes (or a rename of them). With `late`,
+        `counts` and `tools_tokens` are upper bounds and `late` makes the exact figures."""
         rename = route.upstream_model if route.renamed else None
         inject = self._injects(request, observe)
         truncate = request.stateful and route.stateful_truncation and not observe
@@ -417,7 +478,79 @@ class Pipeline:
             correction=_correction(route),
             injected_usage=inject,
             uids=uids,
+            bounded=late is not None,
+            late=late,
         )
+
+    async def _on_bound(
+        self,
+        request: WireRequest,
+        route: Route,
+        tenant: str,
+        counted: Counted,
+        window: int | None,
+        observe: bool,
+    ) -> Prepared | None:
+        """The request forwarded on its upper bound, when that bound fits and the messages not
+        counted yet are worth counting later; None: the caller counts them (all counted here
+        already when only their exact counts fit, or the request does not fit at all).
+
+        A bound over the trigger is narrowed by counting messages exactly (in the counting
+        threads) until it fits; what is left is counted later.
+        """
+        bound = route.counter.bound
+        assert bound is not None
+        known = list(counted.counts)  # exact: the unchanged prefix of the conversation
+        rest = request.messages[len(known) :]
+        sizes = [bound.message(m) for m in rest]
+        size = sum(sizes)
+        if size < LATE_MIN_BYTES:
+            return None
+        tools = self.tools_tokens(request, route, bound)
+        budget = self.budget(request, route, tools, window)
+        base = sum(known)
+
+        def fits(rest_bound: int) -> bool:
+            return request.stateful or self._plainly_fits(base + rest_bound, budget, route)
+
+        made: list[int | None] = [None] * len(rest)
+        if not fits(size):
+            made = await self.counting.until(route.counter, tenant, rest, sizes, fits)
+            if None not in made:
+                counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
+                return None
+        counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
+        uids = tuple(counted.uids)
+        late = self.counting.later(
+            size, lambda: self._settle(request, route, tenant, known, sizes, window)
+        )
+        if late is None:
+            return None
+        return self._unchanged(request, route, counts, tools, budget, observe, uids, late)
+
+    async def _settle(
+        self,
+        request: WireRequest,
+        route: Route,
+        tenant: str,
+        known: list[int],
+        sizes: list[int],
+        window: int | None,
+    ) -> ExactCount:
+        """The exact figures of a request forwarded on its bound (`known`: the counts of its
+        leading messages; `sizes`: the bounds of the rest), counted in the background thread."""
+        rest = request.messages[len(known) :]
+        made = await self.counting.exact(route.counter, tenant, rest, sizes, background=True)
+        tools = await self.counting.run(True, lambda: self.tools_tokens(request, route))
+        exact = known + made
+        self._prefix.fill(f"{tenant}|{route.name}", request.messages, exact)
+        system = sum(
+            n
+            for m, n in zip(request.messages, exact, strict=True)
+            if m.get("role") in ("system", "developer")
+        )
+        budget = self.budget(request, route, tools, window)
+        return ExactCount(sum(exact) + tools + PRIMING_TOKENS, system, tools, budget)
 
     async def _learn_counts(
         self,
@@ -442,9 +575,12 @@ class Pipeline:
             if counts is not None:
                 tokenizer.learn(missing, counts)
 
-    def tools_tokens(self, request: WireRequest, route: Route) -> int:
-        """Tokens the request's tool definitions add to the prompt."""
-        return request.wire.tools_tokens(request, route.counter)
+    def tools_tokens(
+        self, request: WireRequest, route: Route, counter: MessageCounter | None = None
+    ) -> int:
+        """Tokens the request's tool definitions add to the prompt (by `counter`: the route's,
+        or its upper bound)."""
+        return request.wire.tools_tokens(request, counter or route.counter)
 
     def _injects(self, request: WireRequest, observe: bool) -> bool:
         """Whether to ask a chat stream for the usage the client did not ask for (the other
@@ -568,6 +704,16 @@ class Pipeline:
             param="max_tokens" if request.max_output is not None else "tools",
             code="context_length_exceeded",
         )
+
+
+def when_settled(prepared: Prepared | None, then: Callable[[Prepared | None], None]) -> None:
+    """`then(prepared)` with exact figures: at once when they are known, else when the count
+    made off the request path ends (with the bound, still `bounded`, if it was abandoned)."""
+    late = prepared.late if prepared is not None else None
+    if late is None or late.done() or prepared is None:
+        then(prepared.settled() if prepared is not None else None)
+        return
+    late.add_done_callback(lambda _: then(prepared.settled()))
 
 
 def _correction(route: Route) -> float | None:

@@ -82,6 +82,23 @@ class PrefixCounts:
         size: int,
     ) -> Counted:
         """Per-message counts and uids of `messages`; `size` is the request's byte size."""
+        counted = self.known(scope, tokenizer, messages, size)
+        counted.counts.extend(count(m) for m in messages[len(counted.counts) :])
+        return counted
+
+    def known(
+        self,
+        scope: str,
+        tokenizer: str,
+        messages: Sequence[Mapping[str, Any]],
+        size: int,
+    ) -> Counted:
+        """The uids of `messages` and the counts the memo already knows: those of the leading
+        messages equal to the previous request's (`counts` may be shorter than `messages`).
+
+        `messages` become the conversation's latest request, and `counts` is the memo's own list:
+        a caller that counts the rest extends it, and the next request reuses them.
+        """
         key = _key(scope, messages)
         entry = self._entries.get(key)
         same = 0
@@ -98,13 +115,21 @@ class PrefixCounts:
             uids = []
         if entry is not None and entry.tokenizer == tokenizer:
             counts = entry.counts[:same]
-            self.reused += same
+            self.reused += len(counts)
         else:
             counts = []
-        counts.extend(count(m) for m in messages[len(counts) :])
         uids.extend(itertools.islice(self._uids, len(messages) - same))
         self._store(key, _Entry(tokenizer, messages, counts, uids, size))
         return Counted(counts, uids)
+
+    def fill(
+        self, scope: str, messages: Sequence[Mapping[str, Any]], counts: Sequence[int]
+    ) -> None:
+        """Counts of `messages` made later (off the request path), kept if `messages` are still
+        their conversation's latest request here."""
+        entry = self._entries.get(_key(scope, messages))
+        if entry is not None and entry.messages is messages and len(entry.counts) < len(counts):
+            entry.counts[:] = counts
 
     def _store(self, key: bytes, entry: _Entry) -> None:
         old = self._entries.pop(key, None)

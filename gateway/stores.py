@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -71,6 +71,14 @@ class Store(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
     async def put(self, key: str, value: bytes, ttl_s: float | None) -> None: ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """`get` of each key, in one round trip."""
+        ...
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float | None) -> None:
+        """`put` of each (key, value), in one round trip."""
+        ...
 
     async def delete(self, key: str) -> None: ...
 
@@ -121,6 +129,14 @@ class MemoryStore:
 
     async def put(self, key: str, value: bytes, ttl_s: float | None) -> None:
         self._set(key, value, None if ttl_s is None else self._clock() + ttl_s)
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        return [await self.get(key) for key in keys]
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float | None) -> None:
+        expires = None if ttl_s is None else self._clock() + ttl_s
+        for key, value in items:
+            self._set(key, value, expires)
 
     async def delete(self, key: str) -> None:
         self._remove(key)
@@ -215,6 +231,21 @@ class RedisStore:
         with _mapped():
             await self._redis().set(REDIS_PREFIX + key, value, px=_ms(ttl_s))
 
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        with _mapped():
+            return await self._redis().mget([REDIS_PREFIX + key for key in keys])
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float | None) -> None:
+        if not items:
+            return
+        with _mapped():
+            async with self._redis().pipeline(transaction=False) as pipe:
+                for key, value in items:
+                    pipe.set(REDIS_PREFIX + key, value, px=_ms(ttl_s))
+                await pipe.execute()
+
     async def delete(self, key: str) -> None:
         with _mapped():
             await self._redis().delete(REDIS_PREFIX + key)
@@ -294,6 +325,28 @@ class SafeStore:
             return False
         try:
             await self.backend.put(key, value, ttl_s)
+        except StoreError as error:
+            self._failed("put", error)
+            return False
+        self._ok()
+        return True
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if self._paused("get"):
+            return [None] * len(keys)
+        try:
+            values = await self.backend.get_many(keys)
+        except StoreError as error:
+            self._failed("get", error)
+            return [None] * len(keys)
+        self._ok()
+        return values
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float | None) -> bool:
+        if self._paused("put"):
+            return False
+        try:
+            await self.backend.put_many(items, ttl_s)
         except StoreError as error:
             self._failed("put", error)
             return False

@@ -29,6 +29,9 @@ What is counted per field (constants below, each with its source):
 
 Heuristic tokenizers (`exact = False`) bypass the cache: a `len()` per string is cheaper than
 hashing the message, and their calibration factor changes between requests.
+
+An exact byte-level BPE (`Tokenizer.bytes_bound`) also gets `MessageCounter.bound`, an upper
+bound that costs a serialisation instead of a BPE run (see `BoundCounter` for the proof).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.tokenizers import Tokenizer
+from gateway.tokenizers import Tokenizer, Utf8Bound
 
 # --------------------------------------------------------------------------------------------
 # Constants of the chat format
@@ -91,6 +94,17 @@ IMAGE_SHORT_SIDE: Final = 768
 IMAGE_TILE_SIDE: Final = 512
 # Audio and file parts: no public formula that does not need the media decoded (duration, pages).
 MEDIA_FLAT_TOKENS: Final = 765
+# A tuple: `in` compares, never hashes (a client's "type" may be a list).
+MEDIA_KINDS: Final = ("input_audio", "file", "input_file", "audio", "video_url")
+# The most one image or media part can cost: a high-detail image scaled to 768x2048, 2x4 tiles.
+MAX_PART_TOKENS: Final = max(
+    MEDIA_FLAT_TOKENS,
+    IMAGE_FLAT_TOKENS,
+    IMAGE_BASE_TOKENS
+    + IMAGE_TILE_TOKENS
+    * math.ceil(IMAGE_SHORT_SIDE / IMAGE_TILE_SIDE)
+    * math.ceil(IMAGE_FIT_SIDE / IMAGE_TILE_SIDE),
+)
 
 # Message fields the gateway owns and strips before forwarding: never counted.
 GATEWAY_FIELDS: Final = frozenset({"compactgate"})
@@ -248,6 +262,10 @@ class MessageCounter:
         self._person = _personalisation(tokenizer.name)
         self._keyed = hashlib.sha256(self._person)  # copied per key: personalised sha256
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+        # An upper bound of this counter's counts, cheap to compute; None when none is proven.
+        self.bound: MessageCounter | None = (
+            BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
+        )
 
     # -- public ------------------------------------------------------------------------------
 
@@ -262,6 +280,7 @@ class MessageCounter:
         self._person = _personalisation(tokenizer.name)
         self._keyed = hashlib.sha256(self._person)
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+        self.bound = BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
 
     def recorded(self, work: Callable[[], object]) -> list[str]:
         """The texts `work` would have this counter tokenize, each counted 0 meanwhile (a
@@ -305,6 +324,18 @@ class MessageCounter:
         if new:
             self.cache.put_many(new)
         return total
+
+    def keys(self, messages: Sequence[Mapping[str, Any]]) -> list[bytes | None]:
+        """Each message's cache key (its fingerprint), None where it is not cached (see `_key`);
+        all None for a counter that does not cache."""
+        if not self._use_cache:
+            return [None] * len(messages)
+        return [self._key(message) for message in messages]
+
+    def uncached(self, message: Mapping[str, Any]) -> int:
+        """Tokens of one message, tokenized without the cache; thread-safe for an exact
+        tokenizer (the caller keeps what it learns: `Counting`)."""
+        return self._count_message(message)
 
     def message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one message including its framing; served from the cache when seen before."""
@@ -352,14 +383,33 @@ class MessageCounter:
         """
         if not tools and not functions:
             return 0
-        total = self._cached(
+        total = self._definitions(tools, functions)
+        if system_text is not None:
+            # token boundaries near the end of the text decide the newline's cost
+            total += self._newline_cost(system_text[-64:]) - TOOLS_SYSTEM_MESSAGE_SAVING
+        return total
+
+    def known_definitions(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        functions: Sequence[Mapping[str, Any]] | None,
+    ) -> int | None:
+        """The cached count of these tool definitions, None when not counted yet (or not cached)."""
+        key = self._key([tools or [], functions or []]) if self._use_cache else None
+        return None if key is None else self.cache.get(key)
+
+    def _definitions(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        functions: Sequence[Mapping[str, Any]] | None,
+    ) -> int:
+        return self._cached(
             [tools or [], functions or []], lambda: self._count_tools(tools, functions)
         )
-        if system_text is not None:
-            total -= TOOLS_SYSTEM_MESSAGE_SAVING
-            tail = system_text[-64:]  # token boundaries near the end decide the newline's cost
-            total += self._count(tail + "\n") - self._count(tail)
-        return total
+
+    def _newline_cost(self, tail: str) -> int:
+        """Tokens the newline after `tail` adds (0 or 1 in practice: it may join a token)."""
+        return self._count(tail + "\n") - self._count(tail)
 
     def _key(self, value: object) -> bytes | None:
         """The cache key of `value`: sha256 (first 16 bytes) of its canonical JSON, personalised
@@ -435,7 +485,7 @@ class MessageCounter:
             return self._count(part["refusal"])
         if kind == "image_url":
             return image_tokens(part.get("image_url"))
-        if kind in ("input_audio", "file", "input_file", "audio", "video_url"):
+        if kind in MEDIA_KINDS:
             return MEDIA_FLAT_TOKENS
         return self._json(part)
 
@@ -491,6 +541,65 @@ class MessageCounter:
         if definitions:
             total += self._count(render_function_definitions(definitions))
         return total + TOOLS_OVERHEAD_TOKENS
+
+
+class BoundCounter(MessageCounter):
+    """Never below `exact`'s count of the same messages and tools, when `exact`'s tokenizer is
+    `bytes_bound` (a text has at most as many tokens as UTF-8 bytes); nothing cached.
+
+    A message: the length of its compact JSON, plus `TOKENS_PER_MESSAGE`, plus
+    `TOOL_CALL_TOKENS` per tool call (and for a `function_call`), plus `MAX_PART_TOKENS` per
+    image, audio or file part. Every other term of the exact count is the tokens of a string
+    value (at most its UTF-8 bytes, which its JSON string holds, escapes only adding), a `name`'s
+    one token (its key's bytes cover it), or the tokens of a value's compact JSON (a part of the
+    message's JSON). One C call per message instead of a walk over its fields. A message orjson
+    cannot write (a lone surrogate, a Mapping that is not a dict) is counted as `exact` counts
+    it, with each text's UTF-8 length for its tokens (a lone surrogate is 3 bytes there and
+    in tiktoken, which replaces it by U+FFFD).
+
+    Tool definitions: `exact`'s counting with each text's UTF-8 length, except that the
+    newline joining them to a system message, a difference of two counts that a byte count does
+    not bound, is taken as the whole joined tail (64 characters at most); definitions `exact`
+    has already counted are taken from its cache, exact, which only makes the bound tighter.
+    """
+
+    def __init__(self, exact: MessageCounter) -> None:
+        super().__init__(Utf8Bound(), CountCache(0))
+        self._exact = exact
+
+    def message(self, message: Mapping[str, Any]) -> int:
+        try:
+            size = len(_dumps(message))
+        except orjson.JSONEncodeError:
+            return self._count_message(message)
+        extra = TOKENS_PER_MESSAGE
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            extra += TOOL_CALL_TOKENS * len(calls)
+        if "function_call" in message:
+            extra += TOOL_CALL_TOKENS
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, Mapping):
+                    kind = part.get("type")
+                    if kind == "image_url" or kind in MEDIA_KINDS:
+                        extra += MAX_PART_TOKENS
+        return size + extra
+
+    def messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        return sum(map(self.message, messages)) + PRIMING_TOKENS
+
+    def _definitions(
+        self,
+        tools: Sequence[Mapping[str, Any]] | None,
+        functions: Sequence[Mapping[str, Any]] | None,
+    ) -> int:
+        known = self._exact.known_definitions(tools, functions)
+        return known if known is not None else self._count_tools(tools, functions)
+
+    def _newline_cost(self, tail: str) -> int:
+        return self._count(tail + "\n")
 
 
 # --------------------------------------------------------------------------------------------

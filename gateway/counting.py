@@ -1,0 +1,338 @@
+"""Exact token counts of a request's messages: remembered, shared, and made only as needed.
+
+The rule this module keeps: **a message is tokenized once per tokenizer, wherever its
+conversation goes.** A count is looked for under the message's fingerprint
+(`MessageCounter.keys`) in the counter's cache (this process), then, when the store is shared
+between replicas (Redis), in the store, under a key that also names the tenant; only what
+neither has is tokenized, and what is tokenized is kept in both. A conversation that moves to
+another replica is therefore not counted again there. (With the in-memory store the counter's
+cache is the only copy: the store would hold the same counts in the same process, and take room
+from the summaries.)
+
+Counts a request waits for are made on the event loop, one message at a time, stopping as soon
+as they settle the decision (`until`); with `threads` (`server.count_threads`) they are split
+between that many threads instead, where tiktoken runs in parallel (it releases the GIL while it
+encodes): faster when cores are idle, but more CPU in all (a first-seen 200-message request on a
+2-core machine shared with the client and the upstream, stopping early: 0.79x the CPU of
+counting it all in one go on the event loop, 1.13x split between two threads). Counts that can
+wait (the request was decided on its upper bound: `Pipeline`) are made by one background thread
+(`later`), off the event loop. The background work is bounded by the bytes it holds
+(`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request path,
+which slows clients down instead of growing without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .stores import SafeStore
+from .tokens import MessageCounter
+
+log = logging.getLogger("compactgate.counting")
+
+T = TypeVar("T")
+
+STORE_PREFIX = "count:"
+# Below this many bytes to tokenize, a thread hop and a store round trip cost more than
+# tiktoken does (it reads about 15 MB/s of English or code on one core).
+OFFLOAD_MIN_BYTES = 32 * 1024
+MAX_LATE_BYTES = 64 * 1024 * 1024  # message bytes the background counting may hold at once
+# With a stopping rule the work is cut finer, so that it can stop part-way.
+CHUNKS_PER_THREAD = 4
+BACKGROUND_NICE = 10  # added to the background counting thread's nice value
+DEFAULT_THREADS = 0
+DEFAULT_TTL_S = 86_400.0
+
+
+class Counting:
+    """Exact per-message counts through the cache, the shared store and the counting threads."""
+
+    def __init__(
+        self,
+        store: SafeStore | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        threads: int = DEFAULT_THREADS,
+    ) -> None:
+        self._store = store  # None: counts stay in this process
+        self._ttl = ttl_s
+        self._threads = max(0, threads)  # 0: a request's own counts are made on the event loop
+        self._now = ThreadPoolExecutor(max(1, threads), thread_name_prefix="compactgate-count")
+        self._later = ThreadPoolExecutor(
+            1, thread_name_prefix="compactgate-count-later", initializer=_yield_to_requests
+        )
+        self._late_bytes = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.shared = 0  # counts found in the store (made by another replica, or before)
+
+    async def exact(
+        self,
+        counter: MessageCounter,
+        tenant: str,
+        messages: Sequence[Mapping[str, Any]],
+        sizes: Sequence[int] | None = None,
+        *,
+        background: bool = False,
+    ) -> list[int]:
+        """The exact count of each of `messages` (`sizes`: their upper bounds, when known).
+
+        Small work is counted at once; large work is looked up in the cache and the store
+        first, then counted on the event loop or split between the counting threads
+        (`background`: all of it in the one background thread).
+        """
+        counts = await self.until(counter, tenant, messages, sizes, background=background)
+        return [count if count is not None else 0 for count in counts]
+
+    async def until(
+        self,
+        counter: MessageCounter,
+        tenant: str,
+        messages: Sequence[Mapping[str, Any]],
+        sizes: Sequence[int] | None = None,
+        fits: Callable[[int], bool] | None = None,
+        *,
+        background: bool = False,
+    ) -> list[int | None]:
+        """`exact`, stopping early once `fits(upper bound of the total)` holds: the counts made
+        so far plus the bounds (`sizes`) of the rest. A message left uncounted is None."""
+        if not messages:
+            return []
+        if sizes is None:
+            sizes = _sizes(counter, messages)
+        large = sum(sizes) >= OFFLOAD_MIN_BYTES and counter.bound is not None
+        if not large:
+            return [counter.message(m) for m in messages]
+        if background:
+            keys, counts = await self._run(True, _lookup, counter, messages)
+        else:
+            keys, counts = _lookup(counter, messages)
+        missing = [i for i, count in enumerate(counts) if count is None]
+        if missing and self._store is not None:
+            missing = await self._from_store(counter, tenant, keys, counts, missing)
+        if not missing:
+            return counts
+        work = _Work(counter, tenant, messages, sizes, fits, keys, counts, missing)
+        if not background and self._threads == 0:
+            self._inline(work)
+        else:
+            await self._threaded(work, background)
+        return counts
+
+    def _inline(self, work: _Work) -> None:
+        """Count on the event loop, one message at a time (no thread to hand over to: the
+        cheapest in CPU, and it stops at the first message that settles it)."""
+        new: list[tuple[bytes, int]] = []
+        bound = work.bound()
+        for i in work.missing:
+            count = work.counter.uncached(work.messages[i])
+            bound += work.record(i, count, new)
+            if work.fits is not None and work.fits(bound):
+                break
+        work.counter.cache.put_many(new)
+        self._share(work.tenant, new)
+
+    async def _threaded(self, work: _Work, background: bool) -> None:
+        """Count in the counting threads, in chunks (one in the background thread), stopping
+        when `work.fits`: chunks not started are cancelled, the rest counted later."""
+        if background:
+            chunks = [list(work.missing)]
+        else:
+            parts = self._threads * (CHUNKS_PER_THREAD if work.fits is not None else 1)
+            chunks = _split(work.missing, [work.sizes[i] for i in work.missing], parts)
+        running = {
+            asyncio.ensure_future(self._count(background, work.counter, work.messages, c)): c
+            for c in chunks
+        }
+        new: list[tuple[bytes, int]] = []
+        bound = work.bound()
+        try:
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    chunk = running.pop(future)
+                    for i, count in zip(chunk, future.result(), strict=True):
+                        bound += work.record(i, count, new)
+                if running and work.fits is not None and work.fits(bound):
+                    break  # the rest cannot change the decision: counted later
+        finally:
+            for future in running:
+                future.cancel()
+            work.counter.cache.put_many(new)
+            self._share(work.tenant, new)
+
+    async def run(self, background: bool, work: Callable[[], T]) -> T:
+        """`work()` in a counting thread (the background one when `background`)."""
+        return await self._run(background, work)
+
+    def later(self, size: int, work: Callable[[], Awaitable[T]]) -> asyncio.Task[T] | None:
+        """Start `work()` (counting `size` bytes) in the background; None when the background
+        already holds `MAX_LATE_BYTES` (the caller then counts now)."""
+        if self._late_bytes + size > MAX_LATE_BYTES:
+            return None
+        self._late_bytes += size
+        task = asyncio.get_running_loop().create_task(work(), name="count-later")
+        self._tasks.add(task)
+
+        def finished(done: asyncio.Task[T]) -> None:
+            self._tasks.discard(done)
+            self._late_bytes -= size
+            if not done.cancelled() and done.exception() is not None:
+                log.error("counting off the request path failed", exc_info=done.exception())
+
+        task.add_done_callback(finished)
+        return task
+
+    async def close(self) -> None:
+        """Cancel the background counts (their requests keep their upper bounds) and stop."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._now.shutdown(wait=False, cancel_futures=True)
+        self._later.shutdown(wait=False, cancel_futures=True)
+
+    # -- the store ---------------------------------------------------------------------------
+
+    async def _from_store(
+        self,
+        counter: MessageCounter,
+        tenant: str,
+        keys: Sequence[bytes | None],
+        counts: list[int | None],
+        missing: list[int],
+    ) -> list[int]:
+        """Fill `counts` from the shared store; the indices still missing."""
+        assert self._store is not None
+        asked = [i for i in missing if keys[i] is not None]
+        if not asked:
+            return missing
+        values = await self._store.get_many([_store_key(tenant, keys[i]) for i in asked])  # type: ignore[arg-type]
+        found: list[tuple[bytes, int]] = []
+        for i, value in zip(asked, values, strict=True):
+            count = _number(value)
+            if count is not None:
+                counts[i] = count
+                found.append((keys[i], count))  # type: ignore[arg-type]
+        if found:
+            counter.cache.put_many(found)
+            self.shared += len(found)
+        return [i for i in missing if counts[i] is None]
+
+    def _share(self, tenant: str, new: Sequence[tuple[bytes, int]]) -> None:
+        """Put new counts into the shared store, without waiting for it."""
+        store = self._store
+        if store is None or not new:
+            return
+        items = [(_store_key(tenant, key), b"%d" % count) for key, count in new]
+        task = asyncio.get_running_loop().create_task(
+            store.put_many(items, self._ttl), name="count-share"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _count(
+        self,
+        background: bool,
+        counter: MessageCounter,
+        messages: Sequence[Mapping[str, Any]],
+        chunk: Sequence[int],
+    ) -> list[int]:
+        return await self._run(background, _count, counter, [messages[i] for i in chunk])
+
+    async def _run(self, background: bool, work: Callable[..., T], *args: Any) -> T:
+        pool = self._later if background else self._now
+        return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+
+
+@dataclass(slots=True)
+class _Work:
+    """One `until` call's state: the messages, their bounds and keys, the counts made so far."""
+
+    counter: MessageCounter
+    tenant: str
+    messages: Sequence[Mapping[str, Any]]
+    sizes: Sequence[int]
+    fits: Callable[[int], bool] | None
+    keys: Sequence[bytes | None]
+    counts: list[int | None]
+    missing: Sequence[int]
+
+    def bound(self) -> int:
+        """The counts made plus the bounds of the messages not counted yet."""
+        return sum(self.sizes[i] if c is None else c for i, c in enumerate(self.counts))
+
+    def record(self, index: int, count: int, new: list[tuple[bytes, int]]) -> int:
+        """Keep `count` for message `index` (and in `new` if it has a key); the bound's change."""
+        self.counts[index] = count
+        key = self.keys[index]
+        if key is not None:
+            new.append((key, count))
+        return count - self.sizes[index]
+
+
+def _yield_to_requests() -> None:
+    """Lower the background counting thread's CPU priority (on Linux a thread has its own nice
+    value), so that on a busy machine the requests being served run first."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+
+
+def _lookup(
+    counter: MessageCounter, messages: Sequence[Mapping[str, Any]]
+) -> tuple[list[bytes | None], list[int | None]]:
+    keys = counter.keys(messages)
+    return keys, counter.cache.get_many(keys)
+
+
+def _count(counter: MessageCounter, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    return [counter.uncached(m) for m in messages]
+
+
+def _sizes(counter: MessageCounter, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Byte sizes that tell large work from small: the upper bound where there is one."""
+    bound = counter.bound
+    if bound is None:
+        return [0] * len(messages)
+    return [bound.message(m) for m in messages]
+
+
+def _split(indices: Sequence[int], sizes: Sequence[int], parts: int) -> list[list[int]]:
+    """`indices` cut into at most `parts` runs of about equal size, in order."""
+    total = sum(sizes)
+    if parts <= 1 or total <= 0:
+        return [list(indices)]
+    chunks: list[list[int]] = [[]]
+    share, acc = total / parts, 0
+    for index, size in zip(indices, sizes, strict=True):
+        if acc >= share * len(chunks) and len(chunks) < parts:
+            chunks.append([])
+        chunks[-1].append(index)
+        acc += size
+    return [chunk for chunk in chunks if chunk]
+
+
+def _store_key(tenant: str, key: bytes) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    name = tenant.encode()
+    digest.update(len(name).to_bytes(8, "big"))
+    digest.update(name)
+    digest.update(key)
+    return STORE_PREFIX + digest.hexdigest()
+
+
+def _number(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        return None
+    return count if count >= 0 else None

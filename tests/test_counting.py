@@ -1,0 +1,404 @@
+"""Counting only what can matter: a request decided by its upper bound is not made to wait.
+
+A byte-level BPE never gives a text more tokens than UTF-8 bytes, so `MessageCounter.bound`
+bounds a request from above. A first-seen request whose bound fits under the trigger is
+forwarded as the client sent it before it is counted; the exact count is made off the request
+path, and everything that reports tokens (metrics, the log line, `/ui`) reports that exact count,
+never the bound. A request whose bound reaches the trigger is counted before it goes (until the
+count proves it fits), and one that does not fit is compacted as before. Counts made on one
+replica are found by another through a shared Redis store. Driven in-process against the fake
+upstream; the Redis test uses a real `redis-server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer, utf8_length
+from gateway.tokens import CountCache, MessageCounter
+from tests.conftest import Starter
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
+from tests.redis_server import RedisServer, start_redis
+from tests.test_metrics import metric, scrape
+
+ENCODINGS = ("tiktoken:o200k_base", "tiktoken:cl100k_base")
+COUNTERS = {spec: MessageCounter(load_tokenizer(spec), CountCache(0)) for spec in ENCODINGS}
+
+# Every code point, lone surrogates included (a Python str can hold them; tiktoken replaces them).
+ANY_TEXT = st.text(st.characters(codec=None, categories=None), max_size=200)
+SAMPLES = (
+    "",
+    "hello",
+    "héllo wörld",
+    "上下文窗口令牌",
+    "😀👍🏽🇫🇷",
+    "\ud800",
+    "a\udfffb",
+    "\r\n\t  x",
+)
+
+
+# -- the bound -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ENCODINGS)
+@pytest.mark.parametrize("text", SAMPLES)
+def test_utf8_length_bounds_the_count_of_samples(spec: str, text: str) -> None:
+    assert COUNTERS[spec].text(text) <= utf8_length(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=ANY_TEXT)
+def test_utf8_length_is_never_below_a_tiktoken_count(text: str) -> None:
+    for counter in COUNTERS.values():
+        assert counter.text(text) <= utf8_length(text)
+
+
+SPECIAL = st.sampled_from(["<|endoftext|>", "<|fim_prefix|>", "<|im_start|>", "<|endofprompt|>"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(ANY_TEXT | SPECIAL, max_size=4))
+def test_a_count_is_the_length_of_encode_ordinary(parts: list[str]) -> None:
+    """Special-token strings are ordinary text; lone surrogates are replaced as tiktoken does."""
+    text = "".join(parts)
+    for counter in COUNTERS.values():
+        tokenizer = counter.tokenizer
+        assert isinstance(tokenizer, TiktokenTokenizer)
+        assert tokenizer.count(text) == len(tokenizer.encoding.encode_ordinary(text))
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+PNG_1X1 = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA"
+    "60e6kgAAAABJRU5ErkJggg=="
+)
+PART = st.one_of(
+    st.builds(lambda t: {"type": "text", "text": t}, ANY_TEXT),
+    st.builds(lambda t: {"type": "refusal", "refusal": t}, ANY_TEXT),
+    st.builds(
+        lambda url, detail: {"type": "image_url", "image_url": {"url": url, "detail": detail}},
+        st.sampled_from([PNG_1X1, "https://example.com/a.png", ""]),
+        st.sampled_from(["low", "high", "auto"]),
+    ),
+    st.sampled_from(
+        [
+            {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}},
+            {"type": "file", "file": {"file_id": "f"}},
+            {"type": ["odd"], "x": 1},
+        ]
+    ),
+    ANY_TEXT,
+    JSONISH,
+)
+CALL = st.one_of(
+    st.builds(
+        lambda name, args: {
+            "id": "c",
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+        },
+        ANY_TEXT,
+        ANY_TEXT | JSONISH,
+    ),
+    st.builds(lambda x: {"id": "c", "type": "custom", "custom": x}, JSONISH),
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "developer"]) | ANY_TEXT},
+    optional={
+        "content": st.none() | ANY_TEXT | st.lists(PART, max_size=4) | JSONISH,
+        "name": ANY_TEXT,
+        "tool_calls": st.lists(CALL, max_size=3) | JSONISH,
+        "tool_call_id": ANY_TEXT,
+        "function_call": st.builds(lambda n: {"name": n, "arguments": "{}"}, ANY_TEXT) | JSONISH,
+        "reasoning_content": ANY_TEXT,
+        "extra": JSONISH,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(message=MESSAGE)
+def test_the_bound_of_a_message_is_never_below_its_count(message: dict[str, Any]) -> None:
+    for counter in COUNTERS.values():
+        assert counter.bound is not None
+        assert counter.bound.message(message) >= counter.message(message)
+
+
+PROPERTY = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["string", "integer", "array", "object", "boolean"]),
+        "description": ANY_TEXT,
+        "enum": st.lists(ANY_TEXT | st.integers(), max_size=3),
+    },
+)
+FUNCTION = st.fixed_dictionaries(
+    {"name": ANY_TEXT},
+    optional={
+        "description": ANY_TEXT,
+        "parameters": st.fixed_dictionaries(
+            {
+                "type": st.just("object"),
+                "properties": st.dictionaries(ANY_TEXT, PROPERTY, max_size=3),
+            },
+            optional={"required": st.lists(ANY_TEXT, max_size=2)},
+        ),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    functions=st.lists(FUNCTION, min_size=1, max_size=3),
+    hosted=st.lists(st.dictionaries(ANY_TEXT, JSONISH, max_size=2), max_size=2),
+    system=st.none() | ANY_TEXT,
+)
+def test_the_bound_of_tool_definitions_is_never_below_their_count(
+    functions: list[dict[str, Any]], hosted: list[dict[str, Any]], system: str | None
+) -> None:
+    tools = [{"type": "function", "function": f} for f in functions] + hosted
+    for counter in COUNTERS.values():
+        assert counter.bound is not None
+        assert counter.bound.tools(tools, system_text=system) >= counter.tools(
+            tools, system_text=system
+        )
+
+
+def test_only_byte_level_bpe_tokenizers_have_a_bound() -> None:
+    assert MessageCounter(load_tokenizer("tiktoken:o200k_base")).bound is not None
+    assert MessageCounter(CharsTokenizer(2.5)).bound is None  # an estimate bounds nothing
+
+
+# -- the gateway -----------------------------------------------------------------------------
+
+
+def history(mark: str, turns: int = 40) -> list[dict[str, Any]]:
+    """An agent conversation of ~100 KB whose every message names `mark` (first seen)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": f"{mark}: you are an agent."}]
+    for turn in range(turns):
+        listing = "\n".join(
+            f"{n:5d}  def step_{turn}_{n}(value): return value * {n} + {turn}  # {mark}"
+            for n in range(30)
+        )
+        messages += [
+            {"role": "user", "content": f"{mark} turn {turn}: read the file and fix it, 世界 😀"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{turn}",
+                        "type": "function",
+                        "function": {"name": "read", "arguments": f'{{"path": "f{turn}.py"}}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"call_{turn}", "content": listing},
+        ]
+    messages.append({"role": "user", "content": f"{mark}: and now?"})
+    return messages
+
+
+def exact_tokens(messages: list[dict[str, Any]]) -> int:
+    return COUNTERS["tiktoken:o200k_base"].messages(messages)
+
+
+def gpt(upstream: LocalUpstream, window: int, name: str = "m") -> dict[str, Any]:
+    return {
+        "name": name,
+        "upstream": {"base_url": upstream.base_url},
+        "context_window": window,
+        "max_output_tokens": 1000,
+        "tokenizer": "tiktoken:o200k_base",
+    }
+
+
+CLIENT = {"authorization": "Bearer sk-client"}  # one tenant for every request of a test
+
+
+async def post(gw: AppGateway, body: bytes) -> Any:
+    return await gw.http.post(
+        f"{gw.base_url}/chat/completions",
+        content=body,
+        headers={"content-type": "application/json", **CLIENT},
+    )
+
+
+async def plan(gw: AppGateway, messages: list[dict[str, Any]]) -> Any:
+    payload = {"model": "m", "messages": messages}
+    return (
+        await gw.http.post(f"{gw.base_url}/compactgate/plan", json=payload, headers=CLIENT)
+    ).json()
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if await check():
+            return
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_first_seen_request_that_fits_by_its_bound_goes_before_it_is_counted(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app({"models": [gpt(local_upstream, 1_000_000)]})
+    counting = gw.app.state.gateway.pipeline.counting
+    messages = history("fits")
+    body = orjson.dumps({"model": "m", "messages": messages, "max_tokens": 50})
+    exact = exact_tokens(messages)
+    held = threading.Event()
+    # The background counting thread is kept busy: the request must not wait for it.
+    blocker = asyncio.ensure_future(counting.run(True, lambda: held.wait(30)))
+    try:
+        answer = await asyncio.wait_for(post(gw, body), 10)
+        assert answer.status_code == 200
+        [sent] = local_upstream.chat_requests()
+        assert base64.b64decode(sent["body_b64"]) == body  # the client's own bytes
+        assert answer.headers["x-compactgate-tokens-counted"] == "upper-bound"
+        bound = int(answer.headers["x-compactgate-tokens-before"])
+        assert bound >= exact
+        await asyncio.sleep(0.1)
+        # Nothing reports the bound as a count: the request is recorded once counted.
+        assert metric(await scrape(gw), "compactgate_tokens_before_total", model="m") == 0
+    finally:
+        held.set()
+        await blocker
+
+    async def counted() -> bool:
+        return metric(await scrape(gw), "compactgate_tokens_before_total", model="m") == exact
+
+    await eventually(counted)
+    assert metric(await scrape(gw), "compactgate_requests_total", model="m") == 1
+    assert f"tokens_before={exact} " in gw.logs()
+
+    # The next turn finds every earlier message counted: its figures are exact at once.
+    messages.append({"role": "user", "content": "one more thing"})
+    again = await post(gw, orjson.dumps({"model": "m", "messages": messages, "max_tokens": 50}))
+    assert "x-compactgate-tokens-counted" not in again.headers
+    assert int(again.headers["x-compactgate-tokens-before"]) == exact_tokens(messages)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+async def test_a_request_whose_bound_reaches_the_trigger_is_counted_until_it_fits(
+    start_app: AppStarter, local_upstream: LocalUpstream, threads: int
+) -> None:
+    messages = history("narrow")
+    exact = exact_tokens(messages)
+    body = orjson.dumps({"model": "m", "messages": messages})
+    bound = COUNTERS["tiktoken:o200k_base"].bound.messages(messages)  # type: ignore[union-attr]
+    # A window whose trigger (80 % of what is left after the output) lies between the two.
+    window = int((exact + bound) / 2 / 0.8) + 1000
+    gw = await start_app(
+        {"server": {"count_threads": threads}, "models": [gpt(local_upstream, window)]}
+    )
+    answer = await post(gw, body)
+    assert answer.status_code == 200
+    [sent] = local_upstream.chat_requests()
+    assert base64.b64decode(sent["body_b64"]) == body  # it fits: forwarded as it came
+    # Counted until it fits: what it reports is exact, or a bound narrowed below the trigger.
+    assert exact <= int(answer.headers["x-compactgate-tokens-before"]) < (exact + bound) / 2
+
+    async def counted() -> bool:
+        return metric(await scrape(gw), "compactgate_tokens_before_total", model="m") == exact
+
+    await eventually(counted)
+
+
+async def test_a_first_seen_request_over_the_trigger_is_still_compacted(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    messages = history("over")
+    exact = exact_tokens(messages)
+    gw = await start_app(
+        {
+            "models": [{**gpt(local_upstream, exact // 2), "policy": "p"}],
+            "policies": {"p": {"steps": [{"type": "fifo"}]}},
+        }
+    )
+    answer = await post(gw, orjson.dumps({"model": "m", "messages": messages}))
+    assert answer.status_code == 200
+    assert "x-compactgate-tokens-counted" not in answer.headers  # counted before it went
+    assert int(answer.headers["x-compactgate-tokens-before"]) == exact
+    after = int(answer.headers["x-compactgate-tokens-after"])
+    assert after < exact // 2 - 1000
+    [sent] = local_upstream.chat_requests()
+    assert exact_tokens(sent["json"]["messages"]) == after
+
+
+async def test_the_plan_reports_exact_counts_of_a_first_seen_request(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app({"models": [gpt(local_upstream, 1_000_000)]})
+    messages = history("plan")
+    report = await plan(gw, messages)
+    assert report["tokens_before"] == exact_tokens(messages) == report["tokens_after"]
+
+
+# -- replicas --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_server(start_process_session: Starter) -> RedisServer:
+    return start_redis(start_process_session)
+
+
+async def test_counts_made_on_one_replica_are_found_by_another_through_redis(
+    start_app: AppStarter, local_upstream: LocalUpstream, redis_server: RedisServer
+) -> None:
+    config = {"store": redis_server.url, "models": [gpt(local_upstream, 1_000_000)]}
+    one, two = await start_app(config), await start_app(config)
+    messages = history("replicas")
+    exact = exact_tokens(messages)
+    first = await post(one, orjson.dumps({"model": "m", "messages": messages}))
+    assert first.status_code == 200
+
+    async def counted() -> bool:
+        return metric(await scrape(one), "compactgate_tokens_before_total", model="m") == exact
+
+    await eventually(counted)
+    await asyncio.sleep(0.2)  # the counts are written to the store without waiting for it
+    other = two.app.state.gateway.pipeline.counting
+    assert (await plan(two, messages))["tokens_before"] == exact
+    keyed = MessageCounter(load_tokenizer("tiktoken:o200k_base")).keys(messages)
+    assert sum(key is not None for key in keyed) > 50
+    # every message the second replica had to count, it found in the store instead
+    assert other.shared == sum(key is not None for key in keyed)
+
+
+async def test_a_request_forwarded_on_its_bound_is_compacted_after_a_context_error(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """The window is misconfigured (the upstream's is smaller): the bound fitted the configured
+    one, the upstream refuses, and the retry compacts against the window it stated."""
+    gw = await start_app(
+        {
+            "models": [{**gpt(local_upstream, 1_000_000), "policy": "p"}],
+            "policies": {"p": {"steps": [{"type": "fifo"}]}},
+        }
+    )
+    local_upstream.configure({"context_limit": 12_000})
+    messages = history("retry")
+    answer = await post(gw, orjson.dumps({"model": "m", "messages": messages}))
+    assert answer.status_code == 200
+    assert answer.headers["x-compactgate-retries"] == "1"
+    assert "x-compactgate-tokens-counted" not in answer.headers  # the retry was counted
+    assert int(answer.headers["x-compactgate-tokens-before"]) == exact_tokens(messages)
+    first, retried = local_upstream.chat_requests()
+    assert len(retried["json"]["messages"]) < len(first["json"]["messages"])
