@@ -157,6 +157,7 @@ class Exchange:
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
+    agent_reason: str = ""  # why: ready, not_ready, stale, unanswerable (a transcript), shadow
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     stream: bool = False
@@ -516,12 +517,16 @@ class Endpoint:
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
         if agent is not None:  # the agent compacting its own history: answered if a summary
             exchange.agent_compaction = agent.name  # made ahead of need covers it
+            exchange.agent_reason = "shadow" if observe else "unanswerable"
             if agent.answerable and not observe:
                 counted = gw.pipeline.counts(request, route, tenant)
-                text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
-                if text is not None:
+                found = await gw.compaction_answers.answer(
+                    tenant, request, counted.uids, counted.counts
+                )
+                exchange.agent_reason = found.reason
+                if found.text is not None:
                     exchange.tokens_before = sum(counted.counts)  # the history it replaces;
-                    await self.answer_from_summary(send, exchange, request, route, text)
+                    await self.answer_from_summary(send, exchange, request, route, found.text)
                     return  # nothing sent upstream
         prepared = await gw.pipeline.prepare(
             request,
@@ -875,6 +880,8 @@ class Endpoint:
         seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
             seq = self.log_event(exchange, total)
+        elif exchange.agent_compaction is not None or exchange.compacted is not None:
+            seq = self.log_agent_compaction(exchange, total)
         self.gw.events.count_request(self.sample(exchange, total, seq))
         self.gw.finish(exchange, total)
 
@@ -975,6 +982,7 @@ class Endpoint:
                 "phases": phases,
                 "agent_compaction": exchange.agent_compaction,
                 "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
+                "agent_reason": exchange.agent_reason or None,
                 "internal_rounds": exchange.internal_rounds,
                 "total_ms": round(total * 1000, 2),
                 "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
@@ -992,6 +1000,41 @@ class Endpoint:
                 ),
             },
             content=prepared.messages,
+        )
+
+    def log_agent_compaction(self, exchange: Exchange, total: float) -> int:
+        """One event-log line for an agent's own compaction (or a Responses compaction) that
+        was not compacted here: answered by the gateway or forwarded, and why. No content."""
+        if exchange.compacted is not None:  # made by the gateway: from a ready summary or now
+            agent, outcome, why = AGENT, "answered", exchange.compacted
+        else:
+            agent, outcome, why = (
+                exchange.agent_compaction,
+                exchange.agent_outcome,
+                exchange.agent_reason,
+            )
+        return self.gw.events.record(
+            {
+                "request_id": exchange.request_id,
+                "api": exchange.api,
+                "tenant": tenant_label(exchange.tenant),
+                "stream": exchange.stream,
+                "model": exchange.model,
+                "status": exchange.status,
+                "answered": exchange.answered,
+                "mode": "observe" if exchange.observe else "enforce",
+                "tokens_before": exchange.tokens_before,
+                "tokens_after": exchange.tokens_after,
+                "steps": [],
+                "retries": exchange.retries,
+                "context_errors": exchange.context_errors,
+                "agent_compaction": agent,
+                "agent_outcome": outcome,
+                "agent_reason": why or None,
+                "phases": ["agent_compaction", outcome],
+                "total_ms": round(total * 1000, 2),
+                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
+            }
         )
 
 

@@ -225,11 +225,11 @@ class RemoteCompaction:
             raise InvalidRequestError("There is nothing to compact: `input` is empty.", "input")
         counted = gw.pipeline.counts(request, route, tenant)
         tokens = sum(counted.counts)
-        prepared = gw.compaction_answers.covering(
+        prepared = await gw.compaction_answers.covering(
             tenant, request, counted.uids, counted.counts, len(request.messages)
         )
-        if prepared is not None:
-            return prepared, READY, tokens
+        if prepared.text is not None:
+            return prepared.text, READY, tokens
         summary = SummaryRequest(
             purpose="compaction",
             messages=prepare_for_summary(tuple(history)),
