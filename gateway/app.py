@@ -41,7 +41,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
-from . import admin
+from . import admin, compaction_blocks
 from .agent_compaction import CompactionPoints, recognise
 from .asgi import (
     ClientDisconnected,
@@ -425,6 +425,10 @@ class Endpoint:
             exchange.requested, exchange.stream = request.model, request.stream
             route = self.route(identity, request)
             request, exchange.edits = apply_to(request, route, server.max_messages)
+            if exchange.edits.compact is not None and self.wire is MESSAGES:  # past its trigger
+                request = await compaction_blocks.compact(  # the history becomes a summary
+                    gw, request, route, identity.tenant, scope["headers"], exchange.edits
+                )
             exchange.model = gw.metrics.model_label(route.name)
             exchange.stateful = request.stateful
             watcher.start()
@@ -514,6 +518,10 @@ class Endpoint:
         gw = self.gw
         tenant = identity.tenant
         observe = route.mode == "observe"
+        edits = exchange.edits
+        if edits.compaction is not None and edits.compact is not None and edits.compact.pause:
+            await self.answer_paused(send, exchange, request, route)
+            return  # pause_after_compaction: the compaction block is the whole answer
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
         if agent is not None:  # the agent compacting its own history: answered if a summary
             exchange.agent_compaction = agent.name  # made ahead of need covers it
@@ -575,6 +583,19 @@ class Endpoint:
         exchange.status = 200
         exchange.agent_outcome = "answered"
         self.gw.metrics.agent_compactions.labels(exchange.agent_compaction, "answered").inc()
+        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+
+    async def answer_paused(
+        self, send: Send, exchange: Exchange, request: WireRequest, route: Route
+    ) -> None:
+        """An emulated compaction that pauses: the answer is the compaction block alone."""
+        edits = exchange.edits
+        answer = compaction_blocks.paused(route.name, edits.compaction or "", edits.report())
+        if request.stream:
+            body, content_type = compaction_blocks.paused_stream(answer), b"text/event-stream"
+        else:
+            body, content_type = orjson.dumps(answer), b"application/json"
+        exchange.status = 200
         await send_bytes(send, 200, body, self.headers(exchange), content_type)
 
     async def attempt(
