@@ -1,7 +1,9 @@
 """The gateway's ASGI app. Read top to bottom, this is the request path, for every wire API.
 
     POST /v1/chat/completions | /v1/responses | /v1/messages    (one `Endpoint` per wire adapter)
-      1. authenticate once (401), read the body (413, 408), parse it with the API's adapter (400)
+      1. authenticate once (401), read the body (413, 408), parse it with the API's adapter (400);
+         Messages: `context_management` forwarded, stripped or emulated (`compact_20260112` may
+         summarise the history first: `compaction_blocks`)
       2. resolve the model to a Route (404), authorize it (403), hold a tenant slot (429)
       3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
          trigger, check the invariants, render the exact bytes to forward in the client's API
