@@ -193,6 +193,19 @@ async def test_under_the_trigger_nothing_changes_and_a_low_trigger_is_refused(
     assert len(local_upstream.requests()) == 1  # the first request only
 
 
+async def test_a_summary_that_cannot_be_made_leaves_the_request_as_it_came(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    gw = await start_app(settings_for(local_upstream))
+    refused = {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
+    local_upstream.script([{"kind": "error", "status": 400, "body": refused}])
+    answer = await create(gw, history(), context_management={"edits": [EDIT]})
+    assert [b.type for b in answer.content] == ["text"]  # answered, with no compaction block
+    assert answer.context_management is None
+    sent = client_calls(local_upstream)[-1]["json"]
+    assert "module_0.py" in orjson.dumps(sent).decode()  # the whole history went
+
+
 # -- properties of the rewrite -------------------------------------------------------------------
 
 
