@@ -153,22 +153,20 @@ class CompactionAnswers:
         (with their short uncovered tail appended), made here or by another replica."""
         if not uids or uids[0] is None:
             return Found(None, NOT_READY)
+        found = Found(None, NOT_READY)
         ready = self._ready.get((tenant, request.api, uids[0]))
         if ready is not None and tuple(uids[: len(ready.uids)]) == ready.uids:
-            covers, text = len(ready.uids), ready.text
-        else:
-            shared = await self._shared(tenant, request, history)
-            if shared is None:
-                return Found(None, NOT_READY)
-            covers, text = shared.covers, shared.text
-        if covers > history:
-            return Found(None, NOT_READY)
-        tail = request.messages[covers:history]
-        if sum(counts[covers:history]) > STALE_SHARE * max(1, sum(counts[:history])):
-            return Found(None, STALE)
-        if not tail:
-            return Found(text, READY)
-        return Found(text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail), READY)
+            found = _judged(request, counts, history, len(ready.uids), ready.text)
+            if found.text is not None:
+                return found
+        # Made by another replica, or since refreshed there: the store has the latest.
+        shared = await self._shared(tenant, request, history)
+        if shared is None:
+            return found
+        if None not in uids[: shared.covers]:  # kept here too: the next lookup needs no digest
+            ready = Ready(tuple(uids[: shared.covers]), sum(counts[: shared.covers]), shared.text)
+            self._keep(self._ready, (tenant, request.api, uids[0]), ready)
+        return _judged(request, counts, history, shared.covers, shared.text)
 
     async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
         """The store's summary for this conversation, when the history starts with what it
@@ -272,6 +270,21 @@ class CompactionAnswers:
         table.move_to_end(key)
         while len(table) > MAX_KEPT:
             table.popitem(last=False)
+
+
+def _judged(
+    request: WireRequest, counts: Sequence[int], history: int, covers: int, text: str
+) -> Found:
+    """A summary of the first `covers` canonical messages, as the answer for the first
+    `history`: with the uncovered tail appended, unless that tail is too much of it."""
+    if covers > history:
+        return Found(None, NOT_READY)
+    if sum(counts[covers:history]) > STALE_SHARE * max(1, sum(counts[:history])):
+        return Found(None, STALE)  # too much happened since: the agent's own call does better
+    tail = request.messages[covers:history]
+    if not tail:
+        return Found(text, READY)
+    return Found(text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail), READY)
 
 
 def _store_key(tenant: str, api: str, messages: Sequence[Any]) -> str:
