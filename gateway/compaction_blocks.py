@@ -155,8 +155,9 @@ def compacted(messages: Sequence[Any], summary: str, start: int) -> list[Any]:
 def _after_summary(
     summary: str, marker: Any, rest: Mapping[str, Any] | None, later: list[Any]
 ) -> list[Any]:
-    """The summary as user text, then the rest of the compacting assistant message, then what
-    came after it. Two user messages in a row become one (strict upstreams refuse them)."""
+    """The summary as user text (pinned: the gateway's own compaction keeps it), then the rest
+    of the compacting assistant message, then what came after it. Two user messages in a row
+    become one (strict upstreams refuse them)."""
     text: dict[str, Any] = {"type": "text", "text": SUMMARY_INTRO + summary}
     if marker is not None:
         text["cache_control"] = marker  # the client's breakpoint stays on what replaced it
@@ -164,7 +165,8 @@ def _after_summary(
         first = later[0]
         content = first.get("content")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        return [{**first, "content": [text, *(blocks or [])]}, *later[1:]]
+        merged = {**first, "content": [text, *(blocks or [])], EXTENSION: {"pin": True}}
+        return [merged, *later[1:]]
     head: list[Any] = [{"role": "user", "content": [text], EXTENSION: {"pin": True}}]
     return [*head, *([rest] if rest is not None else []), *later]
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.compaction_blocks import compacted, open_turn, read_back
+from gateway.remote_compaction import SUMMARY_INTRO
 from gateway.summarizer import SYSTEM_PROMPT
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.wire_strategies import messages_bodies, messages_violations
@@ -204,6 +205,37 @@ async def test_a_summary_that_cannot_be_made_leaves_the_request_as_it_came(
     assert answer.context_management is None
     sent = client_calls(local_upstream)[-1]["json"]
     assert "module_0.py" in orjson.dumps(sent).decode()  # the whole history went
+
+
+@pytest.mark.parametrize("mode", ["strip", "native"])
+async def test_a_block_sent_back_is_read_back_unless_the_model_is_native(
+    start_app: AppStarter, local_upstream: LocalUpstream, mode: str
+) -> None:
+    """`strip` (an upstream that knows no context_management) reads blocks back too; `native`
+    forwards them to the upstream that issued them (here, one that refuses them)."""
+    gw = await start_app(settings_for(local_upstream, mode))
+    messages = [
+        *history(2),
+        {"role": "assistant", "content": [{"type": "compaction", "content": SUMMARY}]},
+        {"role": "user", "content": "Go on."},
+    ]
+    body = {"model": "m", "max_tokens": 100, "messages": messages}
+    response = await gw.http.post(f"{gw.url}/v1/messages", json=body)
+    [sent] = local_upstream.requests()
+    if mode == "native":
+        assert sent["json"]["messages"] == messages  # as it came: the upstream's own to read
+        assert response.status_code == 400 and "compaction" in response.text
+        return
+    assert response.status_code == 200, response.text
+    assert sent["json"]["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": SUMMARY_INTRO + SUMMARY},
+                *[{"type": "text", "text": "Go on."}],
+            ],
+        }
+    ]
 
 
 # -- properties of the rewrite -------------------------------------------------------------------
