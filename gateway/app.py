@@ -44,7 +44,7 @@ from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
 from . import admin, compaction_blocks
-from .agent_compaction import CompactionPoints, recognise
+from .agent_compaction import CompactionPoints, Signature, recognise
 from .asgi import (
     ClientDisconnected,
     DisconnectWatcher,
@@ -426,11 +426,7 @@ class Endpoint:
             request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream
             route = self.route(identity, request)
-            request, exchange.edits = apply_to(request, route, server.max_messages)
-            if exchange.edits.compact is not None and self.wire is MESSAGES:  # past its trigger
-                request = await compaction_blocks.compact(  # the history becomes a summary
-                    gw, request, route, identity.tenant, scope["headers"], exchange.edits
-                )
+            request = await self.managed(scope, request, route, exchange)
             exchange.model = gw.metrics.model_label(route.name)
             exchange.stateful = request.stateful
             watcher.start()
@@ -471,6 +467,18 @@ class Endpoint:
     async def parse(self, body: bytes, tenant: str) -> WireRequest:
         """The body as this API's request (400 when it is not one)."""
         return self.wire.parse(body, self.gw.config.server.max_messages)
+
+    async def managed(
+        self, scope: Scope, request: WireRequest, route: Route, exchange: Exchange
+    ) -> WireRequest:
+        """The request with Anthropic's `context_management` as the model's mode wants it
+        (`compact_20260112` past its trigger summarises the history first)."""
+        request, exchange.edits = apply_to(request, route, self.gw.config.server.max_messages)
+        if exchange.edits.compact is not None and self.wire is MESSAGES:
+            request = await compaction_blocks.compact(
+                self.gw, request, route, exchange.tenant, scope["headers"], exchange.edits
+            )
+        return request
 
     def route(self, identity: Identity, request: WireRequest) -> Route:
         """The request's model as a Route this caller may use (404, 403)."""
@@ -520,24 +528,12 @@ class Endpoint:
         gw = self.gw
         tenant = identity.tenant
         observe = route.mode == "observe"
-        edits = exchange.edits
-        if edits.compaction is not None and edits.compact is not None and edits.compact.pause:
+        if exchange.edits.paused:  # pause_after_compaction: the block is the whole answer
             await self.answer_paused(send, exchange, request, route)
-            return  # pause_after_compaction: the compaction block is the whole answer
+            return
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
-        if agent is not None:  # the agent compacting its own history: answered if a summary
-            exchange.agent_compaction = agent.name  # made ahead of need covers it
-            exchange.agent_reason = "shadow" if observe else "unanswerable"
-            if agent.answerable and not observe:
-                counted = gw.pipeline.counts(request, route, tenant)
-                found = await gw.compaction_answers.answer(
-                    tenant, request, counted.uids, counted.counts
-                )
-                exchange.agent_reason = found.reason
-                if found.text is not None:
-                    exchange.tokens_before = sum(counted.counts)  # the history it replaces;
-                    await self.answer_from_summary(send, exchange, request, route, found.text)
-                    return  # nothing sent upstream
+        if agent is not None and await self.answered_ahead(send, request, route, exchange, agent):
+            return  # the agent's own compaction, answered from a summary: nothing sent upstream
         prepared = await gw.pipeline.prepare(
             request,
             route,
@@ -575,6 +571,26 @@ class Endpoint:
                     prepared = await self.recompact(
                         request, route, tenant, prepared, outcome, scope["headers"]
                     )
+
+    async def answered_ahead(
+        self, send: Send, request: WireRequest, route: Route, exchange: Exchange, agent: Signature
+    ) -> bool:
+        """Answer an agent's own compaction request from a summary made ahead of need, if one
+        covers its history; whether it was (else it is forwarded, and `agent_reason` says why)."""
+        gw, tenant = self.gw, exchange.tenant
+        exchange.agent_compaction = agent.name
+        observe = route.mode == "observe"
+        exchange.agent_reason = "shadow" if observe else "unanswerable"
+        if not agent.answerable or observe:
+            return False
+        counted = gw.pipeline.counts(request, route, tenant)
+        found = await gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
+        exchange.agent_reason = found.reason
+        if found.text is None:
+            return False
+        exchange.tokens_before = sum(counted.counts)  # the history it replaces
+        await self.answer_from_summary(send, exchange, request, route, found.text)
+        return True
 
     async def answer_from_summary(
         self, send: Send, exchange: Exchange, request: WireRequest, route: Route, text: str

@@ -57,6 +57,11 @@ class Applied:
     compact: CompactEdit | None = None  # the request's compaction edit, made asynchronously
     compaction: str | None = None  # the summary, when compacted: the answer's first block
 
+    @property
+    def paused(self) -> bool:
+        """Compacted with `pause_after_compaction`: the answer is the compaction block alone."""
+        return self.compaction is not None and self.compact is not None and self.compact.pause
+
     def report(self) -> dict[str, Any] | None:
         return {"applied_edits": self.edits} if self.edits else None
 
