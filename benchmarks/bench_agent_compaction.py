@@ -1,7 +1,7 @@
 """An agent's own compaction answered from a summary made ahead of need, on a ~100k-token history.
 
 Run: `python -m benchmarks.bench_agent_compaction [--tokens 100000] [--samples 30]
-[--model-delay 0]`. About a minute; loopback only.
+[--model-delay 0] [--redis redis://127.0.0.1:6379/0]`. About a minute; loopback only.
 
 Codex CLI compacts its history with an ordinary streamed `/v1/responses` request: the whole
 history, no tools, and a last user item that begins "You are performing a CONTEXT CHECKPOINT
@@ -16,6 +16,10 @@ The upstream (in this process) answers at once, plus `--model-delay` seconds on 
 calls, so with the default 0 the "full upstream call" is its floor: the gateway's counting and
 forwarding of ~100k tokens and the upstream reading them, before any model time; a real model
 adds its prefill and the summary's generation (seconds to a minute) on top.
+
+With `--redis`, both gateways share that store and a second replica is started: tenant A's
+compaction requests are also sent to it, which never saw A's history and answers from the
+summary the first replica made (found in the store).
 
 Printed: the history's size as the gateway counted it, p50 / p90 of the client's latency (until
 the last byte of the stream) for answered and forwarded compactions, and their ratio; the
@@ -191,17 +195,29 @@ async def run(args: argparse.Namespace) -> None:
         ],
         "summaries": {"precompute": False},
     }
+    if args.redis:
+        config["store"] = args.redis
     with tempfile.TemporaryDirectory() as directory:
         process, port = await start_gateway(config, Path(directory))
+        replicas = [process]
         try:
-            await measure(args, f"http://127.0.0.1:{port}", upstream)
+            other = None
+            if args.redis:
+                (Path(directory) / "b").mkdir()
+                second, other_port = await start_gateway(config, Path(directory) / "b")
+                replicas.append(second)
+                other = f"http://127.0.0.1:{other_port}"
+            await measure(args, f"http://127.0.0.1:{port}", upstream, other)
         finally:
-            process.terminate()
-            await process.wait()
+            for replica in replicas:
+                replica.terminate()
+                await replica.wait()
             await runner.cleanup()
 
 
-async def measure(args: argparse.Namespace, origin: str, upstream: Upstream) -> None:
+async def measure(
+    args: argparse.Namespace, origin: str, upstream: Upstream, other: str | None = None
+) -> None:
     url = f"{origin}/v1/responses"
     full = history(args.tokens)
     earlier = full[: int(len(full) * 0.8)]  # the session's previous compaction point
@@ -220,12 +236,17 @@ async def measure(args: argparse.Namespace, origin: str, upstream: Upstream) -> 
             raise RuntimeError("the summary ahead of need was never made")
         body = orjson.dumps(compaction(full))  # one step (a call and its output) later
         answered: list[float] = []
+        elsewhere: list[float] = []
         forwarded: list[float] = []
         tokens = "?"
         for _ in range(args.samples):
             ms, response = await timed(client, url, body, "sk-a")
             assert response.headers["x-compactgate-agent-compaction"] == "codex; answered"
             answered.append(ms)
+            if other is not None:
+                ms, response = await timed(client, f"{other}/v1/responses", body, "sk-a")
+                assert response.headers["x-compactgate-agent-compaction"] == "codex; answered"
+                elsewhere.append(ms)
             ms, response = await timed(client, url, body, "sk-b")
             assert response.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
             forwarded.append(ms)
@@ -234,10 +255,13 @@ async def measure(args: argparse.Namespace, origin: str, upstream: Upstream) -> 
     print(f"history: {tokens} tokens (o200k, as the gateway counted it), {len(body)} bytes")
     print(f"upstream model delay on compaction calls: {args.model_delay:g} s")
     print(f"{'':28}{'p50 ms':>10}{'p90 ms':>10}")
-    rows = (("answered (ready summary)", answered), ("forwarded (upstream call)", forwarded))
+    rows = [("answered (ready summary)", answered), ("forwarded (upstream call)", forwarded)]
+    if elsewhere:
+        rows.insert(1, ("answered on the other replica", elsewhere))
     for name, values in rows:
         print(f"{name:28}{statistics.median(values):10.1f}{_p90(values):10.1f}")
-    verdict = "met" if statistics.median(answered) < TARGET_MS else "NOT met"
+    worst = max(statistics.median(answered), statistics.median(elsewhere or answered))
+    verdict = "met" if worst < TARGET_MS else "NOT met"
     print(
         f"forwarded / answered p50: {ratio:.1f}x; target answered p50 < {TARGET_MS:g} ms: {verdict}"
     )
@@ -253,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=100_000)
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--model-delay", type=float, default=0.0)
+    parser.add_argument("--redis", default=None, help="a shared store: adds a second replica")
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -1,7 +1,9 @@
 """The gateway's ASGI app. Read top to bottom, this is the request path, for every wire API.
 
     POST /v1/chat/completions | /v1/responses | /v1/messages    (one `Endpoint` per wire adapter)
-      1. authenticate once (401), read the body (413, 408), parse it with the API's adapter (400)
+      1. authenticate once (401), read the body (413, 408), parse it with the API's adapter (400);
+         Messages: `context_management` forwarded, stripped or emulated (`compact_20260112` may
+         summarise the history first: `compaction_blocks`)
       2. resolve the model to a Route (404), authorize it (403), hold a tenant slot (429)
       3. pipeline.prepare: count tokens, compute the budget, run the policy chain if over the
          trigger, check the invariants, render the exact bytes to forward in the client's API
@@ -41,8 +43,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
-from . import admin
-from .agent_compaction import CompactionPoints, recognise
+from . import admin, compaction_blocks
+from .agent_compaction import CompactionPoints, Signature, recognise
 from .asgi import (
     ClientDisconnected,
     DisconnectWatcher,
@@ -160,6 +162,7 @@ class Exchange:
     edits: Applied = field(default_factory=Applied)  # context_management the gateway emulated
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
+    agent_reason: str = ""  # why: ready, not_ready, stale, unanswerable (a transcript), shadow
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     stream: bool = False
@@ -436,7 +439,7 @@ class Endpoint:
             request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream
             route = self.route(identity, request)
-            request, exchange.edits = apply_to(request, route, server.max_messages)
+            request = await self.managed(scope, request, route, exchange)
             exchange.model = gw.metrics.model_label(route.name)
             exchange.stateful = request.stateful
             watcher.start()
@@ -494,6 +497,18 @@ class Endpoint:
         """The body as this API's request (400 when it is not one)."""
         return self.gw.parse(self.wire, body, tenant)
 
+    async def managed(
+        self, scope: Scope, request: WireRequest, route: Route, exchange: Exchange
+    ) -> WireRequest:
+        """The request with Anthropic's `context_management` as the model's mode wants it
+        (`compact_20260112` past its trigger summarises the history first)."""
+        request, exchange.edits = apply_to(request, route, self.gw.config.server.max_messages)
+        if exchange.edits.compact is not None and self.wire is MESSAGES:
+            request = await compaction_blocks.compact(
+                self.gw, request, route, exchange.tenant, scope["headers"], exchange.edits
+            )
+        return request
+
     def route(self, identity: Identity, request: WireRequest) -> Route:
         """The request's model as a Route this caller may use (404, 403)."""
         self.gw.auth.authorize(identity, request.model)
@@ -542,16 +557,12 @@ class Endpoint:
         gw = self.gw
         tenant = identity.tenant
         observe = route.mode == "observe"
+        if exchange.edits.paused:  # pause_after_compaction: the block is the whole answer
+            await self.answer_paused(send, exchange, request, route)
+            return
         agent = recognise(request.api, request.messages, gw.config.agent_compaction.signatures)
-        if agent is not None:  # the agent compacting its own history: answered if a summary
-            exchange.agent_compaction = agent.name  # made ahead of need covers it
-            if agent.answerable and not observe:
-                counted = gw.pipeline.counts(request, route, tenant)
-                text = gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
-                if text is not None:
-                    exchange.tokens_before = sum(counted.counts)  # the history it replaces;
-                    await self.answer_from_summary(send, exchange, request, route, text)
-                    return  # nothing sent upstream
+        if agent is not None and await self.answered_ahead(send, request, route, exchange, agent):
+            return  # the agent's own compaction, answered from a summary: nothing sent upstream
         prepared = await gw.pipeline.prepare(
             request,
             route,
@@ -591,6 +602,26 @@ class Endpoint:
                         request, route, tenant, prepared, outcome, scope["headers"]
                     )
 
+    async def answered_ahead(
+        self, send: Send, request: WireRequest, route: Route, exchange: Exchange, agent: Signature
+    ) -> bool:
+        """Answer an agent's own compaction request from a summary made ahead of need, if one
+        covers its history; whether it was (else it is forwarded, and `agent_reason` says why)."""
+        gw, tenant = self.gw, exchange.tenant
+        exchange.agent_compaction = agent.name
+        observe = route.mode == "observe"
+        exchange.agent_reason = "shadow" if observe else "unanswerable"
+        if not agent.answerable or observe:
+            return False
+        counted = gw.pipeline.counts(request, route, tenant)
+        found = await gw.compaction_answers.answer(tenant, request, counted.uids, counted.counts)
+        exchange.agent_reason = found.reason
+        if found.text is None:
+            return False
+        exchange.tokens_before = sum(counted.counts)  # the history it replaces
+        await self.answer_from_summary(send, exchange, request, route, found.text)
+        return True
+
     async def answer_from_summary(
         self, send: Send, exchange: Exchange, request: WireRequest, route: Route, text: str
     ) -> None:
@@ -600,6 +631,19 @@ class Endpoint:
         exchange.status = 200
         exchange.agent_outcome = "answered"
         self.gw.metrics.agent_compactions.labels(exchange.agent_compaction, "answered").inc()
+        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+
+    async def answer_paused(
+        self, send: Send, exchange: Exchange, request: WireRequest, route: Route
+    ) -> None:
+        """An emulated compaction that pauses: the answer is the compaction block alone."""
+        edits = exchange.edits
+        answer = compaction_blocks.paused(route.name, edits.compaction or "", edits.report())
+        if request.stream:
+            body, content_type = compaction_blocks.paused_stream(answer), b"text/event-stream"
+        else:
+            body, content_type = orjson.dumps(answer), b"application/json"
+        exchange.status = 200
         await send_bytes(send, 200, body, self.headers(exchange), content_type)
 
     async def attempt(
@@ -929,6 +973,8 @@ class Endpoint:
         seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
             seq = self.log_event(exchange, total)
+        elif exchange.agent_compaction is not None or exchange.compacted is not None:
+            seq = self.log_agent_compaction(exchange, total)
         self.gw.events.count_request(self.sample(exchange, total, seq))
         self.gw.finish(exchange, total)
 
@@ -1029,6 +1075,7 @@ class Endpoint:
                 "phases": phases,
                 "agent_compaction": exchange.agent_compaction,
                 "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
+                "agent_reason": exchange.agent_reason or None,
                 "internal_rounds": exchange.internal_rounds,
                 "total_ms": round(total * 1000, 2),
                 "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
@@ -1046,6 +1093,41 @@ class Endpoint:
                 ),
             },
             content=prepared.messages,
+        )
+
+    def log_agent_compaction(self, exchange: Exchange, total: float) -> int:
+        """One event-log line for an agent's own compaction (or a Responses compaction) that
+        was not compacted here: answered by the gateway or forwarded, and why. No content."""
+        if exchange.compacted is not None:  # made by the gateway: from a ready summary or now
+            agent, outcome, why = AGENT, "answered", exchange.compacted
+        else:
+            agent, outcome, why = (
+                exchange.agent_compaction,
+                exchange.agent_outcome,
+                exchange.agent_reason,
+            )
+        return self.gw.events.record(
+            {
+                "request_id": exchange.request_id,
+                "api": exchange.api,
+                "tenant": tenant_label(exchange.tenant),
+                "stream": exchange.stream,
+                "model": exchange.model,
+                "status": exchange.status,
+                "answered": exchange.answered,
+                "mode": "observe" if exchange.observe else "enforce",
+                "tokens_before": exchange.tokens_before,
+                "tokens_after": exchange.tokens_after,
+                "steps": [],
+                "retries": exchange.retries,
+                "context_errors": exchange.context_errors,
+                "agent_compaction": agent,
+                "agent_outcome": outcome,
+                "agent_reason": why or None,
+                "phases": ["agent_compaction", outcome],
+                "total_ms": round(total * 1000, 2),
+                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
+            }
         )
 
 

@@ -12,6 +12,12 @@ but for a short tail (at most `STALE_SHARE` of it: typically the model's last an
 output), the gateway answers at once with that summary, the tail appended as a short transcript,
 in the client's wire format, streamed or not; otherwise it forwards the request as before.
 
+A summary made ahead of need is kept in this process and in the shared store (Redis when
+configured), under a fingerprint of the conversation (tenant, API, its opening messages) with a
+digest of the history it covers: the agent's compaction request may reach another replica than
+the one that made it, and is answered there the same way. Each lookup says why it answered or
+not (`Found.reason`: ready, not_ready or stale), for the response's event-log line.
+
 The summary's cost is counted as the gateway's own spend when it is made; an answer from it
 bills nothing, and its usage says so.
 """
@@ -19,6 +25,7 @@ bills nothing, and its usage says so.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -42,6 +49,10 @@ REFRESH_SHARE = 0.15  # prepare again when the history grew this much since the 
 STALE_SHARE = 0.25  # the most of a compaction request's history a summary may not cover
 MAX_KEPT = 1024
 TAIL_NOTE = "\n\nSteps after this summary was written (verbatim, oldest first):\n"
+STORE_PREFIX = "agent-ready:"
+READY = "ready"  # a summary made ahead of need covers the history: answered from it
+NOT_READY = "not_ready"  # none was made for this history (or it is being made)
+STALE = "stale"  # one was, but too much happened since: the agent's own call makes a better one
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,41 @@ class Ready:
     uids: tuple[int | None, ...]  # the canonical messages of the history it summarises
     tokens: int
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A summary made ahead of need, as the store keeps it for every replica."""
+
+    covers: int  # the canonical messages it summarises (the history's first ones)
+    digest: str  # of those messages: the history must start with exactly them
+    text: str
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {"v": 1, "covers": self.covers, "digest": self.digest, "text": self.text}
+        )
+
+    @staticmethod
+    def decode(value: bytes) -> Shared | None:
+        try:
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(data, dict) or data.get("v") != 1:
+            return None
+        covers, digest, text = data.get("covers"), data.get("digest"), data.get("text")
+        if not (isinstance(covers, int) and isinstance(digest, str) and isinstance(text, str)):
+            return None
+        return Shared(covers, digest, text)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A compaction request looked up: the answer's text (None: forward it), and why."""
+
+    text: str | None
+    reason: str  # READY, NOT_READY or STALE
 
 
 class CompactionAnswers:
@@ -88,36 +134,50 @@ class CompactionAnswers:
         template = self._templates.get((tenant, api))
         return template.agent if template is not None else None
 
-    def answer(
+    async def answer(
         self, tenant: str, request: WireRequest, uids: Sequence[int | None], counts: Sequence[int]
-    ) -> str | None:
+    ) -> Found:
         """The summary answering this compaction request, when one covers its history."""
         # The last canonical message is the compaction prompt.
-        return self.covering(tenant, request, uids, counts, len(uids) - 1)
+        return await self.covering(tenant, request, uids, counts, len(uids) - 1)
 
-    def covering(
+    async def covering(
         self,
         tenant: str,
         request: WireRequest,
         uids: Sequence[int | None],
         counts: Sequence[int],
         history: int,
-    ) -> str | None:
+    ) -> Found:
         """A summary made ahead of need of the first `history` canonical messages of `request`
-        (with their short uncovered tail appended), when there is one."""
+        (with their short uncovered tail appended), made here or by another replica."""
         if not uids or uids[0] is None:
-            return None
+            return Found(None, NOT_READY)
+        found = Found(None, NOT_READY)
         ready = self._ready.get((tenant, request.api, uids[0]))
-        if ready is None or tuple(uids[: len(ready.uids)]) != ready.uids:
+        if ready is not None and tuple(uids[: len(ready.uids)]) == ready.uids:
+            found = _judged(request, counts, history, len(ready.uids), ready.text)
+            if found.text is not None:
+                return found
+        # Made by another replica, or since refreshed there: the store has the latest.
+        shared = await self._shared(tenant, request, history)
+        if shared is None:
+            return found
+        if None not in uids[: shared.covers]:  # kept here too: the next lookup needs no digest
+            ready = Ready(tuple(uids[: shared.covers]), sum(counts[: shared.covers]), shared.text)
+            self._keep(self._ready, (tenant, request.api, uids[0]), ready)
+        return _judged(request, counts, history, shared.covers, shared.text)
+
+    async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
+        """The store's summary for this conversation, when the history starts with what it
+        covers."""
+        value = await self._gw.store.get(_store_key(tenant, request.api, request.messages))
+        shared = Shared.decode(value) if value is not None else None
+        if shared is None or shared.covers > history:
             return None
-        if len(ready.uids) > history:
+        if _digest(request.messages[: shared.covers]) != shared.digest:
             return None
-        tail = request.messages[len(ready.uids) : history]
-        if sum(counts[len(ready.uids) : history]) > STALE_SHARE * max(1, sum(counts[:history])):
-            return None  # too much happened since: the agent's own call makes a better one
-        if not tail:
-            return ready.text
-        return ready.text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail)
+        return shared
 
     # -- ahead of need ----------------------------------------------------------------------
 
@@ -193,6 +253,10 @@ class CompactionAnswers:
                 gw.own_spend(route, usage)
             if text:
                 self._keep(self._ready, key, Ready(uids, tokens, text))
+                history = request.messages[: len(uids)]
+                shared = Shared(len(uids), _digest(history), text)
+                ttl = gw.config.summaries.ttl_s
+                await gw.store.put(_store_key(key[0], request.api, history), shared.encode(), ttl)
                 gw.metrics.agent_compactions.labels(template.agent, "prepared").inc()
         except asyncio.CancelledError:
             raise
@@ -206,6 +270,44 @@ class CompactionAnswers:
         table.move_to_end(key)
         while len(table) > MAX_KEPT:
             table.popitem(last=False)
+
+
+def _judged(
+    request: WireRequest, counts: Sequence[int], history: int, covers: int, text: str
+) -> Found:
+    """A summary of the first `covers` canonical messages, as the answer for the first
+    `history`: with the uncovered tail appended, unless that tail is too much of it."""
+    if covers > history:
+        return Found(None, NOT_READY)
+    if sum(counts[covers:history]) > STALE_SHARE * max(1, sum(counts[:history])):
+        return Found(None, STALE)  # too much happened since: the agent's own call does better
+    tail = request.messages[covers:history]
+    if not tail:
+        return Found(text, READY)
+    return Found(text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail), READY)
+
+
+def _store_key(tenant: str, api: str, messages: Sequence[Any]) -> str:
+    """Where the store keeps a conversation's summary: its tenant, API and opening messages
+    (what the prefix memo keys a conversation by too)."""
+    digest = hashlib.blake2b(digest_size=20)
+    for part in (tenant, api):
+        digest.update(part.encode() + b"\0")
+    return STORE_PREFIX + _digest(messages[:2], digest)
+
+
+def _digest(messages: Sequence[Any], digest: Any = None) -> str:
+    """A digest of canonical messages, the same on every replica (they parse the same bytes
+    into the same dicts)."""
+    digest = digest or hashlib.blake2b(digest_size=20)
+    for message in messages:
+        try:
+            data = orjson.dumps(message)
+        except orjson.JSONEncodeError:
+            data = repr(message).encode()
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
 
 
 def _conversation_key(api: str) -> str:

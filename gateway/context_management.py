@@ -17,8 +17,9 @@ know the field answers "context_management: Extra inputs are not permitted". Per
     `keep` (default 3) tool uses and the tools named in `exclude_tools`, clearing at least
     `clear_at_least` input tokens when set (else as many as the trigger asks); with
     `clear_tool_inputs` their inputs are emptied too;
-  - `compact_20260112`: left to the gateway's own compaction, which already keeps the request
-    under the window (the edit is not reported as applied).
+  - `compact_20260112`: past its trigger the history is summarised and the answer begins with
+    a `compaction` block (`compaction_blocks`, which also reads such blocks back for every
+    model that is not `native`).
   The edits applied are reported as Anthropic reports them: in a non-streamed answer's
   `context_management.applied_edits`, and in a stream's `message_delta` event.
 """
@@ -31,6 +32,14 @@ from typing import Any
 
 import orjson
 
+from .compaction_blocks import (
+    BlockInStream,
+    CompactEdit,
+    compact_edit,
+    has_block,
+    read_back,
+    with_block,
+)
 from .errors import InvalidRequestError
 from .sse import EventSplitter
 
@@ -38,7 +47,6 @@ FIELD = "context_management"
 CLEARED = "[tool result cleared to save context]"
 CLEAR_TOOL_USES = "clear_tool_uses_20250919"
 CLEAR_THINKING = "clear_thinking_20251015"
-COMPACT = "compact_20260112"
 
 
 @dataclass(slots=True)
@@ -46,6 +54,13 @@ class Applied:
     """What an emulation did, in Anthropic's `applied_edits` shape."""
 
     edits: list[dict[str, Any]] = field(default_factory=list)
+    compact: CompactEdit | None = None  # the request's compaction edit, made asynchronously
+    compaction: str | None = None  # the summary, when compacted: the answer's first block
+
+    @property
+    def paused(self) -> bool:
+        """Compacted with `pause_after_compaction`: the answer is the compaction block alone."""
+        return self.compaction is not None and self.compact is not None and self.compact.pause
 
     def report(self) -> dict[str, Any] | None:
         return {"applied_edits": self.edits} if self.edits else None
@@ -57,13 +72,19 @@ def adapt(
     """The payload to forward under `mode` (None: unchanged), and what was emulated.
 
     `count` sizes a content value in tokens (the route's counter)."""
-    if FIELD not in payload or mode == "native":
+    if mode == "native":
+        return None, Applied()
+    messages = payload.get("messages")
+    blocks = isinstance(messages, list) and has_block(messages)
+    if FIELD not in payload and not blocks:
         return None, Applied()
     forwarded = {k: v for k, v in payload.items() if k != FIELD}
+    if blocks:  # an upstream that is not native must not see them
+        forwarded["messages"] = messages = read_back(messages)
     applied = Applied()
-    if mode == "emulate":
+    if mode == "emulate" and FIELD in payload:
         edits = _edits(payload[FIELD])
-        messages = forwarded.get("messages")
+        applied.compact = compact_edit(edits)
         if isinstance(messages, list):
             messages = [dict(m) if isinstance(m, dict) else m for m in messages]
             for edit in edits:
@@ -79,7 +100,7 @@ def adapt(
 def with_report(body: bytes, applied: Applied) -> bytes:
     """A non-streamed Messages answer with `context_management.applied_edits` added."""
     report = applied.report()
-    if report is None:
+    if report is None and applied.compaction is None:
         return body
     try:
         answer = orjson.loads(body)
@@ -87,7 +108,10 @@ def with_report(body: bytes, applied: Applied) -> bytes:
         return body
     if not isinstance(answer, dict) or answer.get("type") != "message":
         return body
-    answer[FIELD] = report
+    if applied.compaction is not None:
+        answer = with_block(answer, applied.compaction)
+    if report is not None:
+        answer[FIELD] = report
     return orjson.dumps(answer)
 
 
@@ -98,19 +122,22 @@ async def reported_in_stream(
     `message_delta` event, where a stream from Anthropic carries it. Events pass as they come;
     only a partial event waits for its end, and only until that event has gone by."""
     report = applied.report()
+    block = BlockInStream(applied.compaction) if applied.compaction is not None else None
     events = EventSplitter()
     async for chunk in chunks:
-        if report is None:
+        if report is None and block is None:
             yield chunk
             continue
         out = []
         for event in events.feed(chunk):
+            if block is not None:  # every block event's index moves: each is read
+                event = block.event(event)
             if report is not None and b"message_delta" in event:
                 rewritten = _with_edits(event, report)
                 if rewritten is not None:
                     event, report = rewritten, None
             out.append(event + b"\n\n")
-        if report is None:  # reported: what was held back goes now, the rest as it comes
+        if report is None and block is None:  # what was held back goes now, the rest as it comes
             out.append(events.flush())
         if out:
             yield b"".join(out)
@@ -246,7 +273,9 @@ def _is_thinking(block: Any) -> bool:
 
 def apply_to(request: Any, route: Any, max_messages: int) -> tuple[Any, Applied]:
     """`request` (a WireRequest) as the model's mode forwards it, parsed again when changed."""
-    if request.api != "messages" or FIELD not in request.payload:
+    if request.api != "messages":
+        return request, Applied()
+    if FIELD not in request.payload and route.context_management == "native":
         return request, Applied()
 
     def count(value: Any) -> int:

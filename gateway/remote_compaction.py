@@ -176,7 +176,7 @@ class RemoteCompaction:
                 "held upstream (previous_response_id, conversation): send the input items.",
                 param="previous_response_id",
             )
-        text, outcome, tokens = await self._text(request, route, tenant, headers)
+        text, outcome, tokens = await self.summarise(request, route, tenant, headers)
         self._learn(tenant, request, tokens)
         return Compacted(await self.issue(tenant, text), outcome)
 
@@ -211,29 +211,31 @@ class RemoteCompaction:
             "created_by": "compactgate",
         }
 
-    async def _text(
+    async def summarise(
         self,
         request: WireRequest,
         route: Route,
         tenant: str,
         headers: Sequence[tuple[bytes, bytes]],
+        instructions: str | None = None,
     ) -> tuple[str, str, int]:
-        """The summary's text, where it came from, and the history's size in tokens."""
+        """The summary's text, where it came from, and the history's size in tokens
+        (`instructions`: the client's own summary prompt, instead of the gateway's)."""
         gw = self._gw
         history = _history(request)
         if not history:
             raise InvalidRequestError("There is nothing to compact: `input` is empty.", "input")
         counted = gw.pipeline.counts(request, route, tenant)
         tokens = sum(counted.counts)
-        prepared = gw.compaction_answers.covering(
+        prepared = await gw.compaction_answers.covering(
             tenant, request, counted.uids, counted.counts, len(request.messages)
         )
-        if prepared is not None:
-            return prepared, READY, tokens
+        if prepared.text is not None:
+            return prepared.text, READY, tokens
         summary = SummaryRequest(
             purpose="compaction",
             messages=prepare_for_summary(tuple(history)),
-            instructions=COMPACTION_PROMPT,
+            instructions=instructions or COMPACTION_PROMPT,
             max_tokens=gw.config.summaries.remote_compaction_tokens,
         )
         service = gw.summaries
@@ -251,9 +253,13 @@ class RemoteCompaction:
 
 
 def _history(request: WireRequest) -> list[dict[str, Any]]:
-    """The conversation to summarise: everything but `instructions` (sent again every turn)."""
+    """The conversation to summarise: everything but `instructions` or the system prompt (sent
+    again every turn)."""
     messages = request.messages
-    if isinstance(request.payload.get("instructions"), str):
+    if request.api == "messages":
+        while messages and messages[0].get("role") == "system":
+            messages = messages[1:]
+    elif isinstance(request.payload.get("instructions"), str):
         messages = messages[1:]
     return list(messages)
 

@@ -27,7 +27,8 @@ broken ones get the provider's 400 (so a gateway that breaks them fails the test
   as the gateway's own, cannot be read here).
 * Messages: a `tool_use` needs its `tool_result` in the next user turn and a `tool_result` its
   `tool_use` in the previous assistant turn; a thinking block's `signature` must be one this fake
-  issued for that text; at most 4 `cache_control` breakpoints.
+  issued for that text; at most 4 `cache_control` breakpoints; no `compaction` block (this fake,
+  like most upstreams, does not implement Anthropic's compaction).
 
 `POST /v1/responses/compact` is OpenAI's remote compaction: with `/_fake/config`
 `remote_compaction: true` it answers as OpenAI does (the input's user messages, then one
@@ -167,6 +168,12 @@ def messages_problem(payload: Mapping[str, Any]) -> str | None:
         content = turn.get("content") if isinstance(turn, dict) else None
         blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
         breakpoints += sum("cache_control" in b for b in blocks)
+        for position, block in enumerate(blocks):
+            if block.get("type") == "compaction":
+                return (
+                    f"messages.{index}.content.{position}: Input tag 'compaction' found using "
+                    "'type' does not match any of the expected tags"
+                )
         if turn.get("role") == "user":
             results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
             for result in results:

@@ -22,11 +22,20 @@ from hypothesis import strategies as st
 from gateway.agent_compaction import DEFAULT_SIGNATURES, Signature, recognise
 from gateway.config import parse_config
 from gateway.wire import CHAT, MESSAGES, RESPONSES
+from tests.conftest import Starter
 from tests.fake_agent_apis import summary_requests
 from tests.in_process import AppStarter, LocalUpstream
+from tests.redis_server import RedisServer, start_redis
 from tests.wire_strategies import messages_bodies, responses_bodies
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agents"
+
+
+@pytest.fixture(scope="module")
+def redis_server(start_process_session: Starter) -> RedisServer:
+    return start_redis(start_process_session)
+
+
 WIRES = {"responses": RESPONSES, "messages": MESSAGES}
 WIRE_BY_API = {"chat": CHAT, **WIRES}
 
@@ -262,3 +271,102 @@ async def test_an_agents_next_compaction_is_answered_from_a_summary_made_ahead(
     assert len(local_upstream.requests()) == calls + 1
     metrics = (await gw.http.get(f"{gw.url}/metrics")).text
     assert 'compactgate_agent_compactions_total{agent="codex",outcome="answered"} 4.0' in metrics
+
+
+def codex_model(upstream: LocalUpstream, store: str = "memory://") -> dict[str, Any]:
+    return {
+        "store": store,
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": upstream.base_url},
+                "tokenizer": "chars:4",
+                "context_window": 200_000,
+            }
+        ],
+    }
+
+
+async def agent_events(gw: Any) -> list[dict[str, Any]]:
+    feed = (await gw.http.get(f"{gw.base_url}/compactgate/events")).json()["events"]
+    return [e for e in feed if e.get("agent_compaction")]
+
+
+async def prepare_ahead(gw: Any, upstream: LocalUpstream) -> None:
+    """The agent compacts once at 10 steps (forwarded: the gateway learns where and how), then
+    a new history grows to 9 steps and the gateway makes the next summary in the background
+    (waited for after each step, so the test does not depend on how fast it comes)."""
+    url = f"{gw.base_url}/responses"
+    await gw.http.post(url, headers=KEY, json=compaction(codex_history(10)))
+    metric = 'compactgate_agent_compactions_total{agent="codex",outcome="prepared"}'
+
+    async def prepared() -> float:
+        text = (await gw.http.get(f"{gw.url}/metrics")).text
+        kept = [line for line in text.splitlines() if line.startswith(metric)]
+        return float(kept[0].rsplit(" ", 1)[1]) if kept else 0.0
+
+    for steps in range(1, 10):
+        response = await gw.http.post(url, headers=KEY, json=ordinary(codex_history(steps)))
+        assert response.status_code == 200
+        for _ in range(300):  # every summary asked for so far is made and kept
+            await asyncio.sleep(0.02)
+            if len(summary_requests(upstream.requests())) - 1 == await prepared():
+                break
+    assert await prepared() == 2.0  # at 70 % of the agent's size, again 15 % later
+
+
+async def test_every_agent_compaction_gets_one_event_saying_what_happened_and_why(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Forwarded because nothing was ready, answered from a ready summary, forwarded because
+    the summary is stale: one event-log line each, and none carries the conversation."""
+    gw = await start_app(codex_model(local_upstream))
+    await prepare_ahead(gw, local_upstream)
+    url = f"{gw.base_url}/responses"
+    answered = await gw.http.post(url, headers=KEY, json=compaction(codex_history(10)))
+    assert answered.headers["x-compactgate-agent-compaction"] == "codex; answered"
+    late = await gw.http.post(url, headers=KEY, json=compaction(codex_history(16)))
+    assert late.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
+
+    events = await agent_events(gw)
+    assert [(e["agent_outcome"], e["agent_reason"]) for e in events] == [
+        ("forwarded", "not_ready"),
+        ("answered", "ready"),
+        ("forwarded", "stale"),
+    ]
+    assert all(e["agent_compaction"] == "codex" and e["status"] == 200 for e in events)
+    logged = orjson.dumps(events).decode()
+    assert "line 0 of step" not in logged and "CONTEXT CHECKPOINT" not in logged
+
+
+async def test_a_summary_made_on_one_replica_answers_the_compaction_on_another(
+    start_app: AppStarter, local_upstream: LocalUpstream, redis_server: RedisServer
+) -> None:
+    """Two gateways sharing one Redis: the one that saw the history made the summary; the
+    agent's compaction request lands on the other, which answers it without the upstream."""
+    first = await start_app(codex_model(local_upstream, redis_server.url))
+    second = await start_app(codex_model(local_upstream, redis_server.url))
+    await prepare_ahead(first, local_upstream)
+    calls = len(local_upstream.requests())
+    summaries = len(summary_requests(local_upstream.requests()))
+
+    url = f"{second.base_url}/responses"
+    for stream in (False, True):
+        answer = await second.http.post(
+            url, headers=KEY, json=compaction(codex_history(10), stream)
+        )
+        assert answer.status_code == 200
+        assert answer.headers["x-compactgate-agent-compaction"] == "codex; answered"
+    reply = await second.openai().responses.create(**compaction(codex_history(10)))
+    assert reply.output_text.startswith("<summary>SUMMARY of")
+    assert "line 59 of step 9" in reply.output_text  # the step the summary did not cover
+
+    assert len(local_upstream.requests()) == calls  # no call at all, summary or otherwise
+    assert len(summary_requests(local_upstream.requests())) == summaries
+    [*_, event] = await agent_events(second)
+    assert (event["agent_outcome"], event["agent_reason"]) == ("answered", "ready")
+    # Another tenant's identical history is not answered from this tenant's summary.
+    other = await second.http.post(
+        url, headers={"authorization": "Bearer sk-other"}, json=compaction(codex_history(10))
+    )
+    assert other.headers["x-compactgate-agent-compaction"] == "codex; forwarded"

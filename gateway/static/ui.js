@@ -305,7 +305,7 @@ function eventSection(e) {
     ["context errors", e.context_errors && e.context_errors.length ? e.context_errors.join(", ") : "none"],
     ["over the window before compaction (estimate)", e.would_have_failed ? "yes" : "no"],
     ["internal rounds", e.internal_rounds],
-    ["agent compaction", e.agent_compaction ? e.agent_compaction + " (" + e.agent_outcome + ")" : "none"],
+    ["agent compaction", e.agent_compaction ? e.agent_compaction + " (" + e.agent_outcome + (e.agent_reason ? ": " + e.agent_reason : "") + ")" : "none"],
     ["cost", costText(e.cost_usd)],
     ["without the gateway", costText(e.counterfactual_usd)],
     ["saved", costText(e.saved_usd)],
@@ -333,7 +333,7 @@ function eventSection(e) {
   }
   if (!e.steps.length) {
     const tr = el("tr");
-    const cell = td("no step changed the request (a retry only)", "empty");
+    const cell = td(e.agent_compaction && !e.retries ? "not compacted here (an agent's own compaction)" : "no step changed the request (a retry only)", "empty");
     cell.colSpan = 6;
     tr.appendChild(cell);
     body.appendChild(tr);
