@@ -94,8 +94,7 @@ from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
 from .stores import open_store
-from .summaries import Precompute, SummaryService
-from .summarizer import Summarizer
+from .summaries import Precompute, Summarizer, SummaryService
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .upstream import (
@@ -268,13 +267,12 @@ class Gateway:
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
         self.pipeline = Pipeline(
             self.metrics,
+            self.summaries,
             safety_margin=config.server.safety_margin_tokens,
             clamp_max_tokens=config.server.clamp_max_tokens,
             ref_secret=os.urandom(32),
             inject_stream_usage=config.server.stream_usage == "inject",
-            fetch_summaries=self.summaries.fetch,
             tool_outputs=self.tool_outputs,
-            summary_source=self.summaries.source,
             count_remote=self.count_remote,
         )
         self.upstream_counts = UpstreamCounts(self.upstream)

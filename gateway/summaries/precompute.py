@@ -1,33 +1,15 @@
-"""Summaries as a service: cached, computed once, and ready before they are needed (R4.3-R4.6).
-
-Policies ask for summaries as data (`policies/summaries.py`); the pipeline hands what they lacked
-to `SummaryService.fetch`, which answers from the store or computes them with the `Summarizer`.
+"""Summaries ahead of need: after a response, make the summary the next requests will ask for.
 
 Rules this module keeps:
 
-- **The cache key is everything the text depends on**: tenant, summary model, the summariser's
-  fingerprint and the request's canonical bytes, hashed. One tenant never receives a summary
-  made from another tenant's request (issue 5 item 6), even for identical messages.
-- **Failures are never cached** (R4.13, 003 CX-NT3): a failed call leaves the store untouched,
-  answers `failed` (the chain goes on to its next step), is counted, and is not retried by this
-  process for `retry_failed_after_s`.
-- **Two tiers**: answers are kept in this process (`LocalAnswers`, LRU by bytes) in front of the
-  store, and the chain reads that tier synchronously (`source`), so a rolling summary of many
-  links costs one chain run, not one store round trip per link, on every request.
-- **One computation per key** (single-flight): in a process, racing requests share one task; across
-  replicas, the computing one holds a store lock (`SET NX PX`, expiring after the summary's
-  timeout) and the others poll the store for its result. A store outage degrades to local-only
-  single-flight.
-- **A summary is only waited for when the request cannot be sent without it**: when the steps up
-  to the summarising ones do not fit it under its limit without the missing summary (or on a
-  reactive retry), and then at most `wait_s`. The computation goes on in the background either
-  way and its result is cached for the next request; a request that fits is sent meanwhile
-  with what is ready (the pipeline decides; `SummaryAsk.wait`).
-- **Ahead of need** (R4.6, 002): after each response, `Precompute` checks whether the
-  conversation has passed `precompute_ratio` of its budget; if so it predicts the summary the
-  chain will ask for when the conversation crosses its trigger and computes it in the
-  background, so the crossing request finds it ready. Precomputations are bounded (a semaphore
-  and a bounded queue), never delay a response, and are cancelled at shutdown.
+- **Only near the crossing**: after each response, `Precompute` checks whether the conversation
+  has passed `precompute_ratio` of its budget; if so it predicts the summary the chain will ask
+  for when the conversation crosses its trigger and computes it in the background, so the
+  crossing request finds it ready. Precomputations are bounded (a semaphore and a bounded
+  queue), never delay a response, and are cancelled at shutdown.
+- **The same chain as a request**: a prediction runs the route's chain through a `ChainRunner`
+  (the pipeline), on the conversation and budget a request would have, so what it computes is
+  what the request will ask for.
 - **Precomputation runs while the gateway waits**: its chain runs (a few ms of CPU on a long
   conversation) hold the GIL. Started the moment a response ends, they would overlap the
   client's next call, which an agent sends right after its tool returns. So a precomputation
@@ -39,322 +21,66 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-import orjson
-
-from policies import Budget, ChainResult, Conversation, Message, run_chain
+from policies import Budget, ChainResult, Conversation, Message
 from policies.conversation import inserted
-from policies.memo import Memo
-from policies.rollup import SummarisingConfig
-from policies.summaries import FAILED, MISSING, DictSummaries, SummaryAnswer, SummaryRequest
+from policies.summaries import SummaryRequest, SummarySource
+from policies.summarising import SummarisingStep
 
-from .config import SummariesConfig
-from .metrics import Metrics
-from .pipeline import Pipeline, Prepared, SummaryAsk
-from .routing import Route
-from .stores import SafeStore
-from .summarizer import Summarizer, SummarizerError
-from .wire import WireRequest
+from ..routing import Route
+from ..wire import WireRequest
+from .service import RequestSummaries, SummaryService, average
 
 log = logging.getLogger("compactgate.summaries")
 
-LOCK_MARGIN_S = 10.0
-POLL_FIRST_S = 0.05
-POLL_MAX_S = 0.5
 MAX_ROUNDS = 16  # links of a rolling summary settled per precomputation
 GROWTH_REQUESTS = 3  # requests averaged when estimating how fast a conversation grows
 SEARCH_STEPS = 3  # bisection steps when predicting where the conversation crosses its trigger
-MAX_FAILURES_KEPT = 4096
 PACE_GAP_S = 300.0  # a longer pause between responses is not the session's pace
 MAX_PACES_KEPT = 10_000
 MAX_LOOKAHEAD_FACTOR = 4.0
-AVERAGE_WEIGHT = 0.3
-ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
-KEYS_KEPT = 4096
-KEYS_BYTES = 32 * 1024 * 1024
 
 
-def _store_key(parts: tuple[str, str, str], canonical: bytes) -> str:
-    digest = hashlib.blake2b(digest_size=24)
-    for part in (*(p.encode() for p in parts), canonical):
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return "summary:" + digest.hexdigest()
+class ChainRunner(Protocol):
+    """What a precomputation needs of the request path (the pipeline): a request's conversation
+    and budget, and the route's chain run on them with a given summary source."""
 
+    def conversation(self, request: WireRequest, route: Route) -> Conversation: ...
 
-def encode(answer: SummaryAnswer) -> bytes:
-    return orjson.dumps({"v": 1, "text": answer.text, "retain": answer.retain})
+    def request_budget(
+        self, request: WireRequest, route: Route, window: int | None
+    ) -> Budget | None: ...
 
-
-def decode(value: bytes) -> SummaryAnswer | None:
-    try:
-        data = orjson.loads(value)
-        if data.get("v") != 1 or not isinstance(data.get("text"), str) or not data["text"]:
-            return None
-        return SummaryAnswer.ready(data["text"], str(data.get("retain") or ""))
-    except (orjson.JSONDecodeError, AttributeError, TypeError):
-        return None
-
-
-class LocalAnswers:
-    """Ready answers by cache key, in this process: an LRU bounded by bytes; thread-safe (the
-    precomputation runs the chain in a worker thread)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._answers: OrderedDict[str, SummaryAnswer] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> SummaryAnswer | None:
-        with self._lock:
-            answer = self._answers.get(key)
-            if answer is not None:
-                self._answers.move_to_end(key)
-            return answer
-
-    def put(self, key: str, answer: SummaryAnswer) -> None:
-        size = _answer_bytes(key, answer)
-        if answer.status != "ready" or size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._answers.pop(key, None)
-            if old is not None:
-                self.bytes -= _answer_bytes(key, old)
-            self._answers[key] = answer
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                evicted, gone = self._answers.popitem(last=False)
-                self.bytes -= _answer_bytes(evicted, gone)
-
-
-def _answer_bytes(key: str, answer: SummaryAnswer) -> int:
-    return len(key) + 2 * (len(answer.text) + len(answer.retain)) + ANSWER_OVERHEAD
-
-
-class LocalSummaries(DictSummaries):
-    """The chain's summary source for one request: its own answers, then the local tier."""
-
-    def __init__(self, service: SummaryService, route: Route, tenant: str) -> None:
-        super().__init__()
-        self._service = service
-        self._route = route
-        self._tenant = tenant
-
-    def get(self, request: SummaryRequest) -> SummaryAnswer:
-        canonical = request.canonical()
-        answer = self.answers.get(canonical)
-        if answer is not None:
-            return answer
-        answer = self._service.local.get(
-            self._service.key_of(request, canonical, self._route, self._tenant)
-        )
-        if answer is None:
-            self.missing[canonical] = request
-            return MISSING
-        self._service.hits.inc()
-        self.answers[canonical] = answer
-        return answer
-
-
-class SummaryService:
-    """The pipeline's summary fetcher: store lookups, single-flight computation, background work."""
-
-    def __init__(
-        self, config: SummariesConfig, store: SafeStore, summarizer: Summarizer, metrics: Metrics
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.summarizer = summarizer
-        self.metrics = metrics
-        self._inflight: dict[str, asyncio.Task[SummaryAnswer]] = {}
-        self._tasks: set[asyncio.Task[object]] = set()
-        self._failed: dict[str, float] = {}
-        self.local = LocalAnswers(config.local_cache_bytes)
-        self.hits = metrics.summary_cache.labels("hit")  # per link asked (one when resumed)
-        self._keys = Memo(KEYS_KEPT, KEYS_BYTES)  # cache keys of recent requests, by their bytes
-        self.closed = False
-        self.summary_seconds: float | None = None  # running average of one summary's duration
-
-    def source(self, route: Route, tenant: str) -> LocalSummaries:
-        """A summary source for one chain run (the pipeline's `summary_source`)."""
-        return LocalSummaries(self, route, tenant)
-
-    # -- keys and the store -------------------------------------------------------------------
-
-    def key(self, request: SummaryRequest, route: Route, tenant: str) -> str:
-        return self.key_of(request, request.canonical(), route, tenant)
-
-    def key_of(self, request: SummaryRequest, canonical: bytes, route: Route, tenant: str) -> str:
-        """Hash of tenant, summary model, summariser fingerprint and the request's bytes.
-
-        Memoised: a rolling summary's links are looked up on every request of a conversation,
-        and a memoised link brings the same `canonical` object, whose `hash()` Python keeps.
-        """
-        parts = (tenant, self.summarizer.model_of(request, route), self.summarizer.fingerprint())
-        return self._keys.get(
-            (*parts, canonical), lambda: _store_key(parts, canonical), len(canonical)
-        )
-
-    async def cached(self, key: str) -> SummaryAnswer | None:
-        """The answer from this process's tier, else from the store (then kept locally)."""
-        answer = self.local.get(key)
-        if answer is not None:
-            return answer
-        value = await self.store.get(key)
-        answer = decode(value) if value is not None else None
-        if answer is not None:
-            self.local.put(key, answer)
-        return answer
-
-    # -- the fetcher ----------------------------------------------------------------------------
-
-    async def fetch(
-        self, requests: Sequence[SummaryRequest], route: Route, tenant: str, ask: SummaryAsk
-    ) -> Mapping[bytes, SummaryAnswer]:
-        """Answers by canonical bytes: ready, failed, or missing (computing; the request fits)."""
-        answers: dict[bytes, SummaryAnswer] = {}
-        waiting: dict[bytes, asyncio.Task[SummaryAnswer]] = {}
-        for request in requests:
-            canonical = request.canonical()
-            if canonical in answers or canonical in waiting:
-                continue
-            key = self.key_of(request, canonical, route, tenant)
-            found = await self.cached(key)
-            self.metrics.summary_cache.labels("hit" if found else "miss").inc()
-            if found is not None:
-                answers[canonical] = found
-            elif ask.headers is None or self.closed or self.recently_failed(key):
-                answers[canonical] = FAILED
-            else:
-                task = self.compute(key, request, route, ask.headers, ask.api)
-                if ask.wait:
-                    waiting[canonical] = task
-                else:
-                    answers[canonical] = MISSING
-        if waiting:
-            done, _ = await asyncio.wait(waiting.values(), timeout=self.config.wait_s)
-            for canonical, task in waiting.items():
-                answers[canonical] = task.result() if task in done else FAILED
-        return answers
-
-    def compute(
+    def chain(
         self,
-        key: str,
-        request: SummaryRequest,
+        conversation: Conversation,
+        budget: Budget,
         route: Route,
-        headers: Sequence[tuple[bytes, bytes]],
-        api: str = "chat",
-    ) -> asyncio.Task[SummaryAnswer]:
-        """The one task computing `key` in this process (started if there is none), through
-        `api`, the wire API of the request it is for (one its upstream speaks)."""
-        task = self._inflight.get(key)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(
-                self._compute(key, request, route, tuple(headers), api),
-                name=f"summary {key[8:20]}",
-            )
-            self._inflight[key] = task
-            self._track(task)
-            task.add_done_callback(lambda _: self._inflight.pop(key, None))
-        return task
-
-    async def _compute(
-        self,
-        key: str,
-        request: SummaryRequest,
-        route: Route,
-        headers: tuple[tuple[bytes, bytes], ...],
-        api: str,
-    ) -> SummaryAnswer:
-        lock_ttl = self.config.timeout_s + LOCK_MARGIN_S
-        deadline = time.monotonic() + lock_ttl + 1
-        delay = POLL_FIRST_S
-        while True:
-            lock = await self.store.lock("lock:" + key, lock_ttl)
-            if lock is not None:
-                break
-            # Another replica is computing it: its result arrives in the store.
-            found = await self.cached(key)
-            if found is not None:
-                return found
-            if time.monotonic() > deadline:
-                break
-            await asyncio.sleep(delay)
-            delay = min(POLL_MAX_S, delay * 2)
-        try:
-            found = await self.cached(key)
-            if found is not None:
-                return found
-            started = time.monotonic()
-            answer = await self.summarizer.summarize(request, route, headers, api)
-            self.summary_seconds = _average(self.summary_seconds, time.monotonic() - started)
-        except SummarizerError as error:
-            self._note_failure(key)
-            log.warning("summary for %s failed (%s): %s", request.purpose, error.outcome, error)
-            return FAILED
-        finally:
-            if lock is not None:
-                await self.store.release(lock)
-        self.local.put(key, answer)
-        await self.store.put(key, encode(answer), self.config.ttl_s)
-        return answer
-
-    def computing(self, key: str) -> bool:
-        """Whether this process is computing `key` now (for a request or a precomputation)."""
-        return key in self._inflight
-
-    def recently_failed(self, key: str) -> bool:
-        when = self._failed.get(key)
-        if when is None:
-            return False
-        if time.monotonic() - when < self.config.retry_failed_after_s:
-            return True
-        del self._failed[key]
-        return False
-
-    def _note_failure(self, key: str) -> None:
-        if self.config.retry_failed_after_s <= 0:
-            return
-        if len(self._failed) >= MAX_FAILURES_KEPT:
-            self._failed.pop(next(iter(self._failed)))
-        self._failed[key] = time.monotonic()
-
-    # -- background work ------------------------------------------------------------------------
-
-    def _track(self, task: asyncio.Task[object]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(_log_crash)
-
-    def spawn(self, coroutine: object, name: str) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coroutine, name=name)  # type: ignore[arg-type]
-        self._track(task)
-        return task
-
-    async def close(self) -> None:
-        """Cancel everything still running (shutdown). The store belongs to the gateway."""
-        self.closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        tenant: str,
+        summaries: SummarySource,
+    ) -> ChainResult: ...
 
 
-def _log_crash(task: asyncio.Task[object]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("background summary task %s crashed", task.get_name(), exc_info=task.exception())
+class Sent(Protocol):
+    """What the request path decided for the request a precomputation follows."""
 
+    @property
+    def route(self) -> Route: ...
 
-# -- ahead of need -----------------------------------------------------------------------------
+    @property
+    def budget(self) -> Budget | None: ...
+
+    @property
+    def chain(self) -> ChainResult | None: ...
+
+    @property
+    def conversation(self) -> Conversation | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,9 +124,9 @@ class Precompute:
     that request's time at the upstream, not the moment the agent sends it.
     """
 
-    def __init__(self, service: SummaryService, pipeline: Pipeline) -> None:
+    def __init__(self, service: SummaryService, runner: ChainRunner) -> None:
         self.service = service
-        self.pipeline = pipeline
+        self.runner = runner
         self.config = service.config
         self._slots = asyncio.Semaphore(self.config.background_concurrency)
         self._queued = 0
@@ -424,12 +150,14 @@ class Precompute:
         tenant: str,
         headers: Sequence[tuple[bytes, bytes]],
         window: int | None,
-        prepared: Prepared | None = None,
+        prepared: Sent | None = None,
     ) -> None:
         """Schedule a precomputation if it may be needed; returns at once."""
         if not self.config.precompute or self.service.closed or route.mode == "observe":
             return
-        if window is None or not any(_summarises(step) for step in route.policy.steps):
+        if window is None or not any(
+            isinstance(step, SummarisingStep) for step in route.policy.steps
+        ):
             return
         sent = prepared.chain if prepared is not None else None
         if prepared is not None and (
@@ -465,7 +193,7 @@ class Precompute:
         key = (tenant, route.name)
         last, interval = self._seen.pop(key, (None, None))
         if last is not None and now - last < PACE_GAP_S:
-            interval = _average(interval, now - last)
+            interval = average(interval, now - last)
         self._seen[key] = (now, interval)
         if len(self._seen) > MAX_PACES_KEPT:
             self._seen.popitem(last=False)
@@ -475,7 +203,7 @@ class Precompute:
             return base
         return min(base * MAX_LOOKAHEAD_FACTOR, max(base, took / interval + 1))
 
-    def _past_point(self, prepared: Prepared) -> bool:
+    def _past_point(self, prepared: Sent) -> bool:
         budget, chain = prepared.budget, prepared.chain
         if budget is None or chain is None:
             return False
@@ -508,10 +236,9 @@ class Precompute:
         """Predict and compute; returns the requests it computed (for tests and the benchmark)."""
         route, request = job.route, job.request
         conversation = job.conversation or await asyncio.to_thread(
-            self.pipeline.conversation, request, route
+            self.runner.conversation, request, route
         )
-        tools = self.pipeline.tools_tokens(request, route)
-        budget = self.pipeline.budget(request, route, tools, job.window)
+        budget = self.runner.request_budget(request, route, job.window)
         if budget is None or budget.limit <= 0 or not conversation.messages:
             return []
         point = route.policy_config.precompute_ratio * budget.limit
@@ -556,7 +283,7 @@ class Precompute:
         job: Job,
         conversation: Conversation,
         budget: Budget,
-        known: DictSummaries,
+        known: RequestSummaries,
         filler: Message,
         reach: int,
         base: ChainResult,
@@ -601,26 +328,26 @@ class Precompute:
         return same, Message(data=_NEW_TURN, tokens=0)
 
     async def _settle(
-        self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
+        self, job: Job, conversation: Conversation, budget: Budget, known: RequestSummaries
     ) -> ChainResult:
         """Run the chain, answering from the store, until it asks for nothing the store has."""
-        env = self.pipeline.env(job.route, job.tenant, known)
-        result = await asyncio.to_thread(run_chain, conversation, budget, job.route.policy, env)
+        route, tenant = job.route, job.tenant
+        chain = self.runner.chain
+        result = await asyncio.to_thread(chain, conversation, budget, route, tenant, known)
         for _ in range(MAX_ROUNDS):
             found = False
             for wanted in result.pending:
-                answer = await self.service.cached(self.service.key(wanted, job.route, job.tenant))
+                answer = await self.service.cached(self.service.key(wanted, route, tenant))
                 if answer is not None:
-                    known.answers[wanted.canonical()] = answer
+                    known.add(wanted, answer)
                     found = True
             if not found:
                 break
-            known.missing.clear()
-            result = await asyncio.to_thread(run_chain, conversation, budget, job.route.policy, env)
+            result = await asyncio.to_thread(chain, conversation, budget, route, tenant, known)
         return result
 
     async def _settle_computing(
-        self, job: Job, conversation: Conversation, budget: Budget, known: DictSummaries
+        self, job: Job, conversation: Conversation, budget: Budget, known: RequestSummaries
     ) -> list[SummaryRequest]:
         last = job.request.messages[-1]
         computed: list[SummaryRequest] = []
@@ -645,13 +372,13 @@ class Precompute:
                 computed.append(summary_request)
                 if answer.status != "ready":
                     return computed
-                known.answers[summary_request.canonical()] = answer
+                known.add(summary_request, answer)
         return computed
 
 
 def _summarised(result: ChainResult, route: Route) -> list[tuple[str, int]]:
     """Messages each summarising step replaced: it changes only when a range moves."""
-    summarising = {step.type for step in route.policy.steps if _summarises(step)}
+    summarising = _summarising(route)
     return [(r.type, r.messages_removed) for r in result.steps if r.type in summarising]
 
 
@@ -662,19 +389,16 @@ def _summarised_tokens(result: ChainResult, route: Route) -> int:
     scans the whole conversation: its range moves as the conversation grows, wherever the later
     steps left the request (`summarize_old` moves with the Turn count, however far `fifo` cut).
     """
-    summarising = {step.type for step in route.policy.steps if _summarises(step)}
+    summarising = _summarising(route)
     for report in reversed(result.steps):
         if report.type in summarising:
             return report.tokens_after
     return result.tokens_after
 
 
-def _average(current: float | None, value: float) -> float:
-    return value if current is None else current + AVERAGE_WEIGHT * (value - current)
-
-
-def _summarises(step: object) -> bool:
-    return isinstance(getattr(step, "config", None), SummarisingConfig)
+def _summarising(route: Route) -> set[str]:
+    """The types of the route's summarising steps."""
+    return {step.type for step in route.policy.steps if isinstance(step, SummarisingStep)}
 
 
 def _growth(conversation: Conversation, requests: int = GROWTH_REQUESTS) -> int:
