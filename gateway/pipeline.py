@@ -56,6 +56,8 @@ EXPANSION_MAX_SHARE = 0.1  # the expansion tools may take at most this share of 
 OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
 
 
+Chain = Callable[[Conversation, Budget], ChainResult]  # a route's chain, ready to run
+
 # Counts texts with a route's upstream tokenizer: (route, wire, texts, client headers) -> counts.
 RemoteCounter = Callable[
     [Route, Any, Sequence[str], Sequence[tuple[bytes, bytes]] | None],
@@ -218,16 +220,10 @@ class Pipeline:
         """The budget of `request` against `window`, its tool definitions counted."""
         return self.budget(request, route, self.tools_tokens(request, route), window)
 
-    def chain(
-        self,
-        conversation: Conversation,
-        budget: Budget,
-        route: Route,
-        tenant: str,
-        summaries: SummarySource,
-    ) -> ChainResult:
-        """The route's chain on `conversation`, answered by `summaries` alone (nothing fetched)."""
-        return run_chain(conversation, budget, route.policy, self.env(route, tenant, summaries))
+    def chain_for(self, route: Route, tenant: str, summaries: SummarySource) -> Chain:
+        """The route's chain for `tenant`, answered by `summaries` alone (nothing is fetched)."""
+        env = self.env(route, tenant, summaries)
+        return lambda conversation, budget: run_chain(conversation, budget, route.policy, env)
 
     def env(self, route: Route, tenant: str, summaries: SummarySource) -> Env:
         secret = self.ref_secret + tenant.encode()

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,14 +57,9 @@ class ChainRunner(Protocol):
         self, request: WireRequest, route: Route, window: int | None
     ) -> Budget | None: ...
 
-    def chain(
-        self,
-        conversation: Conversation,
-        budget: Budget,
-        route: Route,
-        tenant: str,
-        summaries: SummarySource,
-    ) -> ChainResult: ...
+    def chain_for(
+        self, route: Route, tenant: str, summaries: SummarySource
+    ) -> Callable[[Conversation, Budget], ChainResult]: ...
 
 
 class Sent(Protocol):
@@ -332,8 +327,8 @@ class Precompute:
     ) -> ChainResult:
         """Run the chain, answering from the store, until it asks for nothing the store has."""
         route, tenant = job.route, job.tenant
-        chain = self.runner.chain
-        result = await asyncio.to_thread(chain, conversation, budget, route, tenant, known)
+        chain = self.runner.chain_for(route, tenant, known)
+        result = await asyncio.to_thread(chain, conversation, budget)
         for _ in range(MAX_ROUNDS):
             found = False
             for wanted in result.pending:
@@ -343,7 +338,7 @@ class Precompute:
                     found = True
             if not found:
                 break
-            result = await asyncio.to_thread(chain, conversation, budget, route, tenant, known)
+            result = await asyncio.to_thread(chain, conversation, budget)
         return result
 
     async def _settle_computing(
