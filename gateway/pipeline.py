@@ -1,4 +1,4 @@
-"""From a validated request to the exact bytes to forward: count, budget, chain, check (R1.3).
+"""From a validated request to the exact bytes to forward: count, budget, chain, check.
 
 `Pipeline.prepare` is shared by the chat path, the reactive retry and the plan endpoint, so what
 `/v1/compactgate/plan` shows is what a real request would send. It always starts from the
@@ -53,7 +53,7 @@ log = logging.getLogger("compactgate.pipeline")
 MAX_SUMMARY_ROUNDS = 8  # links of a rolling summary fetched one after the other
 MAX_MEMO_REFS = 4096  # tool-output refs remembered per process
 EXPANSION_MAX_SHARE = 0.1  # the expansion tools may take at most this share of a window
-OUTPUT_RESERVE_SHARE = 0.2  # 000: reserve ~20 % for the output when nothing says otherwise
+OUTPUT_RESERVE_SHARE = 0.2  # reserved for the output when nothing says how much
 
 
 Chain = Callable[[Conversation, Budget], ChainResult]  # a route's chain, ready to run
@@ -82,7 +82,7 @@ class Prepared:
     api: str = "chat"  # the wire API of the request
     correction: float | None = None  # the calibration multiplier the counts were made with
     injected_usage: bool = False  # we asked for stream usage the client did not ask for
-    priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept (004 reward)
+    priority_preserved: float = 1.0  # share of pinned / priority-1 messages kept
     expandable: bool = False  # masked tool outputs: the expansion tools were added
     # The client's messages as the chain saw them (with counts and uids); None when no chain ran.
     conversation: Conversation | None = None

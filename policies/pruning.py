@@ -1,4 +1,4 @@
-"""Dropping whole Turns by relevance, leaving one placeholder per run (004 Strategies 2 and 4).
+"""Dropping whole Turns by relevance, leaving one placeholder per run.
 
 Shared by `prioritize_recent` and `discard_low_rel`. The last `recent_bias` share of the Turns
 (at least one: the current Turn) is always kept; Turns holding a P1 message (`priority == 1`)

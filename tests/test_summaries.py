@@ -18,7 +18,7 @@ from gateway.routing import Route, Router
 from gateway.stores import MemoryStore, SafeStore
 from gateway.summaries import Job, SummaryAsk, SummaryService
 from gateway.summaries.cache import LocalAnswers, encode
-from gateway.summaries.precompute import _growth
+from gateway.summaries.prediction import growth
 from gateway.summaries.summarizer import SummarizerError
 from gateway.wire import parse_chat_request
 from policies import Conversation, Message
@@ -208,8 +208,8 @@ def test_growth_averages_the_last_requests() -> None:
     sizes = [("user", 50), ("assistant", 10), ("tool", 90), ("assistant", 10), ("tool", 290)]
     sizes += [("assistant", 10), ("tool", 590)]
     conversation = Conversation(tuple(message(role, tokens) for role, tokens in sizes))
-    assert _growth(conversation) == (100 + 300 + 600) // 3
-    assert _growth(Conversation((message("user", 70),))) == 70
+    assert growth(conversation) == (100 + 300 + 600) // 3
+    assert growth(Conversation((message("user", 70),))) == 70
 
 
 AGENT_CONFIG = {

@@ -29,18 +29,24 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from policies import Budget, ChainResult, Conversation, Message
-from policies.conversation import inserted
 from policies.summaries import SummaryRequest, SummarySource
 from policies.summarising import SummarisingStep
 
 from ..routing import Route
 from ..wire import WireRequest
+from .prediction import (
+    extended,
+    fillers,
+    growth,
+    summarised,
+    summarised_tokens,
+    synthetic,
+)
 from .service import RequestSummaries, SummaryService, average
 
 log = logging.getLogger("compactgate.summaries")
 
 MAX_ROUNDS = 16  # links of a rolling summary settled per precomputation
-GROWTH_REQUESTS = 3  # requests averaged when estimating how fast a conversation grows
 SEARCH_STEPS = 3  # bisection steps when predicting where the conversation crosses its trigger
 PACE_GAP_S = 300.0  # a longer pause between responses is not the session's pace
 MAX_PACES_KEPT = 10_000
@@ -203,7 +209,7 @@ class Precompute:
         if budget is None or chain is None:
             return False
         ratio = prepared.route.policy_config.precompute_ratio
-        return _summarised_tokens(chain, prepared.route) >= ratio * budget.limit
+        return summarised_tokens(chain, prepared.route) >= ratio * budget.limit
 
     async def _run(self, job: Job, waiter: asyncio.Future[None] | None = None) -> None:
         try:
@@ -243,14 +249,14 @@ class Precompute:
         base = job.sent or await self._settle(job, conversation, budget, known)
         if base.pending:
             return []  # the request itself is waiting for or computing these
-        sent = _summarised_tokens(base, route)
-        growth = _growth(conversation)
+        sent = summarised_tokens(base, route)
+        per_request = growth(conversation)
         # Tokens the next requests may add before a range moves; at least one request's worth
         # when the summarising step alone does not fit (a later step trims the rest).
-        reach = min(max(budget.limit - sent, growth), int(job.lookahead * growth))
+        reach = min(max(budget.limit - sent, per_request), int(job.lookahead * per_request))
         if sent < point or reach <= 0:
             return []
-        same_turn, new_turn = self._fillers(request)
+        same_turn, new_turn = fillers(request)
         if same_turn is not None:
             computed, moved = await self._predict(
                 job, conversation, budget, known, same_turn, reach, base
@@ -269,7 +275,7 @@ class Precompute:
         # Make that one now, or a short Turn ends before it is ready. The two new Turns are
         # empty, so ranges that move with tokens are not guessed at here, and ranges that would
         # reach them (or this Turn's coming answer) are left out.
-        after = _extended(_extended(conversation, new_turn, 0), new_turn, 0)
+        after = extended(extended(conversation, new_turn, 0), new_turn, 0)
         computed = await self._settle_computing(job, after, budget, known)
         return computed
 
@@ -285,8 +291,8 @@ class Precompute:
     ) -> tuple[list[SummaryRequest], bool]:
         """Compute what the chain asks for when `filler` (at most `reach` tokens) crosses; and
         whether the filler moves a summarised range at all (stored already or not)."""
-        probe = await self._settle(job, _extended(conversation, filler, reach), budget, known)
-        moved = _summarised(probe, job.route) != _summarised(base, job.route)
+        probe = await self._settle(job, extended(conversation, filler, reach), budget, known)
+        moved = summarised(probe, job.route) != summarised(base, job.route)
         if not probe.pending:
             return [], moved  # not crossing within the next requests, or already stored
         if not self._not_being_made(job, probe.pending):
@@ -296,13 +302,13 @@ class Precompute:
             middle = (low + high) // 2
             if middle <= low:
                 break
-            probe = await self._settle(job, _extended(conversation, filler, middle), budget, known)
+            probe = await self._settle(job, extended(conversation, filler, middle), budget, known)
             if probe.pending:
                 high = middle
             else:
                 low = middle
-        extended = _extended(conversation, filler, high)
-        return await self._settle_computing(job, extended, budget, known), True
+        longer = extended(conversation, filler, high)
+        return await self._settle_computing(job, longer, budget, known), True
 
     def _not_being_made(self, job: Job, wanted: Sequence[SummaryRequest]) -> list[SummaryRequest]:
         """`wanted` without what is being computed already (by a request or an earlier
@@ -314,13 +320,6 @@ class Precompute:
             for r in wanted
             if not self.service.computing(self.service.key(r, job.route, job.tenant))
         ]
-
-    def _fillers(self, request: WireRequest) -> tuple[Message | None, Message]:
-        """What may come next: more of this Turn (an agent loop: the client sends tools), or a
-        new Turn. A prediction that needs the model's coming answer is dropped later."""
-        agent = bool(request.payload.get("tools") or request.payload.get("functions"))
-        same = Message(data=_SAME_TURN, tokens=0) if agent else None
-        return same, Message(data=_NEW_TURN, tokens=0)
 
     async def _settle(
         self, job: Job, conversation: Conversation, budget: Budget, known: RequestSummaries
@@ -351,7 +350,7 @@ class Precompute:
             wanted = [
                 r
                 for r in result.pending
-                if not (r.messages and r.messages[-1] == last) and not _synthetic(r)
+                if not (r.messages and r.messages[-1] == last) and not synthetic(r)
             ]
             wanted = self._not_being_made(job, wanted)
             if not wanted:
@@ -369,59 +368,3 @@ class Precompute:
                     return computed
                 known.add(summary_request, answer)
         return computed
-
-
-def _summarised(result: ChainResult, route: Route) -> list[tuple[str, int]]:
-    """Messages each summarising step replaced: it changes only when a range moves."""
-    summarising = _summarising(route)
-    return [(r.type, r.messages_removed) for r in result.steps if r.type in summarising]
-
-
-def _summarised_tokens(result: ChainResult, route: Route) -> int:
-    """Tokens after the chain's last summarising step: what its next range move depends on.
-
-    Steps after it (`fifo`, `emergency`) may trim the request further, but a summarising step
-    scans the whole conversation: its range moves as the conversation grows, wherever the later
-    steps left the request (`summarize_old` moves with the Turn count, however far `fifo` cut).
-    """
-    summarising = _summarising(route)
-    for report in reversed(result.steps):
-        if report.type in summarising:
-            return report.tokens_after
-    return result.tokens_after
-
-
-def _summarising(route: Route) -> set[str]:
-    """The types of the route's summarising steps."""
-    return {step.type for step in route.policy.steps if isinstance(step, SummarisingStep)}
-
-
-def _growth(conversation: Conversation, requests: int = GROWTH_REQUESTS) -> int:
-    """Tokens a request adds, on average over the last few: each added an answer and what
-    followed it (tool results, the next user message)."""
-    roles = conversation.roles()
-    answers, first = 0, len(roles)
-    for at in range(len(roles) - 1, -1, -1):  # from the end: older history is not read
-        if roles[at] == "assistant":
-            answers, first = answers + 1, at
-            if answers == requests:
-                break
-    if not answers:
-        return conversation.tokens
-    return sum(m.tokens for m in conversation.messages[first:]) // answers
-
-
-_SAME_TURN = {"role": "assistant", "content": ""}  # what a prediction's filler message holds
-_NEW_TURN = {"role": "user", "content": ""}
-
-
-def _synthetic(request: SummaryRequest) -> bool:
-    """Whether a predicted summary request covers a filler (the messages are not known yet)."""
-    return any(m is _SAME_TURN or m is _NEW_TURN for m in request.messages)
-
-
-def _extended(conversation: Conversation, filler: Message, tokens: int) -> Conversation:
-    """`conversation` and a filler of `tokens` tokens. The tool groups (and, for a filler that
-    is no user message, the roles and protected messages) the request's chain worked out are
-    carried over: a prediction runs the chain several times on a conversation as long."""
-    return inserted(conversation, len(conversation), [Message(data=filler.data, tokens=tokens)])

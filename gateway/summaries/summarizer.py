@@ -1,15 +1,15 @@
-"""The LLM summariser: a `SummaryRequest` in, summary text (and 001's retain section) out.
+"""The LLM summariser: a `SummaryRequest` in, summary text (and its retain section) out.
 
-One call, as 001 2.6 describes: the messages to summarise, then the instructions as the final
-user message, sent without tools to the summary model (the step's `model:` when set, 001 2.6.2,
+One call: the messages to summarise, then the instructions as the final
+user message, sent without tools to the summary model (the step's `model:` when set,
 resolved by the router like any client model name; else the request's own route), with the
 client's credential unless the route holds its own key. The messages are written out as a
 transcript inside that one user message rather than replayed as chat messages: tool calls
 whose results fall outside the range, image parts and strict chat templates (no two user
 messages in a row, no tool messages without `tools`) then cannot make the call fail.
-`prepare_for_summary` (001 2.6.1) has already been applied by the step.
+`prepare_for_summary` has already been applied by the step.
 
-The answer is read for `<retain>...</retain>` and `<summary>...</summary>` (001 2.6 step 4); an
+The answer is read for `<retain>...</retain>` and `<summary>...</summary>`; an
 answer without summary tags is the summary as a whole, and `<think>` blocks are dropped.
 
 The input must fit the summary model's window, or compaction would fail exactly when it is
@@ -26,7 +26,7 @@ cached by the provider). When the input has to be chunked, the partial summaries
 without the earlier summary, which must not be restated.
 
 Every failure (upstream error, timeout, empty answer, unknown model) is a `SummarizerError`; the
-caller turns it into a `failed` answer that is never cached (R4.13).
+caller turns it into a `failed` answer that is never cached.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def chunk(pieces: Sequence[str], sizes: Sequence[int], budget: int) -> list[list
 
 
 def read_answer(text: str, want_retain: bool) -> SummaryAnswer:
-    """Split a summariser's reply into summary and retain sections (001 2.6 step 4)."""
+    """Split a summariser's reply into summary and retain sections."""
     text = _THINK.sub("", text).strip()
     retain = ""
     if want_retain:

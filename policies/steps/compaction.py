@@ -1,19 +1,19 @@
-"""`compaction` (R4.4, 001 section 2): retain + summary + the last `retain_last_turns` Turns.
+"""`compaction`: retain + summary + the last `retain_last_turns` Turns.
 
 When the history passes `threshold_ratio` of the limit, everything after the head except the last
-`retain_last_turns` Turns is replaced by 001's retain + summary: by default two user messages put
-first (the `<retain>` part, when a retain prompt or directives are configured, then the summary);
-`placement` can make them one system message or append them to the system prompt. The summariser
-is asked (through `SummaryRequest`, the gateway makes the call, without tools) with
+`retain_last_turns` Turns is replaced by a retain section and a summary: by default two user
+messages put first (the `<retain>` part, when a retain prompt or directives are configured, then
+the summary); `placement` can make them one system message or append them to the system prompt.
+The summariser is asked (through `SummaryRequest`, the gateway makes the call, without tools) with
 `summary_prompt` + `summary_directives` as bullets, `retain_prompt` + `retain_directives`, and
-`model` when set (001 2.6.2). Messages go through `prepare_for_summary` (001 2.6.1: a trailing
-assistant message with tool_calls loses them, or is left out when it has no text).
+`model` when set. Messages go through `prepare_for_summary` (a trailing assistant message with
+tool_calls loses them, or is left out when it has no text).
 
 Never drops: the head, the last `retain_last_turns` Turns (as of each event), system/developer
 and pinned messages with their tool groups, the latest user message.
 
 Cache stability: the compacted range is a stable cut over Turns (`rollup.scan_cuts` with a target
-of zero: each event compacts everything but the last Turns, as 001 does). Between events the
+of zero: each event compacts everything but the last Turns). Between events the
 retain and summary text are the same on every request. When a new event moves the cut, the newly
 covered Turns are summarised with `previous=` the earlier answer; when a retain section was asked
 for, `previous` carries both, as `<retain>...</retain>` followed by `<summary>...</summary>`.

@@ -1,10 +1,10 @@
-"""`discard_low_rel` (004 Strategy 4): drop the least relevant `discard_percent` of the Turns.
+"""`discard_low_rel`: drop the least relevant `discard_percent` of the Turns.
 
 Turns are scored as in `prioritize_recent` (relevance to the latest user message, P1 boosted);
 outside the last `recent_bias` share, the lowest-scoring Turns are dropped, at most
-`discard_percent` of all Turns (004 keeps `ceil(n * (1 - discard_percent))`), by default only
+`discard_percent` of all Turns (`ceil(n * (1 - discard_percent))` are kept), by default only
 until the request is under the policy's target. Each run of dropped Turns leaves one placeholder
-`[Omitted N low-relevance earlier turns]` (004's "brief" placeholder, `policies.pruning`).
+`[Omitted N low-relevance earlier turns]` (`policies.pruning`).
 
 Never drops: the head, the recent Turns, pinned and system/developer messages with their tool
 groups, the latest user message. Not cache-stable: see `policies.pruning`.

@@ -1,4 +1,4 @@
-"""`prioritize_recent` (004 Strategy 2): keep the recent Turns and the relevant ones.
+"""`prioritize_recent`: keep the recent Turns and the relevant ones.
 
 Every Turn is scored for relevance to the latest user message (`policies.relevance`: BM25 by
 default, embeddings through `Env.relevance` with `scorer: embeddings`), P1 Turns boosted by

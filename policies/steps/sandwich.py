@@ -1,4 +1,4 @@
-"""`sandwich` (R4.3, 003): keep the top and the bottom, replace the middle by one summary.
+"""`sandwich`: keep the top and the bottom, replace the middle by one summary.
 
 Over `compression_threshold` of the limit and with more than `preserve_top + preserve_bottom`
 messages after the head, the messages between the first `preserve_top` (after the head) and the
@@ -9,15 +9,14 @@ to the end of a tool group it would split, and so does the bottom.
 Never drops: the head, the top, the last `preserve_bottom` messages at the time of each event,
 system/developer messages, pinned messages and their tool groups, the latest user message.
 
-Cache stability instead of 003's per-request range: 003 re-summarises whenever a message is added
-(its cached summary is valid only while the middle is exactly `[top, len - bottom)`). Here the
+Cache stability rather than a per-request range (which would be summarised again whenever a
+message is added, its summary valid only while the middle is exactly `[top, len - bottom)`): the
 middle's end is a stable cut (`rollup.scan_cuts`) that only moves when the kept part crosses the
 threshold again, then far enough to get back under the threshold scaled by the policy's
 target/trigger share (0.7 x 0.6/0.8 = 0.525 of the limit by default), while leaving at least
 `preserve_bottom` messages after it. When it moves, only the newly covered messages are
 summarised, with `previous=` the summary of the old range (`rollup.Rolling`), so a cached summary
-is reused as long as its range is still the middle (CX-T5) and extended when the middle grows
-(CX-T6).
+is reused as long as its range is still the middle and extended when the middle grows.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""`summarize_old` (004 Strategy 1): the oldest `old_threshold` of the Turns become one summary.
+"""`summarize_old`: the oldest `old_threshold` of the Turns become one summary.
 
 When the request is over the trigger, the oldest 60 % of the Turns (rounded down to whole
 Turns) are replaced by a summary of about `summary_length` tokens, a system message by default.
 
 Never drops: the head, the newer Turns, system/developer and pinned messages with their tool
-groups, the latest user message. 004's per-unit priority rule ("summarises non-P1 more
+groups, the latest user message. The per-unit priority rule ("summarises non-P1 more
 aggressively") is met by pinning: P1 messages a client wants verbatim are pinned, and pinned
 messages are never summarised away.
 
