@@ -736,27 +736,29 @@ def walk_state(rolling: Rolling, cuts: list[int]) -> tuple[Any, ...]:
     )
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    choice=st.sampled_from(STEP_CONFIGS),
-    first=st.integers(8, 50),
-    requests=st.lists(
-        st.tuples(
-            st.integers(-4, 6),  # Turns added since the request before (fewer: a branch)
-            st.sampled_from([0.95, 1.0, 1.05]),  # calibration drift between requests
-            st.integers(-1, 70),  # a message edited (a new uid), or none
-        ),
+# A conversation's requests: its first length in Turns, then for each request the Turns added
+# since the one before (fewer: a branch), the calibration drift, and a message edited (or none).
+SEQUENCES = st.tuples(
+    st.integers(8, 50),
+    st.lists(
+        st.tuples(st.integers(-4, 6), st.sampled_from([0.95, 1.0, 1.05]), st.integers(-1, 70)),
         min_size=1,
         max_size=10,
     ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    choice=st.sampled_from(STEP_CONFIGS),
+    sequence=SEQUENCES,
     shape=st.sampled_from(["chat", "agent"]),
     window=st.sampled_from([1500, 4000]),
     seed=st.integers(0, 255),
 )
 def test_the_replayed_walk_equals_the_plain_walk(
     choice: tuple[str, dict[str, Any]],
-    first: int,
-    requests: list[tuple[int, float, int]],
+    sequence: tuple[int, list[tuple[int, float, int]]],
     shape: str,
     window: int,
     seed: int,
@@ -770,7 +772,7 @@ def test_the_replayed_walk_equals_the_plain_walk(
     step = build_step(config_cls(**config))
     assert isinstance(step, SummarisingStep)
     shared = Memo()
-    length = first
+    length, requests = sequence
     for added, scale, edited in requests:
         length = max(4, length + added)
         datas = chat(length) if shape == "chat" else agent(length, output_lines=12)

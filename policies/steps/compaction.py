@@ -77,11 +77,11 @@ def _previous(answer: SummaryAnswer) -> str:
 
 class Compaction(SummarisingStep):
     type: ClassVar[str] = "compaction"
+    config: CompactionConfig
 
     def __init__(self, config: CompactionConfig) -> None:
         instructions = bullets(config.summary_prompt, config.summary_directives)
         super().__init__(config, instructions, config.summary_tokens, config.retain_instructions())
-        self.config = config
 
     def plan(self, conversation: Conversation, budget: Budget) -> Plan:
         config = self.config

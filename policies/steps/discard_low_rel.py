@@ -30,10 +30,7 @@ class DiscardLowRelConfig(PruningConfig):
 
 class DiscardLowRel(PruningStep):
     type: ClassVar[str] = "discard_low_rel"
-
-    def __init__(self, config: DiscardLowRelConfig) -> None:
-        super().__init__(config)
-        self.config = config
+    config: DiscardLowRelConfig
 
     def order(self, turns: Sequence[Turn], ranked: Sequence[tuple[float, int]]) -> list[int]:
         """The least relevant Turns, at most `discard_percent` of all of them."""

@@ -30,10 +30,7 @@ class PrioritizeRecentConfig(PruningConfig):
 
 class PrioritizeRecent(PruningStep):
     type: ClassVar[str] = "prioritize_recent"
-
-    def __init__(self, config: PrioritizeRecentConfig) -> None:
-        super().__init__(config)
-        self.config = config
+    config: PrioritizeRecentConfig
 
     def order(self, turns: Sequence[Turn], ranked: Sequence[tuple[float, int]]) -> list[int]:
         """Every Turn under `rel_threshold`, least relevant first."""

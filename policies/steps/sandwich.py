@@ -56,10 +56,10 @@ class SandwichConfig(SummarisingConfig):
 
 class Sandwich(SummarisingStep):
     type: ClassVar[str] = "sandwich"
+    config: SandwichConfig
 
     def __init__(self, config: SandwichConfig) -> None:
         super().__init__(config, config.prompt, config.summary_tokens)
-        self.config = config
 
     def plan(self, conversation: Conversation, budget: Budget) -> Plan | None:
         config = self.config

@@ -44,11 +44,11 @@ class SummarizeOldConfig(SummarisingConfig):
 
 class SummarizeOld(SummarisingStep):
     type: ClassVar[str] = "summarize_old"
+    config: SummarizeOldConfig
 
     def __init__(self, config: SummarizeOldConfig) -> None:
         instructions = config.prompt.replace("{tokens}", str(config.summary_length))
         super().__init__(config, instructions, config.summary_length)
-        self.config = config
 
     def plan(self, conversation: Conversation, budget: Budget) -> Plan:
         config = self.config
