@@ -99,8 +99,7 @@ from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
 from .stores import open_store
-from .summaries import Precompute, SummaryService
-from .summarizer import Summarizer
+from .summaries import Precompute, Summarizer, SummaryService
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .upstream import (
@@ -279,13 +278,12 @@ class Gateway:
         shared = config.store.startswith(("redis://", "rediss://"))
         self.pipeline = Pipeline(
             self.metrics,
+            self.summaries,
             safety_margin=config.server.safety_margin_tokens,
             clamp_max_tokens=config.server.clamp_max_tokens,
             ref_secret=os.urandom(32),
             inject_stream_usage=config.server.stream_usage == "inject",
-            fetch_summaries=self.summaries.fetch,
             tool_outputs=self.tool_outputs,
-            summary_source=self.summaries.source,
             count_remote=self.count_remote,
             counting=Counting(self.store if shared else None, threads=config.server.count_threads),
         )

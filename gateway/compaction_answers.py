@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .summarizer import render_message
+from .summaries.summarizer import render_message
 from .wire import WIRES, WireRequest
 
 if TYPE_CHECKING:

@@ -41,8 +41,8 @@ from policies import (
 )
 from policies.invariants import TOOL_CALLS_PAIRED, check, check_tool_pairs
 from policies.pinning import apply_pin_rules
-from policies.rollup import SummarisingConfig as Summarising
-from policies.summaries import DictSummaries, SummaryAnswer, SummaryRequest
+from policies.summaries import SummaryAnswer, SummaryRequest, SummarySource
+from policies.summarising import SummarisingStep
 
 from .counting import Counting
 from .errors import ContextLengthExceededError, InvalidRequestError
@@ -51,6 +51,7 @@ from .held import HeldResults
 from .metrics import Metrics
 from .prefix import Counted, PrefixCounts
 from .routing import Route
+from .summaries import SummaryAsk, SummaryService
 from .tokenizers import CharsTokenizer, UpstreamTokenizer
 from .tokens import PRIMING_TOKENS, MessageCounter
 from .tool_outputs import ToolOutputCache
@@ -77,25 +78,12 @@ class ExactCount:
     budget: Budget | None
 
 
-@dataclass(frozen=True, slots=True)
-class SummaryAsk:
-    """How the summary fetcher may get what the store lacks (design D7.7)."""
-
-    headers: tuple[tuple[bytes, bytes], ...] | None  # the client's (credential); None: cache only
-    wait: bool  # the request cannot be sent without them: wait (bounded); else compute meanwhile
-    api: str = "chat"  # the client's wire API: its upstream speaks it, so summaries use it
-
+Chain = Callable[[Conversation, Budget], ChainResult]  # a route's chain, ready to run
 
 # Counts texts with a route's upstream tokenizer: (route, wire, texts, client headers) -> counts.
 RemoteCounter = Callable[
     [Route, Any, Sequence[str], Sequence[tuple[bytes, bytes]] | None],
     Awaitable[list[int] | None],
-]
-
-# Fetches summaries the chain asked for: (requests, route, tenant, ask) -> answers by canonical
-# key: `ready`, `failed`, or `missing` (being computed; only when `ask.wait` is False).
-SummaryFetcher = Callable[
-    [Sequence[SummaryRequest], Route, str, SummaryAsk], Awaitable[Mapping[bytes, SummaryAnswer]]
 ]
 
 
@@ -170,19 +158,18 @@ class Pipeline:
     def __init__(
         self,
         metrics: Metrics,
+        summaries: SummaryService,
         safety_margin: int,
         clamp_max_tokens: bool,
         ref_secret: bytes,
         inject_stream_usage: bool = False,
-        fetch_summaries: SummaryFetcher | None = None,
         tool_outputs: ToolOutputCache | None = None,
-        summary_source: Callable[[Route, str], DictSummaries] | None = None,
         count_remote: RemoteCounter | None = None,
         counting: Counting | None = None,
     ) -> None:
         self.counting = counting if counting is not None else Counting()
         self._count_remote = count_remote  # the upstream's own counts (`tokenizer: upstream`)
-        self._summary_source = summary_source  # (route, tenant) -> the chain's summary source
+        self._summaries = summaries  # what the chains' summaries are fetched from
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
         self._prefix = PrefixCounts()
@@ -194,7 +181,6 @@ class Pipeline:
         self._clamp = clamp_max_tokens
         self._inject_usage = inject_stream_usage
         self.ref_secret = ref_secret  # replaced at start-up by the shared one
-        self._fetch = fetch_summaries
 
     def budget(
         self, request: WireRequest, route: Route, tools_tokens: int, window: int | None
@@ -273,7 +259,18 @@ class Pipeline:
         )
         return Conversation(apply_pin_rules(messages, route.policy_config.pin_rules))
 
-    def env(self, route: Route, tenant: str, summaries: DictSummaries) -> Env:
+    def request_budget(
+        self, request: WireRequest, route: Route, window: int | None
+    ) -> Budget | None:
+        """The budget of `request` against `window`, its tool definitions counted."""
+        return self.budget(request, route, self.tools_tokens(request, route), window)
+
+    def chain_for(self, route: Route, tenant: str, summaries: SummarySource) -> Chain:
+        """The route's chain for `tenant`, answered by `summaries` alone (nothing is fetched)."""
+        env = self.env(route, tenant, summaries)
+        return lambda conversation, budget: run_chain(conversation, budget, route.policy, env)
+
+    def env(self, route: Route, tenant: str, summaries: SummarySource) -> Env:
         secret = self.ref_secret + tenant.encode()
         refs = self._refs
 
@@ -423,9 +420,7 @@ class Pipeline:
             return True
         if budget.limit <= 0 or tokens > budget.trigger:
             return False
-        summarising = any(
-            isinstance(getattr(s, "config", None), Summarising) for s in route.policy.steps
-        )
+        summarising = any(isinstance(s, SummarisingStep) for s in route.policy.steps)
         return not summarising or tokens < route.policy_config.precompute_ratio * budget.limit
 
     def _unchanged(
@@ -605,15 +600,14 @@ class Pipeline:
     ) -> tuple[ChainResult, bool]:
         """The chain's result, and whether it is complete: every summary it asked for was
         there (a result made without one is not held: the next request tries again)."""
-        make_source = self._summary_source
-        summaries = make_source(route, tenant) if make_source is not None else DictSummaries()
+        summaries = self._summaries.source(route, tenant)
         env = self.env(route, tenant, summaries)
         result = run_chain(conversation, budget, route.policy, env, force=force)
         ask = SummaryAsk(None if headers is None else tuple(headers), wait=force, api=api)
         for _ in range(MAX_SUMMARY_ROUNDS):
-            if not result.pending or self._fetch is None:
+            if not result.pending:
                 break
-            answers = dict(await self._fetch(result.pending, route, tenant, ask))
+            answers = dict(await summaries.fetch(result.pending, ask))
             missing = [r for r in result.pending if _status(answers, r) == "missing"]
             if missing:
                 # Being made in the background (design D7.7). If the steps up to the summarising
@@ -622,19 +616,10 @@ class Pipeline:
                 early = self._without_fallbacks(conversation, budget, route, env, force, result)
                 if early is not None:
                     return early, False
-                waited = await self._fetch(
-                    missing, route, tenant, SummaryAsk(ask.headers, True, api)
-                )
-                answers.update(waited)
-            for request in result.pending:
-                key = request.canonical()
-                summaries.answers[key] = answers.get(key) or SummaryAnswer("failed")
-            summaries.missing.clear()
+                answers.update(await summaries.fetch(missing, SummaryAsk(ask.headers, True, api)))
+            summaries.learn(result.pending, answers)
             result = run_chain(conversation, budget, route.policy, env, force=force)
-        complete = not result.pending and all(
-            answer.status == "ready" for answer in summaries.answers.values()
-        )
-        return result, complete
+        return result, not result.pending and summaries.complete()
 
     def _without_fallbacks(
         self,
@@ -651,9 +636,7 @@ class Pipeline:
         ones changed anything, the cut chain gives the same conversation, so it is not run again.
         """
         steps = route.policy.steps
-        last = [
-            i for i, s in enumerate(steps) if isinstance(getattr(s, "config", None), Summarising)
-        ]
+        last = [i for i, s in enumerate(steps) if isinstance(s, SummarisingStep)]
         if not last:
             return None
         allowed = {step.type for step in steps[: last[-1] + 1]}

@@ -24,10 +24,10 @@ from typing import Any
 from .budget import Budget
 from .conversation import Conversation
 from .recovery import RecoveryMode, recover
-from .rollup import SummarisingConfig
 from .step import Env, Finishing, Step, StepResult, StoredOutput
 from .steps.emergency import Emergency, EmergencyConfig
 from .summaries import SummaryRequest
+from .summarising import SummarisingStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +170,7 @@ def run_chain(
 
     run = _Run(conversation, budget, env)
     _passes(run, policy, budget.trigger, force)
-    cheap = tuple(
-        s for s in policy.steps if not isinstance(getattr(s, "config", None), SummarisingConfig)
-    )
+    cheap = tuple(s for s in policy.steps if not isinstance(s, SummarisingStep))
     if run.conversation.tokens > budget.target and cheap:
         run.budget, run.note = budget.at_event(), {"to_target": True}
         _passes(run, replace(policy, steps=cheap), budget.target, False)

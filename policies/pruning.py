@@ -1,7 +1,7 @@
-"""Dropping whole Turns by relevance, leaving one placeholder per run (design D5.8).
+"""Dropping whole Turns by relevance, leaving one placeholder per run.
 
 Shared by `prioritize_recent` and `discard_low_rel`. The last `recent_bias` share of the Turns
-(at least one: the current Turn) is always kept; Turns holding a priority-1 message
+(at least one: the current Turn) is always kept; Turns holding a P1 message (`priority == 1`)
 have their score multiplied by `priority_boost`. Candidates are dropped lowest score first (the
 older first on ties), by default only until the request is back under the policy's target.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -144,6 +144,35 @@ def prune(
         added=len(runs),
         detail={"turns_dropped": len(chosen)},
     )
+
+
+class PruningStep:
+    """Base of the relevance steps: they differ only in which of the scored Turns they drop."""
+
+    type: ClassVar[str]
+
+    def __init__(self, config: PruningConfig) -> None:
+        self.config = config
+
+    def order(self, turns: Sequence[Turn], ranked: Sequence[tuple[float, int]]) -> list[int]:
+        """The Turns to drop, in the order they go; `ranked` is (score, index), lowest first."""
+        raise NotImplementedError
+
+    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
+        if already_pruned(conversation, self.type):
+            return StepResult.unchanged(conversation, reason="already applied")
+        scored = scored_candidates(conversation, self.config, env)
+        if scored is None:
+            return StepResult.unchanged(conversation, reason="only recent turns")
+        turns, ranked, scorer = scored
+        order = self.order(turns, ranked)
+        result = prune(conversation, budget, env, self.config, self.type, turns, order)
+        return StepResult(
+            result.conversation,
+            removed=result.removed,
+            added=result.added,
+            detail={**result.detail, "scorer": scorer},
+        )
 
 
 def already_pruned(conversation: Conversation, step_type: str) -> bool:

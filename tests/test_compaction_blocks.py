@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gateway.compaction_blocks import compacted, open_turn, read_back
 from gateway.remote_compaction import SUMMARY_INTRO
-from gateway.summarizer import SYSTEM_PROMPT
+from gateway.summaries.summarizer import SYSTEM_PROMPT
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.wire_strategies import messages_bodies, messages_violations
 

@@ -15,9 +15,10 @@ from policies import Budget, Conversation, Memo, Message
 from policies.budget import stable_cut
 from policies.invariants import check_tool_pairs
 from policies.registry import STEPS, build_step
-from policies.rollup import links, scan_cuts, summary_input
+from policies.rollup import Rolling, begin, links, scan_cuts, summary_input, walked
 from policies.step import Step
 from policies.summaries import SummaryAnswer, SummaryRequest
+from policies.summarising import SummarisingStep
 from tests.policy_strategies import (
     FakeSummaries,
     agent,
@@ -703,3 +704,83 @@ def test_a_recorded_walk_is_not_replayed_where_the_scan_now_proposes_another_cut
     assert memo.detail == plain.detail
     # The link before the moved one, from its checkpoint, and the moved one.
     assert [r.canonical() for r in memo_source.requests] == [r.canonical() for r in new[-2:]]
+
+
+class Mixed(FakeSummaries):
+    """A summary cache whose links are ready, missing or failed, each always the same way."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.seed = seed
+
+    def get(self, request: SummaryRequest) -> SummaryAnswer:
+        kind = hashlib.sha256(bytes([self.seed]) + request.canonical()).digest()[0] % 5
+        if kind < 2:
+            return SummaryAnswer("missing")
+        if kind == 2 and self.seed % 4 == 0:  # failures in a quarter of the examples
+            return SummaryAnswer("failed")
+        return super().get(request)
+
+
+def walk_state(rolling: Rolling, cuts: list[int]) -> tuple[Any, ...]:
+    """Everything a walk ends with that the step's result or a later request depends on."""
+    return (
+        cuts,
+        rolling.answer,
+        rolling.covered,
+        rolling.previous,
+        rolling.pending,
+        rolling.failed,
+        rolling.links,
+        rolling.decisions,
+    )
+
+
+# A conversation's requests: its first length in Turns, then for each request the Turns added
+# since the one before (fewer: a branch), the calibration drift, and a message edited (or none).
+SEQUENCES = st.tuples(
+    st.integers(8, 50),
+    st.lists(
+        st.tuples(st.integers(-4, 6), st.sampled_from([0.95, 1.0, 1.05]), st.integers(-1, 70)),
+        min_size=1,
+        max_size=10,
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    choice=st.sampled_from(STEP_CONFIGS),
+    sequence=SEQUENCES,
+    shape=st.sampled_from(["chat", "agent"]),
+    window=st.sampled_from([1500, 4000]),
+    seed=st.integers(0, 255),
+)
+def test_the_replayed_walk_equals_the_plain_walk(
+    choice: tuple[str, dict[str, Any]],
+    sequence: tuple[int, list[tuple[int, float, int]]],
+    shape: str,
+    window: int,
+    seed: int,
+) -> None:
+    """The replay cache never changes a walk: over a sequence of requests (growing, going back,
+    drifting counts, edited messages) and a cache that holds some links, lacks others and fails
+    on some, the walk resumed from the requests before ends exactly where a walk of the same
+    request with nothing remembered ends."""
+    step_type, config = choice
+    config_cls, _ = STEPS[step_type]
+    step = build_step(config_cls(**config))
+    assert isinstance(step, SummarisingStep)
+    shared = Memo()
+    length, requests = sequence
+    for added, scale, edited in requests:
+        length = max(4, length + added)
+        datas = chat(length) if shape == "chat" else agent(length, output_lines=12)
+        conversation = counted_uids(datas, scale, edited)
+        plan = step.plan(conversation, budget(window))
+        if plan is None or len(plan.units) < 2:
+            continue
+        rolling, scan = begin(conversation, plan, Mixed(seed), Memo())
+        plain = walk_state(rolling, scan_cuts(*scan, rolling.settle))
+        rolling, scan = begin(conversation, plan, Mixed(seed), shared)
+        assert walk_state(rolling, walked(rolling, scan)) == plain

@@ -23,7 +23,7 @@ import pytest
 
 from gateway.config import parse_config
 from gateway.routing import Router
-from gateway.summarizer import SYSTEM_PROMPT
+from gateway.summaries.summarizer import SYSTEM_PROMPT
 from tests.conftest import GatewayStarter, Starter
 from tests.fake_agent_apis import compact_requests
 from tests.fake_upstream import FakeUpstream

@@ -1,4 +1,4 @@
-"""The summary service (gateway/summaries.py) in-process, with a stub summariser: keys, the two
+"""The summary service (gateway/summaries/) in-process, with a stub summariser: keys, the two
 cache tiers, single-flight, failures, bounded waits, shutdown, and the ahead-of-need prediction
 checked against what the real crossing request asks for."""
 
@@ -14,11 +14,12 @@ import pytest
 from gateway.app import Gateway
 from gateway.config import SummariesConfig, parse_config
 from gateway.metrics import Metrics
-from gateway.pipeline import SummaryAsk
 from gateway.routing import Route, Router
 from gateway.stores import MemoryStore, SafeStore
-from gateway.summaries import Job, LocalAnswers, SummaryService, _growth, encode
-from gateway.summarizer import SummarizerError
+from gateway.summaries import Job, SummaryAsk, SummaryService
+from gateway.summaries.cache import LocalAnswers, encode
+from gateway.summaries.prediction import growth
+from gateway.summaries.summarizer import SummarizerError
 from gateway.wire import parse_chat_request
 from policies import Conversation, Message
 from policies.summaries import SummaryAnswer, SummaryRequest
@@ -29,7 +30,7 @@ NO_WAIT = SummaryAsk(HEADERS, wait=False)
 
 
 class Stub:
-    """Stands in for gateway.summarizer.Summarizer."""
+    """Stands in for gateway.summaries.Summarizer."""
 
     def __init__(self, delay: float = 0.0, fail: bool = False) -> None:
         self.delay = delay
@@ -207,8 +208,8 @@ def test_growth_averages_the_last_requests() -> None:
     sizes = [("user", 50), ("assistant", 10), ("tool", 90), ("assistant", 10), ("tool", 290)]
     sizes += [("assistant", 10), ("tool", 590)]
     conversation = Conversation(tuple(message(role, tokens) for role, tokens in sizes))
-    assert _growth(conversation) == (100 + 300 + 600) // 3
-    assert _growth(Conversation((message("user", 70),))) == 70
+    assert growth(conversation) == (100 + 300 + 600) // 3
+    assert growth(Conversation((message("user", 70),))) == 70
 
 
 AGENT_CONFIG = {

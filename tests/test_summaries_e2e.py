@@ -23,7 +23,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.summarizer import APPEND_NOTE, SYSTEM_PROMPT
+from gateway.summaries.summarizer import APPEND_NOTE, SYSTEM_PROMPT
 from tests.conftest import GatewayProcess, GatewayStarter, Starter
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppGateway, AppStarter, LocalUpstream

@@ -1,4 +1,4 @@
-"""The LLM summariser (gateway/summarizer.py): the answer parsing and transcript as functions,
+"""The LLM summariser (gateway/summaries/summarizer.py): the answer parsing and transcript as functions,
 then real calls to the fake upstream process: what is sent (no tools, the client's credential
 only, the summary model), incremental extension, chunking, context errors and failures."""
 
@@ -14,7 +14,7 @@ import pytest
 from gateway.config import SummariesConfig, parse_config
 from gateway.metrics import Metrics
 from gateway.routing import Router
-from gateway.summarizer import (
+from gateway.summaries.summarizer import (
     APPEND_NOTE,
     APPEND_RETAIN_NOTE,
     COMBINE_NOTE,

@@ -1,4 +1,4 @@
-"""`compaction` (design D5.7): retain + summary + the last `retain_last_turns` Turns.
+"""`compaction`: retain + summary + the last `retain_last_turns` Turns.
 
 When the history passes `threshold_ratio` of the limit, everything after the head except the last
 `retain_last_turns` Turns is replaced by a retain section and a summary: by default two user
@@ -6,8 +6,8 @@ messages put first (the `<retain>` part, when a retain prompt or directives are 
 the summary); `placement` can make them one system message or append them to the system prompt.
 The summariser is asked (through `SummaryRequest`, the gateway makes the call, without tools) with
 `summary_prompt` + `summary_directives` as bullets, `retain_prompt` + `retain_directives`, and
-`model` when set. Messages go through `prepare_for_summary` (a trailing
-assistant message with tool_calls loses them, or is left out when it has no text).
+`model` when set. Messages go through `prepare_for_summary` (a trailing assistant message with
+tool_calls loses them, or is left out when it has no text).
 
 Never drops: the head, the last `retain_last_turns` Turns (as of each event), system/developer
 and pinned messages with their tool groups, the latest user message.
@@ -26,16 +26,16 @@ the whole earlier summary cached.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..budget import Budget
 from ..conversation import Conversation
 from ..placement import Placement
-from ..rollup import Plan, SummarisingConfig, Units, bullets, chunk_tokens, summarise
-from ..step import Env, StepResult
-from ..summaries import SummaryAnswer, SummaryRequest
+from ..rollup import Plan, Units
+from ..summaries import SummaryAnswer
+from ..summarising import SummarisingConfig, SummarisingStep, bullets
 
 COMPACTION_PROMPT = (
     "The conversation above is getting too long for the model's context window. Write a summary "
@@ -75,49 +75,25 @@ def _previous(answer: SummaryAnswer) -> str:
     return f"<retain>\n{retain}\n</retain>\n<summary>\n{text}\n</summary>"
 
 
-class Compaction:
+class Compaction(SummarisingStep):
     type: ClassVar[str] = "compaction"
+    config: CompactionConfig
 
     def __init__(self, config: CompactionConfig) -> None:
-        self.config = config
-        self.instructions = bullets(config.summary_prompt, config.summary_directives)
-        self.retain = config.retain_instructions()
+        instructions = bullets(config.summary_prompt, config.summary_directives)
+        super().__init__(config, instructions, config.summary_tokens, config.retain_instructions())
 
-    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
+    def plan(self, conversation: Conversation, budget: Budget) -> Plan:
         config = self.config
-        head_end = conversation.head_end()
-        units = Units.of_turns(conversation.turns())
         keep = config.retain_last_turns
-        allowance = config.summary_tokens * (2 if self.retain is not None else 1)
-
-        def make_request(
-            messages: tuple[Any, ...], previous: str | None, append: bool
-        ) -> SummaryRequest:
-            return SummaryRequest(
-                purpose="compaction",
-                messages=messages,
-                instructions=self.instructions,
-                max_tokens=config.summary_tokens,
-                previous=previous,
-                retain_instructions=self.retain,
-                model=config.model,
-                append=append,
-            )
-
-        plan = Plan(
-            step_type=self.type,
-            units=units,
-            start=head_end,
-            fixed_tokens=sum(m.tokens for m in conversation.messages[:head_end]),
-            allowance=allowance,
+        return self._plan(
+            conversation,
+            budget,
+            Units.of_turns(conversation.turns()),
+            conversation.head_end(),
             trigger=int(budget.limit * config.threshold_ratio),
             target=-1,  # each event compacts all it may: everything but the last Turns
             cap=lambda unit: unit + 1 - keep,
-            chunk_tokens=chunk_tokens(budget, allowance),
-            make_request=make_request,
-            placement=config.placement,
-            template=config.template,
-            append_until=config.summary_tokens if config.append_summaries else None,
+            allowance=config.summary_tokens * (2 if self.retain is not None else 1),
             previous_of=_previous,
         )
-        return summarise(conversation, plan, env)

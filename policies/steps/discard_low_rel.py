@@ -1,8 +1,8 @@
-"""`discard_low_rel` (design D5.8): drop the least relevant `discard_percent` of the Turns.
+"""`discard_low_rel`: drop the least relevant `discard_percent` of the Turns.
 
-Turns are scored as in `prioritize_recent` (relevance to the latest question, priority 1 boosted);
+Turns are scored as in `prioritize_recent` (relevance to the latest user message, P1 boosted);
 outside the last `recent_bias` share, the lowest-scoring Turns are dropped, at most
-`discard_percent` of all Turns (it keeps `ceil(n * (1 - discard_percent))`), by default only
+`discard_percent` of all Turns (`ceil(n * (1 - discard_percent))` are kept), by default only
 until the request is under the policy's target. Each run of dropped Turns leaves one placeholder
 `[Omitted N low-relevance earlier turns]` (`policies.pruning`).
 
@@ -13,14 +13,13 @@ groups, the latest user message. Not cache-stable: see `policies.pruning`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ..budget import Budget
-from ..conversation import Conversation
-from ..pruning import PruningConfig, already_pruned, prune, scored_candidates
-from ..step import Env, StepResult
+from ..conversation import Turn
+from ..pruning import PruningConfig, PruningStep
 
 
 class DiscardLowRelConfig(PruningConfig):
@@ -29,25 +28,11 @@ class DiscardLowRelConfig(PruningConfig):
     discard_percent: float = Field(0.3, gt=0, le=1, description="Most Turns dropped, as a share")
 
 
-class DiscardLowRel:
+class DiscardLowRel(PruningStep):
     type: ClassVar[str] = "discard_low_rel"
+    config: DiscardLowRelConfig
 
-    def __init__(self, config: DiscardLowRelConfig) -> None:
-        self.config = config
-
-    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
-        if already_pruned(conversation, self.type):
-            return StepResult.unchanged(conversation, reason="already applied")
-        scored = scored_candidates(conversation, self.config, env)
-        if scored is None:
-            return StepResult.unchanged(conversation, reason="only recent turns")
-        turns, ranked, scorer = scored
+    def order(self, turns: Sequence[Turn], ranked: Sequence[tuple[float, int]]) -> list[int]:
+        """The least relevant Turns, at most `discard_percent` of all of them."""
         most = len(turns) - math.ceil(round(len(turns) * (1 - self.config.discard_percent), 9))
-        order = [index for _, index in ranked[:most]]
-        result = prune(conversation, budget, env, self.config, self.type, turns, order)
-        return StepResult(
-            result.conversation,
-            removed=result.removed,
-            added=result.added,
-            detail={**result.detail, "scorer": scorer},
-        )
+        return [index for _, index in ranked[:most]]

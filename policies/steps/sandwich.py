@@ -1,4 +1,4 @@
-"""`sandwich` (design D5.6): keep the top and the bottom, replace the middle by one summary.
+"""`sandwich`: keep the top and the bottom, replace the middle by one summary.
 
 Over `compression_threshold` of the limit and with more than `preserve_top + preserve_bottom`
 messages after the head, the messages between the first `preserve_top` (after the head) and the
@@ -9,8 +9,8 @@ to the end of a tool group it would split, and so does the bottom.
 Never drops: the head, the top, the last `preserve_bottom` messages at the time of each event,
 system/developer messages, pinned messages and their tool groups, the latest user message.
 
-Cache stability rather than a per-request range (which would re-summarise whenever a message is
-added, a cached summary being valid only while the middle is exactly `[top, len - bottom)`): the
+Cache stability rather than a per-request range (which would be summarised again whenever a
+message is added, its summary valid only while the middle is exactly `[top, len - bottom)`): the
 middle's end is a stable cut (`rollup.scan_cuts`) that only moves when the kept part crosses the
 threshold again, then far enough to get back under the threshold scaled by the policy's
 target/trigger share (0.7 x 0.6/0.8 = 0.525 of the limit by default), while leaving at least
@@ -22,16 +22,15 @@ is reused as long as its range is still the middle and extended when the middle 
 from __future__ import annotations
 
 import bisect
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from ..budget import Budget
 from ..conversation import Conversation
 from ..placement import Placement
-from ..rollup import Plan, SummarisingConfig, Units, chunk_tokens, summarise
-from ..step import Env, StepResult
-from ..summaries import SummaryRequest
+from ..rollup import Plan, Units
+from ..summarising import SummarisingConfig, SummarisingStep
 
 SANDWICH_PROMPT = (
     "Summarize this conversation excerpt concisely. Preserve:\n"
@@ -55,17 +54,18 @@ class SandwichConfig(SummarisingConfig):
     placement: Placement = "system"
 
 
-class Sandwich:
+class Sandwich(SummarisingStep):
     type: ClassVar[str] = "sandwich"
+    config: SandwichConfig
 
     def __init__(self, config: SandwichConfig) -> None:
-        self.config = config
+        super().__init__(config, config.prompt, config.summary_tokens)
 
-    def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
+    def plan(self, conversation: Conversation, budget: Budget) -> Plan | None:
         config = self.config
         head_end = conversation.head_end()
         if len(conversation) - head_end <= config.preserve_top + config.preserve_bottom:
-            return StepResult.unchanged(conversation, reason="not enough messages")
+            return None
         whole = Units.of_segments(conversation, head_end)
         # The top ends at the first safe point at or after head + preserve_top; no tool call is
         # open there, so the segments after it are the whole history's.
@@ -81,32 +81,12 @@ class Sandwich:
             limit = bounds[unit + 1] - config.preserve_bottom
             return max(0, bisect.bisect_right(bounds, limit, 0, unit + 1) - 1)
 
-        def make_request(
-            messages: tuple[Any, ...], previous: str | None, append: bool
-        ) -> SummaryRequest:
-            return SummaryRequest(
-                purpose="sandwich",
-                messages=messages,
-                instructions=config.prompt,
-                max_tokens=config.summary_tokens,
-                previous=previous,
-                model=config.model,
-                append=append,
-            )
-
-        plan = Plan(
-            step_type=self.type,
-            units=units,
-            start=top_end,
-            fixed_tokens=sum(m.tokens for m in conversation.messages[:top_end]),
-            allowance=config.summary_tokens,
+        return self._plan(
+            conversation,
+            budget,
+            units,
+            top_end,
             trigger=trigger,
             target=int(trigger * min(1.0, budget.target_ratio / budget.trigger_ratio)),
             cap=cap,
-            chunk_tokens=chunk_tokens(budget, config.summary_tokens),
-            make_request=make_request,
-            placement=config.placement,
-            template=config.template,
-            append_until=config.summary_tokens if config.append_summaries else None,
         )
-        return summarise(conversation, plan, env)

@@ -43,16 +43,16 @@ import orjson
 from policies.conversation import content_text
 from policies.summaries import SummaryAnswer, SummaryRequest
 
-from .config import SummariesConfig
-from .context_errors import classify
-from .errors import GatewayError
-from .failover import Balancer, Destination
-from .metrics import Metrics
-from .retry import send_balanced
-from .routing import Route, Router
-from .upstream import UpstreamClient, forward_headers
-from .wire import WIRES, Wire
-from .wire.base import Usage
+from ..config import SummariesConfig
+from ..context_errors import classify
+from ..errors import GatewayError
+from ..failover import Balancer, Destination
+from ..metrics import Metrics
+from ..retry import send_balanced
+from ..routing import Route, Router
+from ..upstream import UpstreamClient, forward_headers
+from ..wire import WIRES, Wire
+from ..wire.base import Usage
 
 # What of the client's headers a summary call carries: its credential, nothing else.
 CREDENTIAL_HEADERS = frozenset(
