@@ -122,7 +122,9 @@ from .wire import (
     answers,
     wire_of,
 )
+from .wire.chat import ChatWire
 from .wire.resent import ResentMessages
+from .wire.validated import ValidatedMessages
 
 log = logging.getLogger("compactgate")
 
@@ -1844,7 +1846,7 @@ def build_app(config: Config) -> _Dispatch:
     )
     app.state.gateway = gateway
     endpoints = {
-        "/v1/chat/completions": Endpoint(gateway, CHAT),
+        "/v1/chat/completions": Endpoint(gateway, ChatWire(ValidatedMessages())),
         "/v1/responses": responses,
         "/v1/responses/compact": CompactEndpoint(gateway),
         "/v1/messages": Endpoint(gateway, MESSAGES),
