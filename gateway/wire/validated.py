@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from ..prefix import equal_prefix
+
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024
 
@@ -58,14 +60,7 @@ class ValidatedMessages:
         entry = self._entries.get(key) if key is not None else None
         if entry is None:
             return Known(key, 0)
-        old = entry.messages
-        limit = min(len(old), len(messages))
-        if messages[:limit] == old[:limit]:  # the usual case, compared in one C loop
-            return Known(key, limit)
-        same = 0
-        while messages[same] == old[same]:
-            same += 1
-        return Known(key, same)
+        return Known(key, equal_prefix(messages, entry.messages))
 
     def remember(self, known: Known, messages: Sequence[Any], size: int) -> None:
         """Keep `messages`, all of which passed their checks (`size`: the request's bytes)."""
