@@ -82,7 +82,7 @@ from .events import EventLog, RequestSample, reward
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
-from .logs import clip, log_request, request_fields, tenant_label
+from .logs import access_logged, clip, log_request, request_fields, tenant_label
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .pipeline import Pipeline, Prepared, when_settled
@@ -121,7 +121,9 @@ from .wire import (
     answers,
     wire_of,
 )
+from .wire.chat import ChatWire
 from .wire.resent import ResentMessages
+from .wire.validated import ValidatedMessages
 
 log = logging.getLogger("compactgate")
 
@@ -383,8 +385,10 @@ class Gateway:
 
     def finish(self, exchange: Exchange, total: float) -> None:
         """Count a served request and write its log line (every API, passthrough included)."""
-        self.metrics.requests.labels(exchange.model, str(exchange.status), exchange.api).inc()
-        log_request(exchange.line(total))
+        metrics = self.metrics
+        metrics.child(metrics.requests, exchange.model, str(exchange.status), exchange.api).inc()
+        if access_logged():  # the line is not built for nobody
+            log_request(exchange.line(total))
 
     def learn_window(self, route: Route, error: ContextError) -> None:
         """Lower the model's effective window from an upstream's stated limit; never raise it."""
@@ -949,18 +953,18 @@ class Endpoint:
 
     def recorded(self, exchange: Exchange, total: float) -> None:
         metrics = self.gw.metrics
-        model, api = exchange.model, self.api
-        metrics.request_seconds.labels(model, api).observe(total)
+        child, model, api = metrics.child, exchange.model, self.api
+        child(metrics.request_seconds, model, api).observe(total)
         if exchange.upstream_seconds:
-            metrics.upstream_seconds.labels(model, api).observe(exchange.upstream_seconds)
-        metrics.overhead_seconds.labels(model, api).observe(
+            child(metrics.upstream_seconds, model, api).observe(exchange.upstream_seconds)
+        child(metrics.overhead_seconds, model, api).observe(
             max(0.0, total - exchange.upstream_seconds)
         )
         if exchange.tokens_before and not exchange.tokens_bound:  # a bound is not a count
-            metrics.tokens_before.labels(model, api).inc(exchange.tokens_before)
-            metrics.tokens_after.labels(model, api).inc(exchange.tokens_after)
+            child(metrics.tokens_before, model, api).inc(exchange.tokens_before)
+            child(metrics.tokens_after, model, api).inc(exchange.tokens_after)
             if saved := self.tokens_saved(exchange):
-                metrics.tokens_saved.labels(model, api).inc(saved)
+                child(metrics.tokens_saved, model, api).inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
@@ -1842,7 +1846,7 @@ def build_app(config: Config) -> _Dispatch:
     )
     app.state.gateway = gateway
     endpoints = {
-        "/v1/chat/completions": Endpoint(gateway, CHAT),
+        "/v1/chat/completions": Endpoint(gateway, ChatWire(ValidatedMessages())),
         "/v1/responses": responses,
         "/v1/responses/compact": CompactEndpoint(gateway),
         "/v1/messages": Endpoint(gateway, MESSAGES),
