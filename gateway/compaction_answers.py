@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ STALE_SHARE = 0.25  # the most of a compaction request's history a summary may n
 MAX_KEPT = 1024
 TAIL_NOTE = "\n\nSteps after this summary was written (verbatim, oldest first):\n"
 STORE_PREFIX = "agent-ready:"
+TEMPLATE_PREFIX = "agent-template:"
+TEMPLATE_TTL_S = 7 * 24 * 3600  # an agent's compaction settings outlive any one session
+LOOKUP_EVERY_S = 10.0  # how often a replica asks the store for a tenant's template it lacks
 READY = "ready"  # a summary made ahead of need covers the history: answered from it
 NOT_READY = "not_ready"  # none was made for this history (or it is being made)
 STALE = "stale"  # one was, but too much happened since: the agent's own call makes a better one
@@ -63,6 +67,30 @@ class Template:
     fields: Mapping[str, Any]  # the request's fields other than the conversation
     prompt: Any  # the conversation's last element: the compaction prompt
     point: int  # the history's tokens when the agent compacted
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "v": 1,
+                "agent": self.agent,
+                "fields": self.fields,
+                "prompt": self.prompt,
+                "point": self.point,
+            }
+        )
+
+    @staticmethod
+    def decode(value: bytes) -> Template | None:
+        try:
+            data = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(data, dict) or data.get("v") != 1:
+            return None
+        agent, fields, point = data.get("agent"), data.get("fields"), data.get("point")
+        if not (isinstance(agent, str) and isinstance(fields, dict) and isinstance(point, int)):
+            return None
+        return Template(agent, fields, data.get("prompt"), point)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +141,9 @@ class CompactionAnswers:
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
         self._ready: OrderedDict[tuple[str, str, int], Ready] = OrderedDict()
         self._making: set[tuple[str, str, int]] = set()
+        self._looked: OrderedDict[tuple[str, str], float] = (
+            OrderedDict()
+        )  # store lookups of a missing template
 
     # -- the agent's own request ----------------------------------------------------------------
 
@@ -123,11 +154,11 @@ class CompactionAnswers:
         if not isinstance(conversation, list) or not conversation:
             return
         fields = {k: v for k, v in request.payload.items() if k != key}
-        self._keep(
-            self._templates,
-            (tenant, request.api),
-            Template(agent, fields, conversation[-1], tokens),
-        )
+        template = Template(agent, fields, conversation[-1], tokens)
+        self._keep(self._templates, (tenant, request.api), template)
+        # Every replica prepares the next one, whichever the agent's turns land on.
+        share = self._share_template(tenant, request.api, template)
+        self._gw.summaries.spawn(share, name="agent-template")
 
     def agent_of(self, tenant: str, api: str) -> str | None:
         """The agent whose compaction request was learnt for this tenant and API, if any."""
@@ -191,7 +222,10 @@ class CompactionAnswers:
     ) -> None:
         """After an ordinary answer: make the agent's next compaction summary if it is near."""
         template = self._templates.get((tenant, request.api))
-        if template is None or prepared is None or not prepared.uids or request.stateful:
+        if template is None:
+            self._look_up(tenant, request.api)
+            return
+        if prepared is None or not prepared.uids or request.stateful:
             return
         uid = prepared.uids[0]
         if uid is None:
@@ -209,6 +243,31 @@ class CompactionAnswers:
         service = self._gw.summaries
         task = self._make(key, template, route, request, tuple(prepared.uids), tokens, headers)
         service.spawn(task, name="agent-compaction")
+
+    def _look_up(self, tenant: str, api: str) -> None:
+        """Ask the store, now and then, for a template another replica learnt: the agent's
+        compaction may have landed there while its ordinary turns land here."""
+        now = time.monotonic()
+        if now - self._looked.get((tenant, api), -LOOKUP_EVERY_S) < LOOKUP_EVERY_S:
+            return
+        self._keep(self._looked, (tenant, api), now)
+        self._gw.summaries.spawn(self._fetch_template(tenant, api), name="agent-template")
+
+    async def _share_template(self, tenant: str, api: str, template: Template) -> None:
+        try:
+            await self._gw.store.put(_template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
+        except Exception as error:  # the store being away only means no summary ahead of need
+            log.warning("agent compaction template not shared: %s", error)
+
+    async def _fetch_template(self, tenant: str, api: str) -> None:
+        try:
+            value = await self._gw.store.get(_template_key(tenant, api))
+        except Exception as error:  # the store being away only means no summary ahead of need
+            log.warning("agent compaction template lookup failed: %s", error)
+            return
+        template = Template.decode(value) if value is not None else None
+        if template is not None and (tenant, api) not in self._templates:
+            self._keep(self._templates, (tenant, api), template)
 
     async def _make(
         self,
@@ -294,6 +353,12 @@ def _store_key(tenant: str, api: str, messages: Sequence[Any]) -> str:
     for part in (tenant, api):
         digest.update(part.encode() + b"\0")
     return STORE_PREFIX + _digest(messages[:2], digest)
+
+
+def _template_key(tenant: str, api: str) -> str:
+    """Where the store keeps a tenant's agent compaction template (the tenant hashed)."""
+    digest = hashlib.blake2b(f"{tenant}\0{api}".encode(), digest_size=20)
+    return TEMPLATE_PREFIX + digest.hexdigest()
 
 
 def _digest(messages: Sequence[Any], digest: Any = None) -> str:

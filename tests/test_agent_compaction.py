@@ -370,3 +370,32 @@ async def test_a_summary_made_on_one_replica_answers_the_compaction_on_another(
         url, headers={"authorization": "Bearer sk-other"}, json=compaction(codex_history(10))
     )
     assert other.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
+
+
+async def test_the_replica_the_agents_turns_land_on_prepares_what_another_replica_learnt(
+    start_app: AppStarter, local_upstream: LocalUpstream, redis_server: RedisServer
+) -> None:
+    """The agent's first compaction lands on one replica, its ordinary turns on the other: the
+    other still prepares the next summary ahead of need, and answers the next compaction."""
+    learner = await start_app(codex_model(local_upstream, redis_server.url))
+    worker = await start_app(codex_model(local_upstream, redis_server.url))
+    key = {"authorization": "Bearer sk-replicas"}  # a tenant no other test used on this Redis
+    first = await learner.http.post(
+        f"{learner.base_url}/responses", headers=key, json=compaction(codex_history(10))
+    )
+    assert first.headers["x-compactgate-agent-compaction"] == "codex; forwarded"
+    metric = 'compactgate_agent_compactions_total{agent="codex",outcome="prepared"}'
+    url = f"{worker.base_url}/responses"
+    for steps in range(1, 10):
+        response = await worker.http.post(url, headers=key, json=ordinary(codex_history(steps)))
+        assert response.status_code == 200
+        for _ in range(300):  # the template fetched, and any summary asked for made
+            await asyncio.sleep(0.02)
+            metrics = (await worker.http.get(f"{worker.url}/metrics")).text
+            if steps < 8 or metric in metrics:
+                break
+    assert metric in (await worker.http.get(f"{worker.url}/metrics")).text
+    calls = len(local_upstream.requests())
+    answer = await worker.http.post(url, headers=key, json=compaction(codex_history(10)))
+    assert answer.headers["x-compactgate-agent-compaction"] == "codex; answered"
+    assert len(local_upstream.requests()) == calls
