@@ -25,16 +25,23 @@ bills nothing, and its usage says so.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .compaction_records import (
+    TEMPLATE_TTL_S,
+    Shared,
+    Template,
+    digest_of,
+    store_key,
+    template_key,
+)
 from .summaries.summarizer import render_message
 from .wire import WIRES, WireRequest
 
@@ -50,9 +57,6 @@ REFRESH_SHARE = 0.15  # prepare again when the history grew this much since the 
 STALE_SHARE = 0.25  # the most of a compaction request's history a summary may not cover
 MAX_KEPT = 1024
 TAIL_NOTE = "\n\nSteps after this summary was written (verbatim, oldest first):\n"
-STORE_PREFIX = "agent-ready:"
-TEMPLATE_PREFIX = "agent-template:"
-TEMPLATE_TTL_S = 7 * 24 * 3600  # an agent's compaction settings outlive any one session
 LOOKUP_EVERY_S = 10.0  # how often a replica asks the store for a tenant's template it lacks
 READY = "ready"  # a summary made ahead of need covers the history: answered from it
 NOT_READY = "not_ready"  # none was made for this history (or it is being made)
@@ -60,71 +64,10 @@ STALE = "stale"  # one was, but too much happened since: the agent's own call ma
 
 
 @dataclass(frozen=True, slots=True)
-class Template:
-    """An agent's compaction request without its history: what to send to make the next one."""
-
-    agent: str
-    fields: Mapping[str, Any]  # the request's fields other than the conversation
-    prompt: Any  # the conversation's last element: the compaction prompt
-    point: int  # the history's tokens when the agent compacted
-
-    def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "v": 1,
-                "agent": self.agent,
-                "fields": self.fields,
-                "prompt": self.prompt,
-                "point": self.point,
-            }
-        )
-
-    @staticmethod
-    def decode(value: bytes) -> Template | None:
-        try:
-            data = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or data.get("v") != 1:
-            return None
-        agent, fields, point = data.get("agent"), data.get("fields"), data.get("point")
-        if not (isinstance(agent, str) and isinstance(fields, dict) and isinstance(point, int)):
-            return None
-        return Template(agent, fields, data.get("prompt"), point)
-
-
-@dataclass(frozen=True, slots=True)
 class Ready:
     uids: tuple[int | None, ...]  # the canonical messages of the history it summarises
     tokens: int
     text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Shared:
-    """A summary made ahead of need, as the store keeps it for every replica."""
-
-    covers: int  # the canonical messages it summarises (the history's first ones)
-    digest: str  # of those messages: the history must start with exactly them
-    text: str
-
-    def encode(self) -> bytes:
-        return orjson.dumps(
-            {"v": 1, "covers": self.covers, "digest": self.digest, "text": self.text}
-        )
-
-    @staticmethod
-    def decode(value: bytes) -> Shared | None:
-        try:
-            data = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or data.get("v") != 1:
-            return None
-        covers, digest, text = data.get("covers"), data.get("digest"), data.get("text")
-        if not (isinstance(covers, int) and isinstance(digest, str) and isinstance(text, str)):
-            return None
-        return Shared(covers, digest, text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,11 +145,11 @@ class CompactionAnswers:
     async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
         """The store's summary for this conversation, when the history starts with what it
         covers."""
-        value = await self._gw.store.get(_store_key(tenant, request.api, request.messages))
+        value = await self._gw.store.get(store_key(tenant, request.api, request.messages))
         shared = Shared.decode(value) if value is not None else None
         if shared is None or shared.covers > history:
             return None
-        if _digest(request.messages[: shared.covers]) != shared.digest:
+        if digest_of(request.messages[: shared.covers]) != shared.digest:
             return None
         return shared
 
@@ -255,13 +198,13 @@ class CompactionAnswers:
 
     async def _share_template(self, tenant: str, api: str, template: Template) -> None:
         try:
-            await self._gw.store.put(_template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
+            await self._gw.store.put(template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
         except Exception as error:  # the store being away only means no summary ahead of need
             log.warning("agent compaction template not shared: %s", error)
 
     async def _fetch_template(self, tenant: str, api: str) -> None:
         try:
-            value = await self._gw.store.get(_template_key(tenant, api))
+            value = await self._gw.store.get(template_key(tenant, api))
         except Exception as error:  # the store being away only means no summary ahead of need
             log.warning("agent compaction template lookup failed: %s", error)
             return
@@ -313,9 +256,9 @@ class CompactionAnswers:
             if text:
                 self._keep(self._ready, key, Ready(uids, tokens, text))
                 history = request.messages[: len(uids)]
-                shared = Shared(len(uids), _digest(history), text)
+                shared = Shared(len(uids), digest_of(history), text)
                 ttl = gw.config.summaries.ttl_s
-                await gw.store.put(_store_key(key[0], request.api, history), shared.encode(), ttl)
+                await gw.store.put(store_key(key[0], request.api, history), shared.encode(), ttl)
                 gw.metrics.agent_compactions.labels(template.agent, "prepared").inc()
         except asyncio.CancelledError:
             raise
@@ -344,35 +287,6 @@ def _judged(
     if not tail:
         return Found(text, READY)
     return Found(text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail), READY)
-
-
-def _store_key(tenant: str, api: str, messages: Sequence[Any]) -> str:
-    """Where the store keeps a conversation's summary: its tenant, API and opening messages
-    (what the prefix memo keys a conversation by too)."""
-    digest = hashlib.blake2b(digest_size=20)
-    for part in (tenant, api):
-        digest.update(part.encode() + b"\0")
-    return STORE_PREFIX + _digest(messages[:2], digest)
-
-
-def _template_key(tenant: str, api: str) -> str:
-    """Where the store keeps a tenant's agent compaction template (the tenant hashed)."""
-    digest = hashlib.blake2b(f"{tenant}\0{api}".encode(), digest_size=20)
-    return TEMPLATE_PREFIX + digest.hexdigest()
-
-
-def _digest(messages: Sequence[Any], digest: Any = None) -> str:
-    """A digest of canonical messages, the same on every replica (they parse the same bytes
-    into the same dicts)."""
-    digest = digest or hashlib.blake2b(digest_size=20)
-    for message in messages:
-        try:
-            data = orjson.dumps(message)
-        except orjson.JSONEncodeError:
-            data = repr(message).encode()
-        digest.update(len(data).to_bytes(8, "big"))
-        digest.update(data)
-    return digest.hexdigest()
 
 
 def _conversation_key(api: str) -> str:
