@@ -37,9 +37,8 @@ from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
@@ -85,6 +84,7 @@ from .limits import ConcurrencyLimits, register_gauges
 from .logs import clip, log_request, request_fields, tenant_label
 from .memory import freeze_startup_objects
 from .metrics import Metrics
+from .passthrough import Forwarded, forward, json_object, passthrough, read_limited
 from .pipeline import Pipeline, Prepared, when_settled
 from .readiness import Readiness
 from .remote_compaction import (
@@ -1445,9 +1445,9 @@ async def get_model(request: Request, exchange: Exchange) -> Response:
         return JSONResponse(_anthropic_entry(entry) if anthropic else entry)
     # The name is the client's: quoted into one segment, and refused if it is `.` or `..`.
     path = passthrough_path(b"/v1/models/" + quote(route.upstream_model, safe="").encode())
-    answer = await _forward(gw, request, exchange, route, path, None)
+    answer = await forward(gw, request, exchange, route, path, None)
     assert isinstance(answer, Forwarded)  # asked without `stream`: read whole
-    found = _json_object(answer.body) if answer.status == 200 else None
+    found = json_object(answer.body) if answer.status == 200 else None
     if found is None:
         return answer.response()
     window = {k: v for k, v in entry.items() if k not in ("object", "created", "owned_by")}
@@ -1486,158 +1486,6 @@ def _anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
-    """The body under the size and time limits (413/408 raised); None if the client left."""
-    server = gw.config.server
-    try:
-        return await read_body(
-            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
-        )
-    except ClientDisconnected:
-        return None
-
-
-async def passthrough(request: Request, exchange: Exchange) -> Response:
-    """Any other /v1/* path, forwarded to the upstream of the body's `model` (else the first
-    configured one). The body goes as it came, except that a renamed model's `model` gets its
-    upstream name, as on the compacting paths."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    exchange.tenant = identity.tenant
-    body = await _read_limited(gw, request)
-    if body is None:
-        exchange.reason = "client_disconnected"
-        return Response(status_code=499)
-    fields = _json_object(body)
-    model = fields.get("model") if fields is not None else None
-    if isinstance(model, str):
-        exchange.requested = model
-    exchange.stream = fields is not None and fields.get("stream") is True
-    route = _route_for_passthrough(gw, model if isinstance(model, str) else None)
-    gw.auth.authorize(identity, route.name)
-    exchange.model = gw.metrics.model_label(route.name)
-    if route.upstream.base_url is None:
-        raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
-    if fields is not None and model == route.name and route.renamed:
-        body = orjson.dumps({**fields, "model": route.upstream_model})
-    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
-    raw_path = request.scope.get("raw_path") or request.url.path.encode()
-    path = passthrough_path(raw_path)
-    if request.url.query:
-        path += "?" + request.url.query
-    answer = await _forward(gw, request, exchange, route, path, body or None, stream=True)
-    return answer if isinstance(answer, StreamingResponse) else answer.response()
-
-
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    """An upstream's whole answer to a forwarded request."""
-
-    status: int
-    body: bytes
-    headers: list[tuple[bytes, bytes]]
-
-    def response(self) -> Response:
-        response = Response(self.body, status_code=self.status)
-        response.raw_headers.extend(self.headers)
-        return response
-
-
-async def _forward(
-    gw: Gateway,
-    request: Request,
-    exchange: Exchange,
-    route: Route,
-    path: str,
-    body: bytes | None,
-    stream: bool = False,
-) -> Forwarded | StreamingResponse:
-    """Send the client's request to `path` under the model's upstream, with the headers
-    forwarding allows (a gateway-held key goes the way the client's API wants it: Anthropic's
-    when it sent `anthropic-version`). Failed over like the compacting paths, but each upstream
-    is tried once: these requests (files, batches, ...) are not ours to repeat. With `stream`,
-    an answer that is an event stream is relayed as it arrives (the tenant's slot held until
-    it ends) instead of being read whole."""
-    wire = MESSAGES if "anthropic-version" in request.headers else CHAT
-    targets = destinations(route, wire, request.scope["headers"], path=path)
-    started = time.perf_counter()
-    with contextlib.ExitStack() as held:
-        held.enter_context(gw.limits.hold(exchange.tenant))
-        try:
-            response, _ = await send_balanced(
-                gw.upstream,
-                route,
-                targets,
-                body,
-                gw.metrics,
-                gw.balancer,
-                method=request.method,
-                retry=False,
-            )
-            if stream and response.status < 400 and "event-stream" in response.content_type:
-                return _relayed_stream(response, held.pop_all())
-            try:
-                data = await response.read()
-            finally:
-                response.release()
-        finally:
-            exchange.upstream_seconds += time.perf_counter() - started
-    if response.status >= 400:
-        exchange.reason = upstream_reason(response.status)
-    return Forwarded(response.status, data, response.relay_headers())
-
-
-def _relayed_stream(response: UpstreamResponse, held: contextlib.ExitStack) -> StreamingResponse:
-    """A forwarded event stream, chunk by chunk; `held` (the tenant's slot) ends with it."""
-
-    async def chunks() -> AsyncIterator[bytes]:
-        with held:
-            try:
-                async for chunk in response.chunks():
-                    yield chunk
-            finally:
-                response.close()
-
-    # Also released after the response, in case the client left before the first chunk and the
-    # iterator never ran (closing twice is harmless).
-    relayed = StreamingResponse(
-        chunks(), status_code=response.status, background=BackgroundTask(_closed, held, response)
-    )
-    relayed.raw_headers = [
-        (k, v) for k, v in relayed.raw_headers if k != b"content-type"
-    ] + response.relay_headers()
-    return relayed
-
-
-async def _closed(held: contextlib.ExitStack, response: UpstreamResponse) -> None:
-    response.close()
-    held.close()
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    if body[:1] != b"{":
-        return None
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _route_for_passthrough(gw: Gateway, model: str | None) -> Route:
-    if model is not None:
-        route = gw.router.resolve(model)
-        if route is not None and route.upstream.base_url:
-            return route
-    for route in gw.router.routes():
-        if route.upstream.base_url:
-            return route
-    route = gw.router.resolve(model if model is not None else "default")
-    if route is None:
-        raise NotFoundError("No upstream is configured for this path.")
-    return route
-
-
 # -- plan, health, metrics -------------------------------------------------------------------
 
 
@@ -1645,7 +1493,7 @@ async def plan(request: Request) -> Response:
     """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (design D17.2)."""
     gw: Gateway = request.app.state.gateway
     identity = gw.authenticate(request.scope)
-    body = await _read_limited(gw, request)
+    body = await read_limited(gw, request)
     if body is None:
         return Response(status_code=499)
     wire = wire_of(body, request.query_params.get("api"))
