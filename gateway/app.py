@@ -18,8 +18,8 @@
       implements it, else answered with a compaction item the gateway issues; in step 1 the
       Responses endpoints read the gateway's own compaction items back into summaries
 
-Everything else (models list, passthrough of other /v1/* paths, plan, health, metrics) is below
-the proxy path. `build_app(config)` wires it up.
+Everything else has a module of its own (`models_endpoint`, `passthrough` of other /v1/* paths,
+`plan_endpoint`, `probes`); `build_app(config)` below wires them all up.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
@@ -84,8 +84,10 @@ from .logs import clip, log_request, request_fields, tenant_label
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .models_endpoint import get_model, list_models
-from .passthrough import passthrough, read_limited
+from .passthrough import passthrough
 from .pipeline import Pipeline, Prepared, when_settled
+from .plan_endpoint import plan
+from .probes import healthz, metrics, readyz
 from .readiness import Readiness
 from .remote_compaction import (
     AGENT,
@@ -117,7 +119,6 @@ from .wire import (
     Wire,
     WireRequest,
     answers,
-    wire_of,
 )
 from .wire.resent import ResentMessages
 
@@ -1360,7 +1361,7 @@ def _retry_window(
     return max(1, window)
 
 
-# -- GET /v1/models, other /v1/* paths -------------------------------------------------------
+# -- the other endpoints (models, passthrough): counted and logged like the path above ---------
 
 Handler = Callable[[Request, Exchange], Awaitable[Response]]
 
@@ -1393,73 +1394,6 @@ def logged(api: str, handler: Handler) -> Callable[[Request], Awaitable[Response
 def _request_id(request: Request) -> str:
     incoming = request.headers.get("x-request-id")
     return incoming if incoming else uuid.uuid4().hex
-
-
-# -- plan, health, metrics -------------------------------------------------------------------
-
-
-async def plan(request: Request) -> Response:
-    """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (design D17.2)."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    body = await read_limited(gw, request)
-    if body is None:
-        return Response(status_code=499)
-    wire = wire_of(body, request.query_params.get("api"))
-    parsed = wire.parse(body, gw.config.server.max_messages)
-    gw.auth.authorize(identity, parsed.model)
-    route = gw.router.resolve(parsed.model)
-    if route is None:
-        raise ModelNotFoundError(
-            f"The model `{parsed.model}` is not served by this gateway.", param="model"
-        )
-    prepared = await gw.pipeline.prepare(
-        parsed, route, identity.tenant, window=gw.effective_window(route), remember=False
-    )
-    return JSONResponse(plan_report(prepared, gw.effective_window(route)))
-
-
-def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
-    budget = prepared.budget
-    return {
-        "api": prepared.api,
-        "model": prepared.route.name,
-        "upstream_model": prepared.route.upstream_model,
-        "tokenizer": prepared.route.tokenizer,
-        "policy": prepared.route.policy_name,
-        "context_window": window,
-        "window_source": prepared.route.window_source,
-        "reserved_output": budget.reserved_output if budget else None,
-        "budget": budget.limit if budget else None,
-        "trigger": budget.trigger if budget else None,
-        "target": budget.target if budget else None,
-        "tokens_before": prepared.tokens_before,
-        "tokens_after": prepared.tokens_after,
-        "fits": budget is None
-        or prepared.tokens_after <= (budget.context_window - budget.reserved_output),
-        "counts_by_role": dict(prepared.counts_by_role),
-        "tokens_by_region": dict(prepared.tokens_by_region),
-        "steps": [s.as_dict() for s in prepared.steps],
-        "messages": prepared.messages,
-        "forwarded": orjson.loads(prepared.body) if prepared.body[:1] == b"{" else None,
-    }
-
-
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def readyz(request: Request) -> Response:
-    """503 with the reasons while the store does not answer or a model has no reachable
-    upstream (see readiness.py: cached a few seconds, hosts only in the log)."""
-    gw: Gateway = request.app.state.gateway
-    report = await gw.readiness.report()
-    return JSONResponse(report.body(), status_code=200 if report.ready else 503)
-
-
-async def metrics(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
-    return Response(gw.metrics.render(), media_type=gw.metrics.content_type)
 
 
 # -- wiring ----------------------------------------------------------------------------------
