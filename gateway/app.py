@@ -677,84 +677,119 @@ class Endpoint:
         except GatewayError:  # the time spent trying is the upstream's too
             exchange.upstream_seconds += time.perf_counter() - started
             raise
-        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
         try:
+            if response.status >= 400:
+                return await self.error_answer(response)
+            if request.stream:
+                return await self.relay_stream(
+                    send, request, route, prepared, exchange, response, chosen, tenant
+                )
+            return await self.relay_whole(
+                send, request, route, prepared, exchange, response, chosen, tenant
+            )
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - started
+
+    async def error_answer(self, response: UpstreamResponse) -> Failed | Overflow:
+        """An upstream's error, read whole: the context window exceeded, or any other failure."""
+        body = await response.read()
+        response.release()
+        failed = Failed(response.status, body, response.relay_headers())
+        error = classify(response.status, body)
+        return failed if error is None else Overflow(error, failed=failed)
+
+    async def relay_stream(
+        self,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        prepared: Prepared,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        chosen: Destination,
+        tenant: str,
+    ) -> Outcome:
+        """A 2xx stream: an overflow if its first events say so, else relayed as it arrives
+        (with the internal expansion rounds spliced in when the gateway answers its own tools)."""
+        gw = self.gw
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
+        head = await self.read_head(response)
+        error = self.wire.stream_context_error(head)
+        if error is not None:
+            return Overflow(error, stream=response, head=head)
+        if not head:
+            response.close()
+            raise UpstreamError(EMPTY_STREAM)
+        chunks = _stream(head, response)
+        if exchange.edits.edits:  # emulated context_management, said where Anthropic does
+            chunks = reported_in_stream(chunks, exchange.edits)
+        if prepared.expandable and request.api == "chat":
+            response, head, exchange.internal_rounds = await gw.expansion.chat.resolve_stream(
+                response, head, prepared.body, route, url, sending, tenant
+            )
             if response.status >= 400:
                 body = await response.read()
                 response.release()
-                failed = Failed(response.status, body, response.relay_headers())
-                error = classify(response.status, body)
-                return failed if error is None else Overflow(error, failed=failed)
-            if request.stream:
-                head = await self.read_head(response)
-                error = self.wire.stream_context_error(head)
-                if error is not None:
-                    return Overflow(error, stream=response, head=head)
-                if not head:
-                    response.close()
-                    raise UpstreamError(EMPTY_STREAM)
-                chunks = _stream(head, response)
-                if exchange.edits.edits:  # emulated context_management, said where Anthropic does
-                    chunks = reported_in_stream(chunks, exchange.edits)
-                if prepared.expandable and request.api == "chat":
-                    (
-                        response,
-                        head,
-                        exchange.internal_rounds,
-                    ) = await gw.expansion.chat.resolve_stream(
-                        response, head, prepared.body, route, url, sending, tenant
-                    )
-                    if response.status >= 400:
-                        body = await response.read()
-                        response.release()
-                        return Failed(response.status, body, response.relay_headers())
-                    chunks = _stream(head, response)
-                elif prepared.expandable:
-                    rounds = Rounds()
-                    chunks = gw.expansion.splice(
-                        request.api,
-                        response,
-                        head,
-                        prepared.body,
-                        route,
-                        url,
-                        sending,
-                        tenant,
-                        rounds,
-                        lambda message: self.wire.stream_error_event(UpstreamError(message)),
-                    )
-                    if exchange.edits.edits:
-                        chunks = reported_in_stream(chunks, exchange.edits)
-                    await self.relay(send, exchange, prepared, response, chunks, rounds=rounds)
-                    return RELAYED
-                stripper = UsageStripper() if prepared.injected_usage else None
-                await self.relay(send, exchange, prepared, response, chunks, stripper)
-                return RELAYED
-            data = await response.read()
-            response.release()
-            if 200 <= response.status < 300 and not data:
-                raise UpstreamError("The upstream answered with an empty body.")
-            status, relay_headers = response.status, response.relay_headers()
-            if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
-                resolved = await gw.expansion.resolve(
-                    request.api, data, prepared.body, route, url, sending, tenant
-                )
-                exchange.internal_rounds = resolved.rounds
-                status, data = resolved.status, resolved.body
-                relay_headers = resolved.headers or relay_headers
-            self.books.note(exchange, prepared)
-            exchange.status = status
-            usage = None if "content-encoding" in response.headers else self.wire.usage(data)
-            self.books.account(prepared, exchange, usage)  # known before the headers: they say it
-            if status == 200:
-                data = with_report(data, exchange.edits)
-            await send_bytes(
-                send, status, data, [*relay_headers, *self.books.headers(exchange)], None
+                return Failed(response.status, body, response.relay_headers())
+            chunks = _stream(head, response)
+        elif prepared.expandable:
+            rounds = Rounds()
+            chunks = gw.expansion.splice(
+                request.api,
+                response,
+                head,
+                prepared.body,
+                route,
+                url,
+                sending,
+                tenant,
+                rounds,
+                lambda message: self.wire.stream_error_event(UpstreamError(message)),
             )
-            self.books.calibrate(route, prepared, exchange, usage)
+            if exchange.edits.edits:
+                chunks = reported_in_stream(chunks, exchange.edits)
+            await self.relay(send, exchange, prepared, response, chunks, rounds=rounds)
             return RELAYED
-        finally:
-            exchange.upstream_seconds += time.perf_counter() - started
+        stripper = UsageStripper() if prepared.injected_usage else None
+        await self.relay(send, exchange, prepared, response, chunks, stripper)
+        return RELAYED
+
+    async def relay_whole(
+        self,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        prepared: Prepared,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        chosen: Destination,
+        tenant: str,
+    ) -> Relayed:
+        """A whole (not streamed) answer: internal rounds resolved, priced before its headers
+        go out (they say the cost), then sent."""
+        gw = self.gw
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
+        data = await response.read()
+        response.release()
+        if 200 <= response.status < 300 and not data:
+            raise UpstreamError("The upstream answered with an empty body.")
+        status, relay_headers = response.status, response.relay_headers()
+        if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
+            resolved = await gw.expansion.resolve(
+                request.api, data, prepared.body, route, url, sending, tenant
+            )
+            exchange.internal_rounds = resolved.rounds
+            status, data = resolved.status, resolved.body
+            relay_headers = resolved.headers or relay_headers
+        self.books.note(exchange, prepared)
+        exchange.status = status
+        usage = None if "content-encoding" in response.headers else self.wire.usage(data)
+        self.books.account(prepared, exchange, usage)  # known before the headers: they say it
+        if status == 200:
+            data = with_report(data, exchange.edits)
+        await send_bytes(send, status, data, [*relay_headers, *self.books.headers(exchange)], None)
+        self.books.calibrate(route, prepared, exchange, usage)
+        return RELAYED
 
     async def read_head(self, response: UpstreamResponse) -> bytes:
         """The start of a stream, read until it shows what it is (b'' if the stream is empty)."""
