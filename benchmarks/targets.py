@@ -92,9 +92,14 @@ def free_port() -> int:
 
 
 def spawn(
-    name: str, argv: list[str], workdir: Path, env: dict[str, str | None] | None = None
+    name: str,
+    argv: list[str],
+    workdir: Path,
+    env: dict[str, str | None] | None = None,
+    root: Path = ROOT,
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start `argv` in its own session (so stopping it stops only what it started)."""
+    """Start `argv` in `root` (a checkout), in its own session (so stopping it stops only what it
+    started)."""
     environ = dict(os.environ)
     for key, value in (env or {}).items():
         if value is None:
@@ -105,7 +110,7 @@ def spawn(
     with open(log, "wb") as stderr:
         process = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=root,
             stdout=subprocess.PIPE,
             stderr=stderr,
             stdin=subprocess.DEVNULL,
@@ -225,7 +230,10 @@ def gateway_config(upstream: Service, emergency: Service) -> str:
     )
 
 
-def start_gateway(workdir: Path, config_text: str, name: str = "gateway") -> Service:
+def start_gateway(
+    workdir: Path, config_text: str, name: str = "gateway", root: Path = ROOT
+) -> Service:
+    """The gateway of the checkout at `root` (this one unless told), serving `config_text`."""
     config = workdir / f"{name}.yaml"
     config.write_text(config_text)
     port = free_port()
@@ -241,7 +249,7 @@ def start_gateway(workdir: Path, config_text: str, name: str = "gateway") -> Ser
         "--log-level",
         "warning",
     ]
-    process, log = spawn(name, argv, workdir)
+    process, log = spawn(name, argv, workdir, root=root)
     return Service(name, process, port, log)
 
 

@@ -106,18 +106,18 @@ class Accounting:
 
     def recorded(self, exchange: Exchange, total: float) -> None:
         metrics = self.gw.metrics
-        model, api = exchange.model, self.api
-        metrics.request_seconds.labels(model, api).observe(total)
+        child, model, api = metrics.child, exchange.model, self.api
+        child(metrics.request_seconds, model, api).observe(total)
         if exchange.upstream_seconds:
-            metrics.upstream_seconds.labels(model, api).observe(exchange.upstream_seconds)
-        metrics.overhead_seconds.labels(model, api).observe(
+            child(metrics.upstream_seconds, model, api).observe(exchange.upstream_seconds)
+        child(metrics.overhead_seconds, model, api).observe(
             max(0.0, total - exchange.upstream_seconds)
         )
         if exchange.tokens_before and not exchange.tokens_bound:  # a bound is not a count
-            metrics.tokens_before.labels(model, api).inc(exchange.tokens_before)
-            metrics.tokens_after.labels(model, api).inc(exchange.tokens_after)
+            child(metrics.tokens_before, model, api).inc(exchange.tokens_before)
+            child(metrics.tokens_after, model, api).inc(exchange.tokens_after)
             if saved := self.tokens_saved(exchange):
-                metrics.tokens_saved.labels(model, api).inc(saved)
+                child(metrics.tokens_saved, model, api).inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()

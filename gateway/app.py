@@ -81,7 +81,7 @@ from .events import EventLog
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
-from .logs import clip, log_request, request_fields
+from .logs import access_logged, clip, log_request, request_fields
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .models_endpoint import get_model, list_models
@@ -121,7 +121,9 @@ from .wire import (
     WireRequest,
     answers,
 )
+from .wire.chat import ChatWire
 from .wire.resent import ResentMessages
+from .wire.validated import ValidatedMessages
 
 log = logging.getLogger("compactgate")
 
@@ -383,8 +385,10 @@ class Gateway:
 
     def finish(self, exchange: Exchange, total: float) -> None:
         """Count a served request and write its log line (every API, passthrough included)."""
-        self.metrics.requests.labels(exchange.model, str(exchange.status), exchange.api).inc()
-        log_request(exchange.line(total))
+        metrics = self.metrics
+        metrics.child(metrics.requests, exchange.model, str(exchange.status), exchange.api).inc()
+        if access_logged():  # the line is not built for nobody
+            log_request(exchange.line(total))
 
     def learn_window(self, route: Route, error: ContextError) -> None:
         """Lower the model's effective window from an upstream's stated limit; never raise it."""
@@ -1237,7 +1241,7 @@ def build_app(config: Config) -> _Dispatch:
     )
     app.state.gateway = gateway
     endpoints = {
-        "/v1/chat/completions": Endpoint(gateway, CHAT),
+        "/v1/chat/completions": Endpoint(gateway, ChatWire(ValidatedMessages())),
         "/v1/responses": responses,
         "/v1/responses/compact": CompactEndpoint(gateway),
         "/v1/messages": Endpoint(gateway, MESSAGES),

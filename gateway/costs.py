@@ -287,7 +287,7 @@ class Accountant:
         metrics = self._metrics
         for tier, count in billed_tokens(usage).items():
             if count:
-                metrics.billed_tokens.labels(tier).inc(count)
+                metrics.child(metrics.billed_tokens, tier).inc(count)
         prices = self.prices(route)
         scale_after = tokens_after if compacted else tokens_before
         prompt = round(usage.input * tokens_before / scale_after) if scale_after else usage.input
@@ -309,7 +309,7 @@ class Accountant:
                 metrics.cost_partial.labels(arm).inc()
                 continue
             for component, usd in result.usd.items():
-                metrics.cost_usd.labels(arm, component).inc(usd)
+                metrics.child(metrics.cost_usd, arm, component).inc(usd)
         if priced.saved is not None:
             metrics.net_saved_usd.inc(priced.saved)
         return priced

@@ -87,6 +87,11 @@ def request_fields(
     return fields
 
 
+def access_logged() -> bool:
+    """Whether request lines are written at all (the access log is at INFO or below)."""
+    return access_log.isEnabledFor(logging.INFO)
+
+
 def log_request(fields: Mapping[str, Any]) -> None:
     """Write one request's line (INFO on `compactgate.access`)."""
     if access_log.isEnabledFor(logging.INFO):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import platform
+from typing import Any
 
 from prometheus_client import (
     PLATFORM_COLLECTOR,
@@ -271,6 +272,8 @@ class Metrics:
             registry=r,
         )
         self._models: set[str] = set()
+        # Bounded: model labels are capped (`model_label`), APIs and statuses are few.
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
         # Label sets known up front exist from the start, at 0, so a dashboard shows 0, not
         # "No data", before the first lookup.
         for result in ("hit", "miss"):
@@ -283,6 +286,16 @@ class Metrics:
             return "other"
         self._models.add(name)
         return name
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, looked up once per label set: `labels()` builds a tuple,
+        checks it and takes a lock on every call, and every served request makes several.
+        Only for label sets that are bounded (model labels, APIs, statuses)."""
+        key = (metric, values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def estimate(self, model: str, estimated: int, reported: int) -> None:
         """One answer's token estimate against the upstream's count (`reported` > 0): the size of

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -103,13 +104,7 @@ class PrefixCounts:
         entry = self._entries.get(key)
         same = 0
         if entry is not None:
-            old = entry.messages
-            limit = min(len(old), len(messages))
-            if messages[:limit] == old[:limit]:  # the usual case, compared in one C loop
-                same = limit
-            else:
-                while same < limit and messages[same] == old[same]:
-                    same += 1
+            same = equal_prefix(messages, entry.messages)
             uids = entry.uids[:same]
         else:
             uids = []
@@ -142,6 +137,12 @@ class PrefixCounts:
         while len(self._entries) > self._max or self._bytes > self._max_bytes:
             _, dropped = self._entries.popitem(last=False)
             self._bytes -= dropped.size
+
+
+def equal_prefix(messages: Sequence[Any], old: Sequence[Any]) -> int:
+    """How many leading messages are equal (`==`) to `old`'s, compared in one C loop that
+    stops at the first difference (a resend usually differs only in its last message)."""
+    return len(list(itertools.takewhile(bool, map(operator.eq, messages, old))))
 
 
 def _key(scope: str, messages: Sequence[Mapping[str, Any]]) -> bytes:

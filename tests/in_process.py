@@ -170,11 +170,13 @@ async def running_app(
     path = directory / "gateway.json"
     path.write_text(json.dumps(config))
     app = build_app(load_config(path, {**os.environ, **(env or {})}))
+    thresholds = gc.get_threshold()
     with _captured_logs() as logs:
         async with _lifespan(app):
-            # The app freezes what start-up made, to spare a serving process long collections;
-            # the test process must keep collecting normally between tests.
+            # The app freezes what start-up made and collects less often, to spare a serving
+            # process long collections; the test process must keep collecting normally.
             gc.unfreeze()
+            gc.set_threshold(*thresholds)
             gateway = AppGateway(app, path, logs)
             try:
                 yield gateway

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from gateway.memory import GlibcMalloc, IdleTrim
+from gateway.memory import YOUNG_THRESHOLD, GlibcMalloc, IdleTrim
 from tests.conftest import GatewayStarter
 
 MiB = 1024 * 1024
@@ -149,16 +149,19 @@ def test_start_up_objects_are_left_out_of_later_collections() -> None:
     app = build_app(default_config())
     gateway = app.state.gateway
 
-    async def start_and_stop() -> tuple[int, int]:
+    async def start_and_stop() -> tuple[int, int, int]:
         async with gateway.lifespan(app):
-            return gc.get_freeze_count(), len(gc.get_objects())
+            return gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0]
 
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     gc.collect()  # count the live objects: garbage earlier tests left is collected, not frozen
     before = len(gc.get_objects())
     try:
-        frozen, walked = asyncio.run(start_and_stop())
+        frozen, walked, young = asyncio.run(start_and_stop())
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
     assert frozen >= before * 0.9  # all that start-up left alive (the test process too)
     assert walked < frozen // 10  # a collection now walks a small fraction of that
+    assert young == YOUNG_THRESHOLD  # requests in flight are not walked after every request

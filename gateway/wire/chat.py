@@ -28,6 +28,7 @@ from .request import (
     read_positive,
     read_stream,
 )
+from .validated import ValidatedMessages
 
 if TYPE_CHECKING:
     from policies import Message
@@ -42,9 +43,15 @@ class ChatWire(Wire):
     name = "chat"
     upstream_path = "/chat/completions"
 
+    def __init__(self, validated: ValidatedMessages | None = None) -> None:
+        self._validated = validated  # a resent history's messages are not checked again
+
     def parse(
         self, body: bytes, max_messages: int, resent: ResentScope | None = None
     ) -> WireRequest:
+        """The body as a request; given the caller's `resent` view, messages equal to those of
+        the caller's previous valid request of the conversation are not checked again."""
+        scope = resent.tenant if resent is not None else None
         payload = load_object(body)
         model = read_model(payload)
         stream = read_stream(payload)
@@ -63,11 +70,15 @@ class ChatWire(Wire):
                 f"this gateway accepts at most {max_messages}.",
                 param="messages",
             )
+        validated = self._validated if scope is not None else None
+        known = validated.known(scope or "", raw_messages) if validated is not None else None
+        checked_from = known.count if known is not None else 0
         messages: list[dict[str, Any]] = []
         marks: list[Marks] = []
         has_extension = False
         for index, message in enumerate(raw_messages):
-            _check_message(message, index)
+            if index >= checked_from:
+                _check_message(message, index)
             if EXTENSION in message:
                 has_extension = True
                 marks.append(read_marks(message[EXTENSION], f"messages[{index}]"))
@@ -79,6 +90,8 @@ class ChatWire(Wire):
         check_tools(payload, "tools", "functions")
         options = payload.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
+        if validated is not None and known is not None:
+            validated.remember(known, raw_messages, len(body))
         return WireRequest(
             wire=self,
             body=body,

@@ -1,0 +1,88 @@
+"""Messages already validated, remembered per conversation so that a resent history is not
+checked again.
+
+An agent resends its whole history on every turn. Each message's checks (role, content parts,
+tool calls) are a pure function of its value, and a value equal (`==`) to one that passed them
+passes them too: JSON values that can pass are strings, arrays, objects and null, and each is
+equal only to a value of its own type. So a message equal to the one at the same place in the
+caller's previous valid request of the same conversation needs no check; every other message is
+checked as before, in order, so the first invalid message gives the same 400 as it always did.
+
+Only requests whose every message passed are remembered. Keyed by the caller (tenant) and a
+digest of the opening two messages; bounded by conversations and by the bytes of the requests
+held. A key two conversations share costs them only the checks they would have made anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..prefix import equal_prefix
+
+MAX_CONVERSATIONS = 512
+MAX_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Known:
+    """How many leading messages of a request are known valid, and where to remember it."""
+
+    key: bytes | None
+    count: int
+
+
+@dataclass(slots=True)
+class _Entry:
+    messages: Sequence[Any]
+    size: int
+
+
+class ValidatedMessages:
+    """One worker's memo of the last valid request of each conversation (event loop only)."""
+
+    def __init__(
+        self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
+    ) -> None:
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._max = max_conversations
+        self._max_bytes = max_bytes
+        self._bytes = 0
+
+    def known(self, scope: str, messages: Sequence[Any]) -> Known:
+        """The leading messages equal to those the conversation's previous valid request had."""
+        key = _key(scope, messages)
+        entry = self._entries.get(key) if key is not None else None
+        if entry is None:
+            return Known(key, 0)
+        return Known(key, equal_prefix(messages, entry.messages))
+
+    def remember(self, known: Known, messages: Sequence[Any], size: int) -> None:
+        """Keep `messages`, all of which passed their checks (`size`: the request's bytes)."""
+        if known.key is None:
+            return
+        old = self._entries.pop(known.key, None)
+        if old is not None:
+            self._bytes -= old.size
+        if size > self._max_bytes:
+            return
+        self._entries[known.key] = _Entry(messages, size)
+        self._bytes += size
+        while len(self._entries) > self._max or self._bytes > self._max_bytes:
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= dropped.size
+
+
+def _key(scope: str, messages: Sequence[Any]) -> bytes | None:
+    digest = hashlib.sha256(scope.encode())
+    for message in messages[:2]:
+        try:
+            digest.update(orjson.dumps(message))
+        except (orjson.JSONEncodeError, TypeError):
+            return None  # not remembered: every message is checked
+    return digest.digest()
