@@ -18,8 +18,8 @@
       implements it, else answered with a compaction item the gateway issues; in step 1 the
       Responses endpoints read the gateway's own compaction items back into summaries
 
-Everything else (models list, passthrough of other /v1/* paths, plan, health, metrics) is below
-the proxy path. `build_app(config)` wires it up.
+Everything else has a module of its own (`models_endpoint`, `passthrough` of other /v1/* paths,
+`plan_endpoint`, `probes`); `build_app(config)` below wires them all up.
 """
 
 from __future__ import annotations
@@ -33,17 +33,16 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
 from . import admin, compaction_blocks
+from .accounting import Accounting
 from .agent_compaction import CompactionPoints, Signature, recognise
 from .asgi import (
     ClientDisconnected,
@@ -58,16 +57,16 @@ from .asgi import (
 from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
-from .config import Config, ServerConfig, UpstreamConfig
+from .config import Config, ServerConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, reported_in_stream, with_report
 from .cors import BrowserAccess
 from .costs import Accountant, Priced
 from .counting import Counting
+from .destinations import destinations, upstream_headers
 from .errors import (
     ContextLengthExceededError,
     GatewayError,
-    InvalidRequestError,
     MethodNotAllowedError,
     ModelNotFoundError,
     NotFoundError,
@@ -78,14 +77,18 @@ from .errors import (
     reason_of,
     upstream_reason,
 )
-from .events import EventLog, RequestSample, reward
+from .events import EventLog
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
-from .logs import access_logged, clip, log_request, request_fields, tenant_label
+from .logs import access_logged, clip, log_request, request_fields
 from .memory import freeze_startup_objects
 from .metrics import Metrics
+from .models_endpoint import get_model, list_models
+from .passthrough import passthrough
 from .pipeline import Pipeline, Prepared, when_settled
+from .plan_endpoint import plan
+from .probes import healthz, metrics, readyz
 from .readiness import Readiness
 from .remote_compaction import (
     AGENT,
@@ -106,8 +109,6 @@ from .upstream import (
     CLIENT_CREDENTIALS,
     UpstreamClient,
     UpstreamResponse,
-    forward_headers,
-    passthrough_path,
 )
 from .upstream_counts import UpstreamCounts
 from .wire import (
@@ -119,7 +120,6 @@ from .wire import (
     Wire,
     WireRequest,
     answers,
-    wire_of,
 )
 from .wire.chat import ChatWire
 from .wire.resent import ResentMessages
@@ -420,6 +420,7 @@ class Endpoint:
         self.gw = gateway
         self.wire = wire
         self.api = api or wire.name  # as logs and metrics name it
+        self.books = Accounting(gateway, self.api, self.saves)  # what each answer comes to
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gw
@@ -475,7 +476,7 @@ class Endpoint:
         finally:
             watcher.stop()
             gw.metrics.inflight.dec()
-            self.record(exchange)
+            self.books.record(exchange)
 
     def agent_next(
         self,
@@ -633,7 +634,7 @@ class Endpoint:
         exchange.status = 200
         exchange.agent_outcome = "answered"
         self.gw.metrics.agent_compactions.labels(exchange.agent_compaction, "answered").inc()
-        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+        await send_bytes(send, 200, body, self.books.headers(exchange), content_type)
 
     async def answer_paused(
         self, send: Send, exchange: Exchange, request: WireRequest, route: Route
@@ -646,7 +647,7 @@ class Endpoint:
         else:
             body, content_type = orjson.dumps(answer), b"application/json"
         exchange.status = 200
-        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+        await send_bytes(send, 200, body, self.books.headers(exchange), content_type)
 
     async def attempt(
         self,
@@ -680,82 +681,119 @@ class Endpoint:
         except GatewayError:  # the time spent trying is the upstream's too
             exchange.upstream_seconds += time.perf_counter() - started
             raise
-        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
         try:
+            if response.status >= 400:
+                return await self.error_answer(response)
+            if request.stream:
+                return await self.relay_stream(
+                    send, request, route, prepared, exchange, response, chosen, tenant
+                )
+            return await self.relay_whole(
+                send, request, route, prepared, exchange, response, chosen, tenant
+            )
+        finally:
+            exchange.upstream_seconds += time.perf_counter() - started
+
+    async def error_answer(self, response: UpstreamResponse) -> Failed | Overflow:
+        """An upstream's error, read whole: the context window exceeded, or any other failure."""
+        body = await response.read()
+        response.release()
+        failed = Failed(response.status, body, response.relay_headers())
+        error = classify(response.status, body)
+        return failed if error is None else Overflow(error, failed=failed)
+
+    async def relay_stream(
+        self,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        prepared: Prepared,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        chosen: Destination,
+        tenant: str,
+    ) -> Outcome:
+        """A 2xx stream: an overflow if its first events say so, else relayed as it arrives
+        (with the internal expansion rounds spliced in when the gateway answers its own tools)."""
+        gw = self.gw
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
+        head = await self.read_head(response)
+        error = self.wire.stream_context_error(head)
+        if error is not None:
+            return Overflow(error, stream=response, head=head)
+        if not head:
+            response.close()
+            raise UpstreamError(EMPTY_STREAM)
+        chunks = _stream(head, response)
+        if exchange.edits.edits:  # emulated context_management, said where Anthropic does
+            chunks = reported_in_stream(chunks, exchange.edits)
+        if prepared.expandable and request.api == "chat":
+            response, head, exchange.internal_rounds = await gw.expansion.chat.resolve_stream(
+                response, head, prepared.body, route, url, sending, tenant
+            )
             if response.status >= 400:
                 body = await response.read()
                 response.release()
-                failed = Failed(response.status, body, response.relay_headers())
-                error = classify(response.status, body)
-                return failed if error is None else Overflow(error, failed=failed)
-            if request.stream:
-                head = await self.read_head(response)
-                error = self.wire.stream_context_error(head)
-                if error is not None:
-                    return Overflow(error, stream=response, head=head)
-                if not head:
-                    response.close()
-                    raise UpstreamError(EMPTY_STREAM)
-                chunks = _stream(head, response)
-                if exchange.edits.edits:  # emulated context_management, said where Anthropic does
-                    chunks = reported_in_stream(chunks, exchange.edits)
-                if prepared.expandable and request.api == "chat":
-                    (
-                        response,
-                        head,
-                        exchange.internal_rounds,
-                    ) = await gw.expansion.chat.resolve_stream(
-                        response, head, prepared.body, route, url, sending, tenant
-                    )
-                    if response.status >= 400:
-                        body = await response.read()
-                        response.release()
-                        return Failed(response.status, body, response.relay_headers())
-                    chunks = _stream(head, response)
-                elif prepared.expandable:
-                    rounds = Rounds()
-                    chunks = gw.expansion.splice(
-                        request.api,
-                        response,
-                        head,
-                        prepared.body,
-                        route,
-                        url,
-                        sending,
-                        tenant,
-                        rounds,
-                        lambda message: self.wire.stream_error_event(UpstreamError(message)),
-                    )
-                    if exchange.edits.edits:
-                        chunks = reported_in_stream(chunks, exchange.edits)
-                    await self.relay(send, exchange, prepared, response, chunks, rounds=rounds)
-                    return RELAYED
-                stripper = UsageStripper() if prepared.injected_usage else None
-                await self.relay(send, exchange, prepared, response, chunks, stripper)
-                return RELAYED
-            data = await response.read()
-            response.release()
-            if 200 <= response.status < 300 and not data:
-                raise UpstreamError("The upstream answered with an empty body.")
-            status, relay_headers = response.status, response.relay_headers()
-            if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
-                resolved = await gw.expansion.resolve(
-                    request.api, data, prepared.body, route, url, sending, tenant
-                )
-                exchange.internal_rounds = resolved.rounds
-                status, data = resolved.status, resolved.body
-                relay_headers = resolved.headers or relay_headers
-            self.note(exchange, prepared)
-            exchange.status = status
-            usage = None if "content-encoding" in response.headers else self.wire.usage(data)
-            self.account(prepared, exchange, usage)  # known before the headers: they say it
-            if status == 200:
-                data = with_report(data, exchange.edits)
-            await send_bytes(send, status, data, [*relay_headers, *self.headers(exchange)], None)
-            self.calibrate(route, prepared, exchange, usage)
+                return Failed(response.status, body, response.relay_headers())
+            chunks = _stream(head, response)
+        elif prepared.expandable:
+            rounds = Rounds()
+            chunks = gw.expansion.splice(
+                request.api,
+                response,
+                head,
+                prepared.body,
+                route,
+                url,
+                sending,
+                tenant,
+                rounds,
+                lambda message: self.wire.stream_error_event(UpstreamError(message)),
+            )
+            if exchange.edits.edits:
+                chunks = reported_in_stream(chunks, exchange.edits)
+            await self.relay(send, exchange, prepared, response, chunks, rounds=rounds)
             return RELAYED
-        finally:
-            exchange.upstream_seconds += time.perf_counter() - started
+        stripper = UsageStripper() if prepared.injected_usage else None
+        await self.relay(send, exchange, prepared, response, chunks, stripper)
+        return RELAYED
+
+    async def relay_whole(
+        self,
+        send: Send,
+        request: WireRequest,
+        route: Route,
+        prepared: Prepared,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        chosen: Destination,
+        tenant: str,
+    ) -> Relayed:
+        """A whole (not streamed) answer: internal rounds resolved, priced before its headers
+        go out (they say the cost), then sent."""
+        gw = self.gw
+        url, sending = chosen.url, dict(chosen.headers)  # later internal rounds go there too
+        data = await response.read()
+        response.release()
+        if 200 <= response.status < 300 and not data:
+            raise UpstreamError("The upstream answered with an empty body.")
+        status, relay_headers = response.status, response.relay_headers()
+        if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
+            resolved = await gw.expansion.resolve(
+                request.api, data, prepared.body, route, url, sending, tenant
+            )
+            exchange.internal_rounds = resolved.rounds
+            status, data = resolved.status, resolved.body
+            relay_headers = resolved.headers or relay_headers
+        self.books.note(exchange, prepared)
+        exchange.status = status
+        usage = None if "content-encoding" in response.headers else self.wire.usage(data)
+        self.books.account(prepared, exchange, usage)  # known before the headers: they say it
+        if status == 200:
+            data = with_report(data, exchange.edits)
+        await send_bytes(send, status, data, [*relay_headers, *self.books.headers(exchange)], None)
+        self.books.calibrate(route, prepared, exchange, usage)
+        return RELAYED
 
     async def read_head(self, response: UpstreamResponse) -> bytes:
         """The start of a stream, read until it shows what it is (b'' if the stream is empty)."""
@@ -792,10 +830,10 @@ class Endpoint:
         self, send: Send, exchange: Exchange, prepared: Prepared, failed: Failed
     ) -> None:
         """The upstream's error, relayed with its own status and body."""
-        self.note(exchange, prepared)
+        self.books.note(exchange, prepared)
         exchange.status, exchange.reason = failed.status, upstream_reason(failed.status)
         await send_bytes(
-            send, failed.status, failed.body, [*failed.headers, *self.headers(exchange)], None
+            send, failed.status, failed.body, [*failed.headers, *self.books.headers(exchange)], None
         )
 
     async def recompact(
@@ -841,13 +879,13 @@ class Endpoint:
     ) -> None:
         """Relay a stream chunk by chunk as it arrives, watching it for its usage (`rounds`
         counts the internal rounds spliced into it)."""
-        self.note(exchange, prepared)
+        self.books.note(exchange, prepared)
         exchange.status = response.status
         await send(
             {
                 "type": "http.response.start",
                 "status": response.status,
-                "headers": [*response.relay_headers(), *self.headers(exchange)],
+                "headers": [*response.relay_headers(), *self.books.headers(exchange)],
             }
         )
         tap = None if "content-encoding" in response.headers else self.wire.usage_tap()
@@ -876,261 +914,8 @@ class Endpoint:
                 exchange.internal_rounds = rounds.count
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if tap is not None:
-            self.account(prepared, exchange, tap.usage)
-            self.calibrate(prepared.route, prepared, exchange, tap.usage)
-
-    def calibrate(
-        self, route: Route, prepared: Prepared, exchange: Exchange, usage: Usage | None
-    ) -> None:
-        """Compare what the upstream says the prompt was with our estimate (not when internal
-        rounds were added: their usage is summed into the answer's)."""
-        exchange.usage = usage
-        if usage is not None and usage.input > 0 and not exchange.internal_rounds:
-            calibration = self.gw.calibration
-
-            def observe(settled: Prepared | None) -> None:
-                if settled is not None and not settled.bounded:  # an upper bound is no estimate
-                    calibration.observe(route, settled.sent_tokens, usage.input, settled.correction)
-
-            when_settled(prepared, observe)
-
-    def account(self, prepared: Prepared, exchange: Exchange, usage: Usage | None) -> None:
-        """Price an answered request (`costs`): both arms, into the metrics and the exchange."""
-        if usage is None or not 200 <= exchange.status < 300:
-            return  # a failed request saves nothing
-        exchange.priced = self.gw.costs.request(
-            prepared.route,
-            exchange.tenant,
-            usage,
-            prepared.tokens_before,
-            prepared.tokens_after,
-            prepared.uids,
-            compacted=not prepared.observe and prepared.tokens_after < prepared.tokens_before,
-        )
-
-    def note(self, exchange: Exchange, prepared: Prepared) -> None:
-        prepared = prepared.settled()
-        exchange.prepared = prepared
-        exchange.priority_preserved = prepared.priority_preserved
-        exchange.tokens_before = prepared.tokens_before
-        exchange.tokens_after = prepared.tokens_after
-        exchange.tokens_bound = prepared.bounded
-        exchange.observe = prepared.observe
-        steps = prepared.changed_steps
-        exchange.steps = ",".join(steps) if steps else "none"
-
-    def headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
-        prefix = b"x-compactgate-would-" if exchange.observe else b"x-compactgate-"
-        return [
-            (b"x-compactgate-request-id", exchange.request_id.encode("latin-1", "replace")),
-            (prefix + b"tokens-before", str(exchange.tokens_before).encode()),
-            (prefix + b"tokens-after", str(exchange.tokens_after).encode()),
-            (prefix + b"steps", exchange.steps.encode()),
-            (prefix + b"retries", str(exchange.retries).encode()),
-            (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
-            *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
-            *((b"x-compactgate-tokens-counted", b"upper-bound"),) * exchange.tokens_bound,
-            *_cost_headers(exchange.priced),
-            *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
-            *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
-            * (exchange.compacted is not None),
-        ]
-
-    def record(self, exchange: Exchange) -> None:
-        """Metrics, the log line and `/ui`'s sample of a finished request; for a request
-        forwarded on its upper bound, once its exact count is made (`when_settled`)."""
-        total = time.perf_counter() - exchange.started
-        if exchange.prepared is None or not exchange.tokens_bound:
-            self.recorded(exchange, total)
-            return
-
-        def settled(prepared: Prepared | None) -> None:
-            if prepared is not None:
-                self.note(exchange, prepared)
-            self.recorded(exchange, total)
-
-        when_settled(exchange.prepared, settled)
-
-    def recorded(self, exchange: Exchange, total: float) -> None:
-        metrics = self.gw.metrics
-        child, model, api = metrics.child, exchange.model, self.api
-        child(metrics.request_seconds, model, api).observe(total)
-        if exchange.upstream_seconds:
-            child(metrics.upstream_seconds, model, api).observe(exchange.upstream_seconds)
-        child(metrics.overhead_seconds, model, api).observe(
-            max(0.0, total - exchange.upstream_seconds)
-        )
-        if exchange.tokens_before and not exchange.tokens_bound:  # a bound is not a count
-            child(metrics.tokens_before, model, api).inc(exchange.tokens_before)
-            child(metrics.tokens_after, model, api).inc(exchange.tokens_after)
-            if saved := self.tokens_saved(exchange):
-                child(metrics.tokens_saved, model, api).inc(saved)
-            if not exchange.observe and exchange.steps != "none":
-                for step in exchange.steps.split(","):
-                    metrics.compactions.labels(step).inc()
-        if exchange.recovered:
-            metrics.context_errors_avoided.labels(exchange.model).inc()
-        if self.over_window(exchange):
-            metrics.over_window_answered.labels(exchange.model).inc()
-        seq = None
-        if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
-            seq = self.log_event(exchange, total)
-        elif exchange.agent_compaction is not None or exchange.compacted is not None:
-            seq = self.log_agent_compaction(exchange, total)
-        self.gw.events.count_request(self.sample(exchange, total, seq))
-        self.gw.finish(exchange, total)
-
-    def tokens_saved(self, exchange: Exchange) -> int:
-        """Prompt tokens compaction saved on this request: an answered generation only (not a
-        failed request, a count, or shadow mode, which forwards the original)."""
-        if not (self.saves and exchange.answered) or exchange.observe:
-            return 0
-        return max(0, exchange.tokens_before - exchange.tokens_after)
-
-    def over_window(self, exchange: Exchange) -> bool:
-        """Whether an answered request was, as the client sent it, larger than the model's
-        window by our estimate, and compaction made it fit before the upstream saw it (no
-        context error on the way; never in shadow mode, which forwards the original)."""
-        prepared = exchange.prepared
-        budget = prepared.budget if prepared is not None else None
-        return (
-            budget is not None
-            and self.saves
-            and exchange.answered
-            and not exchange.observe
-            and not exchange.context_errors
-            and exchange.tokens_before > budget.context_window - budget.reserved_output
-        )
-
-    def sample(self, exchange: Exchange, total: float, event: int | None) -> RequestSample:
-        """The request as the operator page aggregates it (`overview`)."""
-        costs = _cost_fields(exchange.priced)
-        return RequestSample(
-            ts=time.time(),
-            request_id=exchange.request_id,
-            api=self.api,
-            model=exchange.model,
-            tenant=tenant_label(exchange.tenant),  # as the request log names it
-            status=exchange.status,
-            reason="" if 0 < exchange.status < 400 else exchange.reason,
-            total_ms=round(total * 1000, 3),
-            upstream_ms=round(exchange.upstream_seconds * 1000, 3),
-            tokens_before=exchange.tokens_before,
-            tokens_after=exchange.tokens_after,
-            observe=exchange.observe,
-            steps=exchange.steps,
-            retries=exchange.retries,
-            context_errors=len(exchange.context_errors),
-            internal_rounds=exchange.internal_rounds,
-            stream=exchange.stream,
-            cost_usd=costs["cost_usd"],
-            counterfactual_usd=costs["counterfactual_usd"],
-            saved_usd=costs["saved_usd"],
-            agent_compaction=exchange.agent_compaction,
-            agent_outcome=exchange.agent_outcome if exchange.agent_compaction else None,
-            event=event,
-            failed_in_stream=exchange.failed_in_stream,
-            saves=self.saves,
-        )
-
-    def log_event(self, exchange: Exchange, total: float) -> int:
-        """One event-log line for a compacted or retried request (design D17.3); its
-        seq."""
-        prepared = exchange.prepared
-        assert prepared is not None
-        chain = prepared.chain
-        budget = prepared.budget
-        changed = [s for s in prepared.steps if s.changed]
-        recovery = chain.recovery if chain is not None else None
-        success = exchange.answered
-        phases = ["detection", *dict.fromkeys(s.type for s in changed)]  # each step once
-        phases += ["recovery"] if recovery else []
-        phases += ["success"] if success else ["failure"]
-        would_fail = bool(exchange.retries) or (
-            budget is not None
-            and prepared.tokens_before > budget.context_window - budget.reserved_output
-        )
-        return self.gw.events.record(
-            {
-                "request_id": exchange.request_id,
-                "api": exchange.api,
-                "tenant": tenant_label(exchange.tenant),
-                "stream": exchange.stream,
-                "model": exchange.model,
-                "mode": "observe" if exchange.observe else "enforce",
-                "status": exchange.status,
-                "tokens_before": exchange.tokens_before,
-                "tokens_after": exchange.tokens_after,
-                "context_window": budget.context_window if budget else None,
-                "budget": budget.limit if budget else None,
-                "steps": [s.as_dict() for s in changed],
-                "messages_removed": sum(s.messages_removed for s in changed),
-                "summary_used": any(s.summary_used for s in changed),
-                "recovery": recovery,
-                "retries": exchange.retries,
-                "context_errors": exchange.context_errors,
-                "would_have_failed": would_fail,
-                "answered": success,
-                "tokens_saved": self.tokens_saved(exchange),
-                "context_error_recovered": exchange.recovered,
-                "over_window": self.over_window(exchange),
-                "phases": phases,
-                "agent_compaction": exchange.agent_compaction,
-                "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
-                "agent_reason": exchange.agent_reason or None,
-                "internal_rounds": exchange.internal_rounds,
-                "total_ms": round(total * 1000, 2),
-                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
-                **_cost_fields(exchange.priced),
-                "reward": round(
-                    reward(
-                        success,
-                        bool(recovery),
-                        exchange.tokens_before,
-                        exchange.tokens_after,
-                        exchange.priority_preserved,
-                        total * 1000,
-                    ),
-                    4,
-                ),
-            },
-            content=prepared.messages,
-        )
-
-    def log_agent_compaction(self, exchange: Exchange, total: float) -> int:
-        """One event-log line for an agent's own compaction (or a Responses compaction) that
-        was not compacted here: answered by the gateway or forwarded, and why. No content."""
-        if exchange.compacted is not None:  # made by the gateway: from a ready summary or now
-            agent, outcome, why = AGENT, "answered", exchange.compacted
-        else:
-            agent, outcome, why = (
-                exchange.agent_compaction,
-                exchange.agent_outcome,
-                exchange.agent_reason,
-            )
-        return self.gw.events.record(
-            {
-                "request_id": exchange.request_id,
-                "api": exchange.api,
-                "tenant": tenant_label(exchange.tenant),
-                "stream": exchange.stream,
-                "model": exchange.model,
-                "status": exchange.status,
-                "answered": exchange.answered,
-                "mode": "observe" if exchange.observe else "enforce",
-                "tokens_before": exchange.tokens_before,
-                "tokens_after": exchange.tokens_after,
-                "steps": [],
-                "retries": exchange.retries,
-                "context_errors": exchange.context_errors,
-                "agent_compaction": agent,
-                "agent_outcome": outcome,
-                "agent_reason": why or None,
-                "phases": ["agent_compaction", outcome],
-                "total_ms": round(total * 1000, 2),
-                "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
-            }
-        )
+            self.books.account(prepared, exchange, tap.usage)
+            self.books.calibrate(prepared.route, prepared, exchange, tap.usage)
 
 
 class ResponsesEndpoint(Endpoint):
@@ -1172,7 +957,7 @@ class ResponsesEndpoint(Endpoint):
         exchange.status = 200
         exchange.compacted = outcome
         self.gw.metrics.agent_compactions.labels(AGENT, outcome).inc()
-        await send_bytes(send, 200, body, self.headers(exchange), content_type)
+        await send_bytes(send, 200, body, self.books.headers(exchange), content_type)
 
 
 class CompactEndpoint(ResponsesEndpoint):
@@ -1226,7 +1011,11 @@ class CompactEndpoint(ResponsesEndpoint):
             exchange.upstream_seconds += time.perf_counter() - started
         exchange.status = response.status
         await send_bytes(
-            send, response.status, data, [*response.relay_headers(), *self.headers(exchange)], None
+            send,
+            response.status,
+            data,
+            [*response.relay_headers(), *self.books.headers(exchange)],
+            None,
         )
 
 
@@ -1262,7 +1051,7 @@ class CountTokens(Endpoint):
             observe=route.mode == "observe",
             remember=False,
         )
-        self.note(exchange, prepared)
+        self.books.note(exchange, prepared)
         tokens = prepared.sent_tokens
         targets = destinations(route, self.wire, scope["headers"], suffix="/count_tokens")
         started = time.perf_counter()
@@ -1280,40 +1069,7 @@ class CountTokens(Endpoint):
         exchange.upstream_seconds += time.perf_counter() - started
         exchange.status = 200
         body = orjson.dumps({"input_tokens": tokens})
-        await send_bytes(send, 200, body, self.headers(exchange), b"application/json")
-
-
-def _agent_headers(agent: str | None, outcome: str) -> list[tuple[bytes, bytes]]:
-    """Which agent's own compaction request this was, and what the gateway did with it."""
-    if agent is None:
-        return []
-    return [(b"x-compactgate-agent-compaction", f"{agent}; {outcome}".encode())]
-
-
-def _cost_fields(priced: Priced | None) -> dict[str, Any]:
-    """The event log's view of `costs`: None where the price is not known."""
-    if priced is None:
-        return {"cost_usd": None, "counterfactual_usd": None, "saved_usd": None}
-    actual = None if priced.actual.partial else round(priced.actual.total, 8)
-    counterfactual = priced.counterfactual
-    known = counterfactual is not None and not counterfactual.partial
-    return {
-        "cost_usd": actual,
-        "counterfactual_usd": round(counterfactual.total, 8) if known else None,  # type: ignore[union-attr]
-        "saved_usd": None if priced.saved is None else round(priced.saved, 8),
-    }
-
-
-def _cost_headers(priced: Priced | None) -> list[tuple[bytes, bytes]]:
-    """What the answer cost and what the client's own request would have, in USD (only where
-    the usage was known before the headers went out: answers that are not streamed)."""
-    if priced is None or priced.actual.partial:
-        return []
-    headers = [(b"x-compactgate-cost-usd", f"{priced.actual.total:.6f}".encode())]
-    if priced.counterfactual is not None and not priced.counterfactual.partial:
-        value = f"{priced.counterfactual.total:.6f}".encode()
-        headers.append((b"x-compactgate-counterfactual-cost-usd", value))
-    return headers
+        await send_bytes(send, 200, body, self.books.headers(exchange), b"application/json")
 
 
 async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[bytes]:
@@ -1322,58 +1078,6 @@ async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[byte
         yield head
     async for chunk in response.chunks():
         yield chunk
-
-
-def upstream_url(route: Route, wire: Wire, upstream: UpstreamConfig | None = None) -> str:
-    """Where this API's requests for `route` go (to `upstream`, default: the route's first):
-    the upstream speaks the client's API."""
-    upstream = upstream or route.upstream
-    if upstream.provider == "litellm":
-        if wire.name != "chat":
-            raise InvalidRequestError(
-                f"The model `{route.name}` is served through litellm, which this gateway "
-                f"uses for chat completions only; use /v1/chat/completions.",
-                param="model",
-            )
-        return upstream.base_url or ""  # litellm's api_base; empty: the provider's default
-    if upstream.base_url is None:
-        raise NotFoundError(f"The model `{route.name}` has no upstream for {wire.name}.")
-    return upstream.base_url + wire.upstream_path
-
-
-def upstream_headers(
-    client: list[tuple[bytes, bytes]],
-    route: Route,
-    wire: Wire,
-    upstream: UpstreamConfig | None = None,
-) -> dict[str, str]:
-    """The client's headers for the upstream; a gateway-held key goes the way the API wants."""
-    upstream = upstream or route.upstream
-    key = upstream.api_key
-    return forward_headers(client, wire.credential_headers(key) if key else None, upstream.headers)
-
-
-def destinations(
-    route: Route,
-    wire: Wire,
-    client: list[tuple[bytes, bytes]],
-    suffix: str = "",
-    path: str | None = None,
-) -> list[Destination]:
-    """Each of the route's upstreams as this request would reach it: the API's URL plus
-    `suffix`, or `path` appended to the base_url (passthrough), and its headers."""
-    return [
-        Destination(
-            upstream,
-            upstream_url(route, wire, upstream) + suffix
-            if path is None
-            else f"{upstream.base_url}{path}",
-            upstream_headers(client, route, wire, upstream),
-            None if path is None else "openai",  # a passthrough path is plain HTTP
-        )
-        for upstream in route.targets
-        if path is None or upstream.base_url is not None
-    ]
 
 
 def _retry_window(
@@ -1418,7 +1122,7 @@ def _retry_window(
     return max(1, window)
 
 
-# -- GET /v1/models, other /v1/* paths -------------------------------------------------------
+# -- the other endpoints (models, passthrough): counted and logged like the path above ---------
 
 Handler = Callable[[Request, Exchange], Awaitable[Response]]
 
@@ -1451,315 +1155,6 @@ def logged(api: str, handler: Handler) -> Callable[[Request], Awaitable[Response
 def _request_id(request: Request) -> str:
     incoming = request.headers.get("x-request-id")
     return incoming if incoming else uuid.uuid4().hex
-
-
-async def list_models(request: Request, exchange: Exchange) -> Response:
-    """The configured models, with the context window each is compacted to, in the fields
-    agents and SDKs read (`context_window`, OpenRouter's `context_length`, vLLM's
-    `max_model_len`, `max_input_tokens`/`max_output_tokens`); in Anthropic's list shape when the
-    client sends `anthropic-version`. With only glob models configured, the upstream's list."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    exchange.tenant = identity.tenant
-    if not gw.router.routes():
-        return await passthrough(request, exchange)
-    created = int(time.time())
-    data = [
-        _model_entry(gw, route, created)
-        for route in gw.router.routes()
-        if identity.may_use(route.name)
-    ]
-    if "anthropic-version" in request.headers:
-        anthropic = [_anthropic_entry(e) for e in data]
-        first = anthropic[0]["id"] if anthropic else None
-        last = anthropic[-1]["id"] if anthropic else None
-        return JSONResponse(
-            {"data": anthropic, "has_more": False, "first_id": first, "last_id": last}
-        )
-    return JSONResponse({"object": "list", "data": data})
-
-
-async def get_model(request: Request, exchange: Exchange) -> Response:
-    """GET /v1/models/{id}: a configured model's entry, as the list gives it. A name only a glob
-    entry matches is asked of that entry's upstream (under its upstream name), and its answer
-    gets the client's name and the gateway's window. A name no route serves is 404."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    exchange.tenant = identity.tenant
-    name = request.path_params["model_id"]
-    exchange.requested = name
-    gw.auth.authorize(identity, name)
-    route = gw.router.resolve(name)
-    if route is None:
-        raise ModelNotFoundError(
-            f"The model `{name}` does not exist or is not served by this gateway.", param="model"
-        )
-    exchange.model = gw.metrics.model_label(route.name)
-    entry = _model_entry(gw, route, int(time.time()))
-    anthropic = "anthropic-version" in request.headers
-    configured = any(r.name == route.name for r in gw.router.routes())
-    if configured or route.upstream.base_url is None:
-        return JSONResponse(_anthropic_entry(entry) if anthropic else entry)
-    # The name is the client's: quoted into one segment, and refused if it is `.` or `..`.
-    path = passthrough_path(b"/v1/models/" + quote(route.upstream_model, safe="").encode())
-    answer = await _forward(gw, request, exchange, route, path, None)
-    assert isinstance(answer, Forwarded)  # asked without `stream`: read whole
-    found = _json_object(answer.body) if answer.status == 200 else None
-    if found is None:
-        return answer.response()
-    window = {k: v for k, v in entry.items() if k not in ("object", "created", "owned_by")}
-    if anthropic:
-        window = {k: v for k, v in _anthropic_entry(entry).items() if k != "created_at"}
-    return JSONResponse({**found, **window})
-
-
-def _model_entry(gw: Gateway, route: Route, created: int) -> dict[str, Any]:
-    """A model as the gateway serves it, in OpenAI's model object with the window fields."""
-    window = gw.effective_window(route)
-    entry: dict[str, Any] = {
-        "id": route.name,
-        "object": "model",
-        "created": created,
-        "owned_by": "compactgate",
-    }
-    if window is not None:
-        entry.update(context_window=window, context_length=window, max_model_len=window)
-        entry["max_input_tokens"] = window - (route.max_output_tokens or 0)
-    if route.max_output_tokens is not None:
-        entry["max_output_tokens"] = route.max_output_tokens
-    return entry
-
-
-def _anthropic_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI model entry in Anthropic's model shape."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["created"]))
-    return {
-        "type": "model",
-        "id": entry["id"],
-        "display_name": entry["id"],
-        "created_at": stamp,
-        **{k: entry[k] for k in ("max_input_tokens", "max_output_tokens") if k in entry},
-        **({"context_window": entry["context_window"]} if "context_window" in entry else {}),
-    }
-
-
-async def _read_limited(gw: Gateway, request: Request) -> bytes | None:
-    """The body under the size and time limits (413/408 raised); None if the client left."""
-    server = gw.config.server
-    try:
-        return await read_body(
-            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
-        )
-    except ClientDisconnected:
-        return None
-
-
-async def passthrough(request: Request, exchange: Exchange) -> Response:
-    """Any other /v1/* path, forwarded to the upstream of the body's `model` (else the first
-    configured one). The body goes as it came, except that a renamed model's `model` gets its
-    upstream name, as on the compacting paths."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    exchange.tenant = identity.tenant
-    body = await _read_limited(gw, request)
-    if body is None:
-        exchange.reason = "client_disconnected"
-        return Response(status_code=499)
-    fields = _json_object(body)
-    model = fields.get("model") if fields is not None else None
-    if isinstance(model, str):
-        exchange.requested = model
-    exchange.stream = fields is not None and fields.get("stream") is True
-    route = _route_for_passthrough(gw, model if isinstance(model, str) else None)
-    gw.auth.authorize(identity, route.name)
-    exchange.model = gw.metrics.model_label(route.name)
-    if route.upstream.base_url is None:
-        raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
-    if fields is not None and model == route.name and route.renamed:
-        body = orjson.dumps({**fields, "model": route.upstream_model})
-    # The path only extends the configured base_url: no `..`, no other host (no SSRF).
-    raw_path = request.scope.get("raw_path") or request.url.path.encode()
-    path = passthrough_path(raw_path)
-    if request.url.query:
-        path += "?" + request.url.query
-    answer = await _forward(gw, request, exchange, route, path, body or None, stream=True)
-    return answer if isinstance(answer, StreamingResponse) else answer.response()
-
-
-@dataclass(frozen=True, slots=True)
-class Forwarded:
-    """An upstream's whole answer to a forwarded request."""
-
-    status: int
-    body: bytes
-    headers: list[tuple[bytes, bytes]]
-
-    def response(self) -> Response:
-        response = Response(self.body, status_code=self.status)
-        response.raw_headers.extend(self.headers)
-        return response
-
-
-async def _forward(
-    gw: Gateway,
-    request: Request,
-    exchange: Exchange,
-    route: Route,
-    path: str,
-    body: bytes | None,
-    stream: bool = False,
-) -> Forwarded | StreamingResponse:
-    """Send the client's request to `path` under the model's upstream, with the headers
-    forwarding allows (a gateway-held key goes the way the client's API wants it: Anthropic's
-    when it sent `anthropic-version`). Failed over like the compacting paths, but each upstream
-    is tried once: these requests (files, batches, ...) are not ours to repeat. With `stream`,
-    an answer that is an event stream is relayed as it arrives (the tenant's slot held until
-    it ends) instead of being read whole."""
-    wire = MESSAGES if "anthropic-version" in request.headers else CHAT
-    targets = destinations(route, wire, request.scope["headers"], path=path)
-    started = time.perf_counter()
-    with contextlib.ExitStack() as held:
-        held.enter_context(gw.limits.hold(exchange.tenant))
-        try:
-            response, _ = await send_balanced(
-                gw.upstream,
-                route,
-                targets,
-                body,
-                gw.metrics,
-                gw.balancer,
-                method=request.method,
-                retry=False,
-            )
-            if stream and response.status < 400 and "event-stream" in response.content_type:
-                return _relayed_stream(response, held.pop_all())
-            try:
-                data = await response.read()
-            finally:
-                response.release()
-        finally:
-            exchange.upstream_seconds += time.perf_counter() - started
-    if response.status >= 400:
-        exchange.reason = upstream_reason(response.status)
-    return Forwarded(response.status, data, response.relay_headers())
-
-
-def _relayed_stream(response: UpstreamResponse, held: contextlib.ExitStack) -> StreamingResponse:
-    """A forwarded event stream, chunk by chunk; `held` (the tenant's slot) ends with it."""
-
-    async def chunks() -> AsyncIterator[bytes]:
-        with held:
-            try:
-                async for chunk in response.chunks():
-                    yield chunk
-            finally:
-                response.close()
-
-    # Also released after the response, in case the client left before the first chunk and the
-    # iterator never ran (closing twice is harmless).
-    relayed = StreamingResponse(
-        chunks(), status_code=response.status, background=BackgroundTask(_closed, held, response)
-    )
-    relayed.raw_headers = [
-        (k, v) for k, v in relayed.raw_headers if k != b"content-type"
-    ] + response.relay_headers()
-    return relayed
-
-
-async def _closed(held: contextlib.ExitStack, response: UpstreamResponse) -> None:
-    response.close()
-    held.close()
-
-
-def _json_object(body: bytes) -> dict[str, Any] | None:
-    if body[:1] != b"{":
-        return None
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
-
-
-def _route_for_passthrough(gw: Gateway, model: str | None) -> Route:
-    if model is not None:
-        route = gw.router.resolve(model)
-        if route is not None and route.upstream.base_url:
-            return route
-    for route in gw.router.routes():
-        if route.upstream.base_url:
-            return route
-    route = gw.router.resolve(model if model is not None else "default")
-    if route is None:
-        raise NotFoundError("No upstream is configured for this path.")
-    return route
-
-
-# -- plan, health, metrics -------------------------------------------------------------------
-
-
-async def plan(request: Request) -> Response:
-    """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (design D17.2)."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    body = await _read_limited(gw, request)
-    if body is None:
-        return Response(status_code=499)
-    wire = wire_of(body, request.query_params.get("api"))
-    parsed = wire.parse(body, gw.config.server.max_messages)
-    gw.auth.authorize(identity, parsed.model)
-    route = gw.router.resolve(parsed.model)
-    if route is None:
-        raise ModelNotFoundError(
-            f"The model `{parsed.model}` is not served by this gateway.", param="model"
-        )
-    prepared = await gw.pipeline.prepare(
-        parsed, route, identity.tenant, window=gw.effective_window(route), remember=False
-    )
-    return JSONResponse(plan_report(prepared, gw.effective_window(route)))
-
-
-def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
-    budget = prepared.budget
-    return {
-        "api": prepared.api,
-        "model": prepared.route.name,
-        "upstream_model": prepared.route.upstream_model,
-        "tokenizer": prepared.route.tokenizer,
-        "policy": prepared.route.policy_name,
-        "context_window": window,
-        "window_source": prepared.route.window_source,
-        "reserved_output": budget.reserved_output if budget else None,
-        "budget": budget.limit if budget else None,
-        "trigger": budget.trigger if budget else None,
-        "target": budget.target if budget else None,
-        "tokens_before": prepared.tokens_before,
-        "tokens_after": prepared.tokens_after,
-        "fits": budget is None
-        or prepared.tokens_after <= (budget.context_window - budget.reserved_output),
-        "counts_by_role": dict(prepared.counts_by_role),
-        "tokens_by_region": dict(prepared.tokens_by_region),
-        "steps": [s.as_dict() for s in prepared.steps],
-        "messages": prepared.messages,
-        "forwarded": orjson.loads(prepared.body) if prepared.body[:1] == b"{" else None,
-    }
-
-
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def readyz(request: Request) -> Response:
-    """503 with the reasons while the store does not answer or a model has no reachable
-    upstream (see readiness.py: cached a few seconds, hosts only in the log)."""
-    gw: Gateway = request.app.state.gateway
-    report = await gw.readiness.report()
-    return JSONResponse(report.body(), status_code=200 if report.ready else 503)
-
-
-async def metrics(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
-    return Response(gw.metrics.render(), media_type=gw.metrics.content_type)
 
 
 # -- wiring ----------------------------------------------------------------------------------

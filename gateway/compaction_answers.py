@@ -222,7 +222,7 @@ class CompactionAnswers:
         tokens: int,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        from .app import destinations
+        from .destinations import destinations
         from .retry import send_balanced
 
         gw = self._gw

@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 
-from .app import Gateway, plan_report
+from .app import Gateway
 from .config import Config
 from .errors import GatewayError, ModelNotFoundError
+from .plan_endpoint import plan_report
 from .wire import wire_of
 
 
