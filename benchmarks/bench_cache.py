@@ -1,8 +1,8 @@
 """Prefix stability over a long agent session: how often a forwarded request extends the last.
 
-Run: `python -m benchmarks.bench_cache [--turns 200] [--windows 8192,32768,131072]`. A few
-seconds per API and chain; no network (the gateway's pipeline in this process decides what each
-request would forward, exactly as a request through the server does).
+Run: `python -m benchmarks.bench_cache [--turns 200] [--windows 8192,32768,131072]
+[--target 0.6]`. A few seconds per API and chain; no network (the gateway's pipeline in this
+process decides what each request would forward, exactly as a request through the server does).
 
 A deterministic agent works for `--turns` requests: a task, then tool calls whose outputs are
 about 3 000 characters of log or code, a new user message every eighth step. The same session
@@ -179,8 +179,8 @@ def body(api: str, steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 CONVERSATION = {"chat": "messages", "responses": "input", "messages": "messages"}
 
 
-def gateway(window: int, steps: list[dict[str, Any]] | None) -> Gateway:
-    policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": 0.6}
+def gateway(window: int, steps: list[dict[str, Any]] | None, target: float = 0.6) -> Gateway:
+    policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": target}
     if steps is not None:
         policy["steps"] = steps
     config = {
@@ -213,9 +213,13 @@ def _pieces(api: str, conversation: list[dict[str, Any]]) -> list[bytes]:
 
 
 async def run(
-    api: str, window: int, chain: list[dict[str, Any]] | None, steps: list[dict[str, Any]]
+    api: str,
+    window: int,
+    chain: list[dict[str, Any]] | None,
+    steps: list[dict[str, Any]],
+    target: float = 0.6,
 ) -> dict[str, float]:
-    gw = gateway(window, chain)
+    gw = gateway(window, chain, target)
     route = gw.router.resolve("m")
     assert route is not None
     key = CONVERSATION[api]
@@ -288,12 +292,13 @@ async def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--windows", default="8192,32768,131072")
     parser.add_argument("--apis", default="chat,responses,messages")
     parser.add_argument("--chains", default=",".join(CHAINS))
+    parser.add_argument("--target", type=float, default=0.6, help="the policies' target_ratio")
     args = parser.parse_args(argv)
     steps = session(args.turns)
     chains = [c for c in CHAINS if c in args.chains]
     print(
         f"{args.turns}-request agent session, tool outputs ~3000 characters, "
-        "trigger 0.8, target 0.6"
+        f"trigger 0.8, target {args.target}"
     )
     print(
         f"{'window':>7} {'api':<10} {'chain':<24} {'extends':>8} {'events':>7} "
@@ -302,7 +307,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
     for window in (int(w) for w in args.windows.split(",")):
         for api in args.apis.split(","):
             for chain in chains:
-                r = await run(api, window, CHAINS[chain], steps)
+                r = await run(api, window, CHAINS[chain], steps, args.target)
                 per = (args.turns - 1) / r["events"] if r["events"] else float("inf")
                 print(
                     f"{window:>7} {api:<10} {chain:<24} {r['extends']:>8.1%} {r['events']:>7.0f} "
