@@ -205,11 +205,7 @@ class Accounting:
         )
         return self.gw.events.record(
             {
-                "request_id": exchange.request_id,
-                "api": exchange.api,
-                "tenant": tenant_label(exchange.tenant),
-                "stream": exchange.stream,
-                "model": exchange.model,
+                **_who(exchange),
                 "mode": "observe" if exchange.observe else "enforce",
                 "status": exchange.status,
                 "tokens_before": exchange.tokens_before,
@@ -263,11 +259,7 @@ class Accounting:
             )
         return self.gw.events.record(
             {
-                "request_id": exchange.request_id,
-                "api": exchange.api,
-                "tenant": tenant_label(exchange.tenant),
-                "stream": exchange.stream,
-                "model": exchange.model,
+                **_who(exchange),
                 "status": exchange.status,
                 "answered": exchange.answered,
                 "mode": "observe" if exchange.observe else "enforce",
@@ -284,6 +276,17 @@ class Accounting:
                 "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
             }
         )
+
+
+def _who(exchange: Exchange) -> dict[str, Any]:
+    """The fields every event-log line opens with: which request, API, tenant and model."""
+    return {
+        "request_id": exchange.request_id,
+        "api": exchange.api,
+        "tenant": tenant_label(exchange.tenant),
+        "stream": exchange.stream,
+        "model": exchange.model,
+    }
 
 
 def _agent_headers(agent: str | None, outcome: str) -> list[tuple[bytes, bytes]]:

@@ -38,11 +38,8 @@ class Template:
 
     @staticmethod
     def decode(value: bytes) -> Template | None:
-        try:
-            data = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or data.get("v") != 1:
+        data = _record(value)
+        if data is None:
             return None
         agent, fields, point = data.get("agent"), data.get("fields"), data.get("point")
         if not (isinstance(agent, str) and isinstance(fields, dict) and isinstance(point, int)):
@@ -65,16 +62,23 @@ class Shared:
 
     @staticmethod
     def decode(value: bytes) -> Shared | None:
-        try:
-            data = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or data.get("v") != 1:
+        data = _record(value)
+        if data is None:
             return None
         covers, digest, text = data.get("covers"), data.get("digest"), data.get("text")
         if not (isinstance(covers, int) and isinstance(digest, str) and isinstance(text, str)):
             return None
         return Shared(covers, digest, text)
+
+
+def _record(value: bytes) -> dict[str, Any] | None:
+    """A stored record of this format's version; None for anything else (another version, a
+    foreign value under our key), which the caller treats as absent."""
+    try:
+        data = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) and data.get("v") == 1 else None
 
 
 def store_key(tenant: str, api: str, messages: Sequence[Any]) -> str:

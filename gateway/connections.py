@@ -146,8 +146,13 @@ class _Expiry:
         transport.close()
 
 
-class HttpToolsHeadDeadline(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request head."""
+class _Deadlined:
+    """What both protocols add to uvicorn's: the head deadline started with the connection
+    and closed with it, and the idle-memory trim. Listed before the uvicorn protocol in the
+    bases, so its methods run first and hand on through `super()`."""
+
+    loop: asyncio.AbstractEventLoop
+    tasks: Any
 
     def __init__(
         self, *args: Any, head_timeout: float, idle_trim: IdleTrim | None = None, **kwargs: Any
@@ -166,6 +171,10 @@ class HttpToolsHeadDeadline(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.head_deadline.close()
         super().connection_lost(exc)
+
+
+class HttpToolsHeadDeadline(_Deadlined, HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on each request head."""
 
     def on_message_begin(self) -> None:
         self._expiry.head_started = True
@@ -178,30 +187,12 @@ class HttpToolsHeadDeadline(HttpToolsProtocol):
         super().on_headers_complete()
 
 
-class H11HeadDeadline(H11Protocol):
+class H11HeadDeadline(_Deadlined, H11Protocol):
     """uvicorn's h11 protocol with a deadline on each request head.
 
     h11 has no "message begins" callback: after each chunk of input, a request head is in
     progress while the client's side is IDLE with bytes buffered, and complete once it is not.
     """
-
-    def __init__(
-        self, *args: Any, head_timeout: float, idle_trim: IdleTrim | None = None, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self._expiry = _Expiry(self, head_timeout)
-        self.head_deadline = HeadDeadline(self.loop, head_timeout, self._expiry)
-        self._idle_trim = idle_trim
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.head_deadline.start()
-        if self._idle_trim is not None:
-            self._idle_trim.start(self.loop, self.tasks)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.head_deadline.close()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
