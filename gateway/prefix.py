@@ -63,17 +63,6 @@ class PrefixCounts:
         self._uids = itertools.count(1)
         self.reused = 0  # messages whose count came from the previous request
 
-    def counts(
-        self,
-        scope: str,
-        tokenizer: str,
-        messages: Sequence[Mapping[str, Any]],
-        count: Callable[[Mapping[str, Any]], int],
-        size: int,
-    ) -> list[int]:
-        """Per-message counts of `messages`; `size` is the request's byte size (for the bound)."""
-        return self.measure(scope, tokenizer, messages, count, size).counts
-
     def measure(
         self,
         scope: str,

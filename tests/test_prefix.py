@@ -24,12 +24,12 @@ def test_counts_equal_a_fresh_count_and_only_new_messages_are_counted() -> None:
 
     memo = PrefixCounts()
     first = history(50)
-    assert memo.counts("t|m", counter.tokenizer.name, first, count, 10_000) == [
+    assert memo.measure("t|m", counter.tokenizer.name, first, count, 10_000).counts == [
         counter.message(m) for m in first
     ]
     calls.clear()
     second = [*history(50), {"role": "user", "content": "one more"}]
-    assert memo.counts("t|m", counter.tokenizer.name, second, count, 10_000) == [
+    assert memo.measure("t|m", counter.tokenizer.name, second, count, 10_000).counts == [
         counter.message(m) for m in second
     ]
     assert calls == [{"role": "user", "content": "one more"}]
@@ -37,7 +37,7 @@ def test_counts_equal_a_fresh_count_and_only_new_messages_are_counted() -> None:
     third = [dict(m) for m in second]
     third[10]["content"] = "changed"
     calls.clear()
-    assert memo.counts("t|m", counter.tokenizer.name, third, count, 10_000) == [
+    assert memo.measure("t|m", counter.tokenizer.name, third, count, 10_000).counts == [
         counter.message(m) for m in third
     ]
     assert len(calls) == len(third) - 10
@@ -46,15 +46,15 @@ def test_counts_equal_a_fresh_count_and_only_new_messages_are_counted() -> None:
 def test_scopes_and_tokenizers_never_share_counts() -> None:
     memo = PrefixCounts()
     messages = history(5)
-    assert memo.counts("a|m", "chars:4", messages, lambda m: 1, 100) == [1] * 6
-    assert memo.counts("b|m", "chars:4", messages, lambda m: 2, 100) == [2] * 6
-    assert memo.counts("a|m", "chars:2", messages, lambda m: 3, 100) == [3] * 6
+    assert memo.measure("a|m", "chars:4", messages, lambda m: 1, 100).counts == [1] * 6
+    assert memo.measure("b|m", "chars:4", messages, lambda m: 2, 100).counts == [2] * 6
+    assert memo.measure("a|m", "chars:2", messages, lambda m: 3, 100).counts == [3] * 6
 
 
 def test_memory_is_bounded() -> None:
     memo = PrefixCounts(max_conversations=3, max_bytes=1000)
     for i in range(10):
-        memo.counts(f"t{i}|m", "chars:4", history(2), lambda m: 1, 300)
+        memo.measure(f"t{i}|m", "chars:4", history(2), lambda m: 1, 300)
     assert len(memo._entries) <= 3 and memo._bytes <= 1000
 
 

@@ -189,3 +189,20 @@ class Wire:
 def number(value: Any) -> int:
     """A usage field as an int (0 when absent or not a number)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def openai_usage(usage: object, input_key: str, output_key: str) -> Usage | None:
+    """OpenAI's usage object, under Chat Completions' or the Responses API's names for the two
+    counts: cached tokens are a subset of the input, reasoning tokens of the output."""
+    if not isinstance(usage, dict) or input_key not in usage:
+        return None
+    details = usage.get(f"{input_key}_details")
+    output_details = usage.get(f"{output_key}_details")
+    return Usage(
+        input=number(usage.get(input_key)),
+        output=number(usage.get(output_key)),
+        cache_read=number(details.get("cached_tokens")) if isinstance(details, dict) else 0,
+        reasoning=number(output_details.get("reasoning_tokens"))
+        if isinstance(output_details, dict)
+        else 0,
+    )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .base import Usage, Wire, number
+from .base import Usage, Wire, openai_usage
 from .request import (
     EXTENSION,
     NO_MARKS,
@@ -139,19 +139,7 @@ class ChatWire(Wire):
         )
 
     def usage_of(self, document: Mapping[str, Any]) -> Usage | None:
-        usage = document.get("usage")
-        if not isinstance(usage, dict) or "prompt_tokens" not in usage:
-            return None
-        details = usage.get("prompt_tokens_details")
-        output_details = usage.get("completion_tokens_details")
-        return Usage(
-            input=number(usage.get("prompt_tokens")),
-            output=number(usage.get("completion_tokens")),
-            cache_read=number(details.get("cached_tokens")) if isinstance(details, dict) else 0,
-            reasoning=number(output_details.get("reasoning_tokens"))
-            if isinstance(output_details, dict)
-            else 0,
-        )
+        return openai_usage(document.get("usage"), "prompt_tokens", "completion_tokens")
 
     def plain_request(
         self, model: str, system: str, prompt: str, limit: int | None, limit_field: str

@@ -62,10 +62,6 @@ class WireRequest:
     def api(self) -> str:
         return self.wire.name
 
-    @property
-    def has_tools(self) -> bool:
-        return bool(self.payload.get("tools") or self.payload.get("functions"))
-
     def with_max_output(self, value: int) -> WireRequest:
         """The same request asking for at most `value` output tokens (clamp_max_tokens)."""
         key = self.wire.max_output_field(self.payload)

@@ -33,7 +33,7 @@ from policies.conversation import content_text
 
 from ..context_errors import ContextError, classify
 from ..errors import InvalidRequestError
-from .base import Usage, Wire, json_or_none, number, sse_events
+from .base import Usage, Wire, json_or_none, openai_usage, sse_events
 from .request import (
     EXTENSION,
     NO_MARKS,
@@ -215,19 +215,7 @@ class ResponsesWire(Wire):
         response = document.get("response")
         if isinstance(response, dict):  # a stream event carrying the response object
             document = response
-        usage = document.get("usage")
-        if not isinstance(usage, dict) or "input_tokens" not in usage:
-            return None
-        details = usage.get("input_tokens_details")
-        output_details = usage.get("output_tokens_details")
-        return Usage(
-            input=number(usage.get("input_tokens")),
-            output=number(usage.get("output_tokens")),
-            cache_read=number(details.get("cached_tokens")) if isinstance(details, dict) else 0,
-            reasoning=number(output_details.get("reasoning_tokens"))
-            if isinstance(output_details, dict)
-            else 0,
-        )
+        return openai_usage(document.get("usage"), "input_tokens", "output_tokens")
 
     def plain_request(
         self, model: str, system: str, prompt: str, limit: int | None, limit_field: str
