@@ -24,12 +24,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import operator
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from .sized_lru import SizedLru
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 128 * 1024 * 1024
@@ -41,7 +42,6 @@ class _Entry:
     messages: Sequence[Mapping[str, Any]]
     counts: list[int]
     uids: list[int]
-    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +56,7 @@ class PrefixCounts:
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._max = max_conversations
-        self._max_bytes = max_bytes
-        self._bytes = 0
+        self._entries: SizedLru[bytes, _Entry] = SizedLru(max_conversations, max_bytes)
         self._uids = itertools.count(1)
         self.reused = 0  # messages whose count came from the previous request
 
@@ -103,7 +100,7 @@ class PrefixCounts:
         else:
             counts = []
         uids.extend(itertools.islice(self._uids, len(messages) - same))
-        self._store(key, _Entry(tokenizer, messages, counts, uids, size))
+        self._entries.put(key, _Entry(tokenizer, messages, counts, uids), size)
         return Counted(counts, uids)
 
     def fill(
@@ -114,18 +111,6 @@ class PrefixCounts:
         entry = self._entries.get(_key(scope, messages))
         if entry is not None and entry.messages is messages and len(entry.counts) < len(counts):
             entry.counts[:] = counts
-
-    def _store(self, key: bytes, entry: _Entry) -> None:
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._bytes -= old.size
-        if entry.size > self._max_bytes:
-            return
-        self._entries[key] = entry
-        self._bytes += entry.size
-        while len(self._entries) > self._max or self._bytes > self._max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.size
 
 
 def equal_prefix(messages: Sequence[Any], old: Sequence[Any]) -> int:

@@ -55,7 +55,7 @@ def test_memory_is_bounded() -> None:
     memo = PrefixCounts(max_conversations=3, max_bytes=1000)
     for i in range(10):
         memo.measure(f"t{i}|m", "chars:4", history(2), lambda m: 1, 300)
-    assert len(memo._entries) <= 3 and memo._bytes <= 1000
+    assert len(memo._entries) <= 3 and memo._entries.bytes <= 1000
 
 
 def test_uids_are_equal_only_for_equal_messages_of_the_same_conversation() -> None:

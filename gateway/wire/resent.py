@@ -19,12 +19,14 @@ conversations and by the bytes they hold; event-loop only (not thread-safe).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from ..prefix import equal_prefix
+from ..sized_lru import SizedLru
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024
@@ -34,7 +36,6 @@ MAX_BYTES = 64 * 1024 * 1024
 class _Entry:
     items: list[bytes]  # each message of the previous request, serialised
     state: Any  # the adapter's parse of them, able to resume after any leading run
-    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +54,9 @@ class ResentMessages:
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: OrderedDict[tuple[str, bytes, bytes], _Entry] = OrderedDict()
-        self._max = max_conversations
-        self._max_bytes = max_bytes
-        self._bytes = 0
+        self._entries: SizedLru[tuple[str, bytes, bytes], _Entry] = SizedLru(
+            max_conversations, max_bytes
+        )
         self.reused = 0  # messages whose parse was taken over
 
     def scope(self, tenant: str) -> ResentScope:
@@ -74,30 +74,14 @@ class ResentMessages:
         entry = self._entries.get(key)
         if entry is None:
             return Seen(key, items, 0, None)
-        old = entry.items
-        limit = min(len(old), len(items))
-        if items[:limit] == old[:limit]:  # the usual case (appended only), in one C loop
-            same = limit
-        else:
-            same = 0
-            while same < limit and items[same] == old[same]:
-                same += 1
+        same = equal_prefix(items, entry.items)
         self.reused += same
         return Seen(key, items, same, entry.state)
 
     def keep(self, seen: Seen, state: Any) -> None:
         """Remember `state`, the adapter's parse of the request `seen` describes."""
         size = len(seen.key[1]) + sum(map(len, seen.items))
-        old = self._entries.pop(seen.key, None)
-        if old is not None:
-            self._bytes -= old.size
-        if size > self._max_bytes:
-            return
-        self._entries[seen.key] = _Entry(seen.items, state, size)
-        self._bytes += size
-        while len(self._entries) > self._max or self._bytes > self._max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.size
+        self._entries.put(seen.key, _Entry(seen.items, state), size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ held. A key two conversations share costs them only the checks they would have m
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import orjson
 
 from ..prefix import equal_prefix
+from ..sized_lru import SizedLru
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024
@@ -37,45 +37,27 @@ class Known:
     count: int
 
 
-@dataclass(slots=True)
-class _Entry:
-    messages: Sequence[Any]
-    size: int
-
-
 class ValidatedMessages:
     """One worker's memo of the last valid request of each conversation (event loop only)."""
 
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
-        self._max = max_conversations
-        self._max_bytes = max_bytes
-        self._bytes = 0
+        self._entries: SizedLru[bytes, Sequence[Any]] = SizedLru(max_conversations, max_bytes)
 
     def known(self, scope: str, messages: Sequence[Any]) -> Known:
         """The leading messages equal to those the conversation's previous valid request had."""
         key = _key(scope, messages)
-        entry = self._entries.get(key) if key is not None else None
-        if entry is None:
+        previous = self._entries.get(key) if key is not None else None
+        if previous is None:
             return Known(key, 0)
-        return Known(key, equal_prefix(messages, entry.messages))
+        return Known(key, equal_prefix(messages, previous))
 
     def remember(self, known: Known, messages: Sequence[Any], size: int) -> None:
         """Keep `messages`, all of which passed their checks (`size`: the request's bytes)."""
         if known.key is None:
             return
-        old = self._entries.pop(known.key, None)
-        if old is not None:
-            self._bytes -= old.size
-        if size > self._max_bytes:
-            return
-        self._entries[known.key] = _Entry(messages, size)
-        self._bytes += size
-        while len(self._entries) > self._max or self._bytes > self._max_bytes:
-            _, dropped = self._entries.popitem(last=False)
-            self._bytes -= dropped.size
+        self._entries.put(known.key, messages, size)
 
 
 def _key(scope: str, messages: Sequence[Any]) -> bytes | None:

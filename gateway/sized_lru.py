@@ -1,0 +1,45 @@
+"""A memo bounded both by how many entries it holds and by their total size.
+
+The per-conversation memos of a worker (token counts, validated messages, resumable parses)
+each keep the latest request of up to so many conversations, but one conversation can be
+megabytes: the byte bound keeps the worker's memory flat however large the requests are.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Generic, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class SizedLru(Generic[K, V]):
+    """Entries in the order they were last stored; the oldest leave first when either bound is
+    passed. An entry larger than the byte bound is not kept (and replaces nothing)."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self.bytes = 0  # the stored entries' sizes, summed
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> V | None:
+        kept = self._entries.get(key)
+        return kept[0] if kept is not None else None
+
+    def put(self, key: K, value: V, size: int) -> None:
+        """Store `value` under `key` (dropping what was there), then evict the oldest."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        if size > self._max_bytes:
+            return
+        self._entries[key] = (value, size)
+        self.bytes += size
+        while len(self._entries) > self._max_entries or self.bytes > self._max_bytes:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self.bytes -= dropped
