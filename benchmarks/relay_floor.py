@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
+    sock.listen(2048)  # listening before READY: a client may connect the moment it reads the line
     print(f"READY {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(
         build_app(args.upstream.rstrip("/")),
