@@ -122,6 +122,8 @@ class Counting:
         if not missing:
             return counts
         work = _Work(counter, tenant, messages, sizes, fits, keys, counts, missing)
+        if fits is not None and fits(work.bound()):
+            return counts  # the counts remembered already settle it
         if background:
             await self._background(work)
         elif self._helpers and len(missing) > 1:
