@@ -13,14 +13,15 @@ Counts a request waits for are made one message at a time, stopping as soon as t
 decision (`until`): on the event loop, joined by `threads - 1` helper threads
 (`server.count_threads`, at most one per core), each taking the next message not taken yet,
 where tiktoken runs in parallel (it releases the GIL while it encodes). The event loop never
-waits for a helper to start, so a busy helper costs nothing but the message it is counting. On
-a 2-core machine shared with the client and the upstream, a first-seen 200-message request
-counted until it fits took 0.84-0.89x the time of the event loop alone for 1.0-1.17x the CPU,
-and the same time for 1.04x the CPU when no core was idle. Counts that can
-wait (the request was decided on its upper bound: `Pipeline`) are made by one background thread
-(`later`), off the event loop. The background work is bounded by the bytes it holds
-(`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request path,
-which slows clients down instead of growing without limit.
+waits for a helper to start, so a busy helper costs nothing but the message it is counting. A
+first-seen 200-message request counted until it fits, on a 2-core machine shared with other work
+(`benchmarks.bench_counting`): 0.81-0.89x the time of the event loop alone for 1.00-1.17x the
+CPU at load averages of 0.4-2.2, 0.72-1.06x the time for 1.12-1.24x the CPU at 3.2-3.8.
+
+Counts that can wait (the request was decided on its upper bound: `Pipeline`) are made by one
+background thread (`later`), off the event loop. The background work is bounded by the bytes it
+holds (`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request
+path, which slows clients down instead of growing without limit.
 """
 
 from __future__ import annotations
