@@ -91,7 +91,7 @@ class ServerConfig(_Strict):
     )
     clamp_max_tokens: bool = Field(False, description="Lower max_tokens instead of failing")
     count_threads: int = Field(
-        2,
+        0,
         ge=0,
         le=64,
         description=(

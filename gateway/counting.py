@@ -50,7 +50,7 @@ STORE_PREFIX = "count:"
 OFFLOAD_MIN_BYTES = 32 * 1024
 MAX_LATE_BYTES = 64 * 1024 * 1024  # message bytes the background counting may hold at once
 BACKGROUND_NICE = 10  # added to the background counting thread's nice value
-DEFAULT_THREADS = 2
+DEFAULT_THREADS = 0
 DEFAULT_TTL_S = 86_400.0
 
 
