@@ -34,6 +34,8 @@ class Shape:
     body: str  # `small` or `agent` (workloads)
     concurrency: int
     requests: int
+    first_time: bool = False  # every message new to the gateway (else one new one appended)
+    model: str = targets.PASSTHROUGH_MODEL
 
 
 SHAPES = {
@@ -41,6 +43,10 @@ SHAPES = {
     "small-c32": Shape("small", 32, 1500),
     "agent-seen": Shape("agent", 1, 60),
     "agent-seen-c32": Shape("agent", 32, 400),
+    # first seen, fits by its upper bound: forwarded at once, counted in the background
+    "agent-first": Shape("agent", 1, 30, first_time=True),
+    # first seen, 128k window: its bound reaches the trigger, so it is counted before it goes
+    "agent-count": Shape("agent", 1, 30, first_time=True, model=targets.COUNT_MODEL),
 }
 
 
@@ -60,8 +66,8 @@ class Run:
         self.services: dict[str, targets.Service] = {}
         self.index = 0  # request numbers are never reused: the appended variant stays "seen"
         self.bodies = {
-            "small": workloads.small(targets.PASSTHROUGH_MODEL),
-            "agent": workloads.agent(targets.PASSTHROUGH_MODEL),
+            (shape.body, shape.model): getattr(workloads, shape.body)(shape.model)
+            for shape in SHAPES.values()
         }
 
     def start(self) -> None:
@@ -82,7 +88,7 @@ class Run:
             service.stop()
 
     async def ready(self, session: aiohttp.ClientSession) -> None:
-        body = self.bodies["small"].template
+        body = self.bodies["small", targets.PASSTHROUGH_MODEL].template
         for name in ("after", "before"):
             service = self.services[name]
             for _ in range(240):
@@ -99,9 +105,9 @@ class Run:
 
     def target(self, name: str, shape: Shape) -> load.Target:
         service = self.services[name]
-        return load.Target(
-            service.origin + CHAT, self.bodies[shape.body].appended, None, (service.pid,)
-        )
+        workload = self.bodies[shape.body, shape.model]
+        variant = workload.first_time if shape.first_time else workload.appended
+        return load.Target(service.origin + CHAT, variant, None, (service.pid,))
 
     async def batch(
         self, session: aiohttp.ClientSession, name: str, shape: Shape, requests: int

@@ -95,8 +95,9 @@ class ServerConfig(_Strict):
         ge=0,
         le=64,
         description=(
-            "Threads that share the counting a request waits for (tiktoken runs in parallel in "
-            "them); 0: on the event loop, the least CPU when no core is idle"
+            "Threads that count a request's messages together when it must wait for its count, "
+            "the event loop's included (tiktoken runs in parallel in them), at most one per "
+            "core; 0 or 1: the event loop alone, the least CPU when no core is idle"
         ),
     )
     stream_usage: Literal["inject", "passthrough"] = Field(

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.counting import OFFLOAD_MIN_BYTES, Counting
 from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer, utf8_length
 from gateway.tokens import CountCache, MessageCounter
 from tests.conftest import Starter
@@ -184,6 +185,53 @@ def test_only_byte_level_bpe_tokenizers_have_a_bound() -> None:
     assert MessageCounter(CharsTokenizer(2.5)).bound is None  # an estimate bounds nothing
 
 
+# -- counting until it fits ------------------------------------------------------------------
+
+# Enough text that the counting goes to the threads that share it (below this it is inline).
+PADDING = {"role": "user", "content": "pad the history with plain words, 42 ok\n" * 900}
+assert len(orjson.dumps(PADDING)) >= OFFLOAD_MIN_BYTES
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pieces=st.lists(st.tuples(ANY_TEXT, st.integers(1, 300)), min_size=1, max_size=10),
+    share=st.floats(0, 1.2),
+)
+def test_counting_together_changes_no_count_and_no_decision(
+    pieces: list[tuple[str, int]], share: float
+) -> None:
+    """However many threads share the counting, and whichever of them counts which message,
+    a count made is the message's exact count, a request whose exact count fits is found to
+    fit, and one that does not is counted whole."""
+    messages = [{"role": "tool", "content": text * times} for text, times in pieces]
+    messages.insert(len(messages) // 2, PADDING)
+    tokenizer = load_tokenizer("tiktoken:o200k_base")
+    exact = [COUNTERS["tiktoken:o200k_base"].message(m) for m in messages]
+    bound = COUNTERS["tiktoken:o200k_base"].bound
+    assert bound is not None
+    sizes = [bound.message(m) for m in messages]
+    limit = int(sum(exact) + share * (sum(sizes) - sum(exact)) - 100)
+
+    async def count(threads: int) -> tuple[list[int | None], list[int]]:
+        counting = Counting(threads=threads)
+        try:
+            counter = MessageCounter(tokenizer, CountCache())
+            made = await counting.until(counter, "t", messages, sizes, lambda b: b <= limit)
+            fresh = MessageCounter(tokenizer, CountCache())
+            return made, await counting.exact(fresh, "t", messages, sizes)
+        finally:
+            await counting.close()
+
+    for threads in (0, 2, 3):
+        made, whole = asyncio.run(count(threads))
+        assert whole == exact
+        assert all(c is None or c == e for c, e in zip(made, exact, strict=True))
+        if sum(exact) <= limit:
+            assert sum(s if c is None else c for c, s in zip(made, sizes, strict=True)) <= limit
+        else:
+            assert made == exact
+
+
 # -- the gateway -----------------------------------------------------------------------------
 
 
@@ -319,6 +367,30 @@ async def test_a_request_whose_bound_reaches_the_trigger_is_counted_until_it_fit
         return metric(await scrape(gw), "compactgate_tokens_before_total", model="m") == exact
 
     await eventually(counted)
+
+
+async def test_a_request_counted_before_it_goes_does_not_wait_for_busy_counting_threads(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """The threads that share a request's counting may all be busy (another request's count):
+    the event loop counts it alone instead of queueing behind them."""
+    messages = history("busy")
+    exact = exact_tokens(messages)
+    bound = COUNTERS["tiktoken:o200k_base"].bound.messages(messages)  # type: ignore[union-attr]
+    window = int((exact + bound) / 2 / 0.8) + 1000
+    gw = await start_app({"server": {"count_threads": 2}, "models": [gpt(local_upstream, window)]})
+    counting = gw.app.state.gateway.pipeline.counting
+    held = threading.Event()
+    blockers = [asyncio.ensure_future(counting.run(False, lambda: held.wait(30))) for _ in range(2)]
+    try:
+        answer = await asyncio.wait_for(
+            post(gw, orjson.dumps({"model": "m", "messages": messages})), 10
+        )
+        assert answer.status_code == 200
+        assert exact <= int(answer.headers["x-compactgate-tokens-before"]) < (exact + bound) / 2
+    finally:
+        held.set()
+        await asyncio.gather(*blockers)
 
 
 async def test_a_first_seen_request_over_the_trigger_is_still_compacted(
