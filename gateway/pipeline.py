@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -338,25 +338,63 @@ class Pipeline:
                 request, route, counts, tools_tokens, budget, observe, tuple(counted.uids)
             )
         conversation = self.conversation(request, route, counted)
-        tokens_before = conversation.tokens
-        chain: ChainResult | None = None
-        if budget is not None:
-            if budget.limit <= 0:
-                budget = self._too_small(request, budget, tools_tokens)
-                request = request.with_max_output(budget.reserved_output)  # what is forwarded
-            chain = None if force else self._held.extend(scope, conversation, budget)
-            if chain is not None and check(conversation, chain.conversation):
-                chain = None  # cannot happen while the client only appends; an event then
-            if chain is None:
-                chain, complete = await self._run(
-                    conversation, budget, route, tenant, force, headers, request.api
-                )
-                if chain.error is not None:
-                    raise ContextLengthExceededError(chain.error, param="messages")
-                if chain.changed and not self._valid(conversation, chain):
-                    chain = None
-                if remember and complete and chain is not None and chain.changed:
-                    self._held.remember(scope, conversation, budget, chain)
+        request, budget, chain = await self._decide(
+            request, conversation, route, tenant, budget, tools_tokens, force, headers, remember
+        )
+        return self._prepared(
+            request, route, counted, conversation, chain, budget, tools_tokens, observe
+        )
+
+    async def _decide(
+        self,
+        request: WireRequest,
+        conversation: Conversation,
+        route: Route,
+        tenant: str,
+        budget: Budget | None,
+        tools_tokens: int,
+        force: bool,
+        headers: Sequence[tuple[bytes, bytes]] | None,
+        remember: bool,
+    ) -> tuple[WireRequest, Budget | None, ChainResult | None]:
+        """The chain's answer for a conversation over its trigger: the result held for the
+        conversation when it only appended, else a new compaction event (remembered when
+        `remember`). The request comes back with a smaller output reserve when even an empty
+        history would not fit the requested one."""
+        if budget is None:
+            return request, None, None
+        scope = f"{tenant}|{route.name}"
+        if budget.limit <= 0:
+            budget = self._too_small(request, budget, tools_tokens)
+            request = request.with_max_output(budget.reserved_output)  # what is forwarded
+        chain = None if force else self._held.extend(scope, conversation, budget)
+        if chain is not None and check(conversation, chain.conversation):
+            chain = None  # cannot happen while the client only appends; an event then
+        if chain is None:
+            chain, complete = await self._run(
+                conversation, budget, route, tenant, force, headers, request.api
+            )
+            if chain.error is not None:
+                raise ContextLengthExceededError(chain.error, param="messages")
+            if chain.changed and not self._valid(conversation, chain):
+                chain = None
+            if remember and complete and chain is not None and chain.changed:
+                self._held.remember(scope, conversation, budget, chain)
+        return request, budget, chain
+
+    def _prepared(
+        self,
+        request: WireRequest,
+        route: Route,
+        counted: Counted,
+        conversation: Conversation,
+        chain: ChainResult | None,
+        budget: Budget | None,
+        tools_tokens: int,
+        observe: bool,
+    ) -> Prepared:
+        """The body to forward (the chain's result, or the request as sent when nothing
+        changed or the gateway only observes) and the figures reported about it."""
         result = chain.conversation if chain is not None and chain.changed else conversation
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
@@ -370,33 +408,25 @@ class Pipeline:
             sent: list[Any] = request.messages
         else:
             payload = request.forward_payload(result.messages, rename, inject, counted.uids)
-            if (
-                chain is not None
-                and chain.stored
-                and self._tool_outputs is not None
-                and self._tool_outputs.config.expand
-                and budget is not None
-                and self.expansion_tokens(route, budget.context_window)
-            ):
-                offered = offer(request.api, payload, self._tool_outputs)
+            cache = self._expansion_offered(chain, budget, route)
+            if cache is not None:
+                offered = offer(request.api, payload, cache)
                 if offered is not None:
                     payload, expandable = offered, True
             body = serialise(payload)
             sent = result.data()
-        counts: dict[str, int] = {}
-        for message in (result if not observe else conversation).messages:
-            counts[message.role] = counts.get(message.role, 0) + 1
+        counts = Counter(m.role for m in (conversation if observe else result).messages)
         system = sum(m.tokens for m in result.messages if m.role in ("system", "developer"))
         important = {i for i, marks in enumerate(request.marks) if marks.pin or marks.priority == 1}
         kept = {m.origin for m in result.messages} if important else set()
         return Prepared(
             route=route,
             body=body,
-            tokens_before=tokens_before + tools_tokens + PRIMING_TOKENS,
+            tokens_before=conversation.tokens + tools_tokens + PRIMING_TOKENS,
             tokens_after=result.tokens + tools_tokens + PRIMING_TOKENS,
             budget=budget,
             chain=chain,
-            counts_by_role=counts,
+            counts_by_role=dict(counts),
             tokens_by_region={
                 "system": system,
                 "tools": tools_tokens,
@@ -412,6 +442,18 @@ class Pipeline:
             uids=tuple(counted.uids),
             priority_preserved=len(important & kept) / len(important) if important else 1.0,
         )
+
+    def _expansion_offered(
+        self, chain: ChainResult | None, budget: Budget | None, route: Route
+    ) -> ToolOutputCache | None:
+        """The cache whose masked outputs are offered back to the model (the expansion tool):
+        when the chain stored some, expansion is on, and the window leaves room for the tool."""
+        cache = self._tool_outputs
+        if chain is None or not chain.stored or cache is None or not cache.config.expand:
+            return None
+        if budget is None or not self.expansion_tokens(route, budget.context_window):
+            return None
+        return cache
 
     def _plainly_fits(self, tokens: int, budget: Budget | None, route: Route) -> bool:
         """Under the trigger, and under the precompute point where a summary may be needed:
