@@ -105,6 +105,16 @@ def test_local_answers_are_bounded_and_keep_only_ready_ones() -> None:
     assert local.get("failed") is None
 
 
+def test_a_local_answer_read_lately_outlives_one_stored_later() -> None:
+    local = LocalAnswers(max_bytes=1000)  # room for two of these answers
+    local.put("k0", SummaryAnswer.ready("x" * 100))
+    local.put("k1", SummaryAnswer.ready("y" * 100))
+    assert local.get("k0") is not None
+    local.put("k2", SummaryAnswer.ready("z" * 100))
+    assert local.get("k1") is None
+    assert local.get("k0") is not None and local.get("k2") is not None
+
+
 # -- fetch -----------------------------------------------------------------------------------
 
 
