@@ -14,6 +14,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.configs import one_model
 from tests.fake_agent_apis import (
     messages_body,
     messages_problem,
@@ -43,19 +44,9 @@ def output(step: int) -> str:
 
 
 def config(upstream: LocalUpstream, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": upstream.base_url},
-                "tokenizer": "chars:4",
-                "context_window": WINDOW,
-                "max_output_tokens": 500,
-                "policy": "p",
-            }
-        ],
-        "policies": {"p": {"steps": steps or [{"type": "tool_output_cache"}, {"type": "fifo"}]}},
-    }
+    steps = steps or [{"type": "tool_output_cache"}, {"type": "fifo"}]
+    model = {"tokenizer": "chars:4", "context_window": WINDOW, "max_output_tokens": 500}
+    return one_model(upstream.base_url, steps, **model)
 
 
 def sizes(upstream: LocalUpstream, path: str) -> list[int]:
