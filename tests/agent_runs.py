@@ -38,6 +38,16 @@ def agent_config(base_url: str, window: int) -> dict[str, Any]:
     return one_model(base_url, tokenizer="chars:4", context_window=window, max_output_tokens=2000)
 
 
+def outgrowing_codex_session(fake: Any, window: int) -> str:
+    """Script a Codex session that outgrows `window` on the fake upstream (which refuses a
+    request over it); the Codex settings for it. Each step prints ~9 KB (about 2 300 tokens):
+    eight of them are twice what fits beside Codex's own instructions and tools (about 9 000)."""
+    fake.configure({"context_limit": window})
+    calls = shell_steps(STEPS, "seq {step}000 {step}999 | head -1600", reasoning=True)
+    fake.script([*calls, {"kind": "ok", "content": FINAL}])
+    return "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n"
+
+
 def shell_steps(steps: int, command: str, reasoning: bool) -> list[dict[str, Any]]:
     """The fake model's shell calls for Codex, one per step (`command` with `{step}`)."""
     return [

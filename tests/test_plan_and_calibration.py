@@ -27,39 +27,7 @@ from tests.configs import one_model
 from tests.conftest import REPO_ROOT
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppStarter, LocalUpstream
-
-# OpenAI cookbook "How to count tokens with tiktoken": this example is 124 prompt tokens for
-# gpt-4o (o200k_base) and 129 for gpt-4 (cl100k_base), as the API reports.
-COOKBOOK = [
-    {
-        "role": "system",
-        "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "New synergies will help drive top-line growth.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Things working well together will increase revenue.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Let's talk later when we're less busy about how to do better.",
-    },
-    {
-        "role": "user",
-        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
-    },
-]
+from tests.test_tokens import COOKBOOK_MESSAGES as COOKBOOK
 
 
 def agent_history(turns: int, size: int = 600) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from tests.agent_runs import (
     agent,
     agent_config,
     bash_steps,
+    outgrowing_codex_session,
     run_claude,
     run_codex,
     shell_steps,
@@ -41,12 +42,7 @@ def test_codex_finishes_a_tool_session_that_outgrows_the_window(
     agent("codex")
     window = 24_000
     gateway = start_gateway(agent_config(fake_upstream.base_url, window))
-    fake_upstream.configure({"context_limit": window})
-    # Each step prints ~9 KB (about 2 300 tokens): eight of them are twice what fits beside
-    # Codex's own instructions and tools (about 9 000 tokens).
-    calls = shell_steps(STEPS, "seq {step}000 {step}999 | head -1600", reasoning=True)
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    settings = "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n"
+    settings = outgrowing_codex_session(fake_upstream, window)
     output = run_codex(gateway, tmp_path, settings, timeout=180)
     events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     texts = [json.dumps(e) for e in events]

@@ -25,7 +25,14 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.responses_socket import SocketHistory
-from tests.agent_runs import FINAL, STEPS, agent_config, run_codex, shell_steps
+from tests.agent_runs import (
+    FINAL,
+    STEPS,
+    agent_config,
+    outgrowing_codex_session,
+    run_codex,
+    shell_steps,
+)
 from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_agent_apis import prompt_tokens
 from tests.fake_upstream import FakeUpstream
@@ -318,11 +325,7 @@ def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_wind
     retries, no fallback to HTTP), and what reached the upstream was compacted to fit."""
     window = 24_000
     gateway = start_gateway(agent_config(fake_upstream.base_url, window))
-    fake_upstream.configure({"context_limit": window})
-    calls = shell_steps(STEPS, "seq {step}000 {step}999 | head -1600", reasoning=True)
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    settings = "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n"
-    codex_over_the_socket(gateway, tmp_path, settings)
+    codex_over_the_socket(gateway, tmp_path, outgrowing_codex_session(fake_upstream, window))
     sent = responses_requests(fake_upstream)
     assert len(sent) >= STEPS + 1
     # Every request the upstream got came over the socket, as the whole conversation.
