@@ -12,8 +12,10 @@ sees one answer whose text may have started before the internal call:
 - the last round's terminal event describes the whole answer (every item the client saw, usage
   summed over the rounds).
 
-A `Round` (one per dialect) decides, event by event, what the client gets; `splice` drives the
-rounds. Nothing is re-encoded in the first round unless an event must be dropped.
+A `Round` (one per dialect, on `HeldRound`) decides, event by event, what the client gets;
+`splice` drives the rounds. Nothing is re-encoded in the first round unless an event must be
+dropped. The dialects also take from here what every one of them needs: `Call`, `add_usage`, and
+`clashes` (a client tool named like one of the gateway's).
 """
 
 from __future__ import annotations
