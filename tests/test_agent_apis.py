@@ -57,6 +57,13 @@ def sizes(upstream: LocalUpstream, path: str) -> list[int]:
     ]
 
 
+def shell_call(step: int) -> dict[str, Any]:
+    """The fake model's move at `step` of a session: one shell call, with reasoning that must
+    come back."""
+    call = {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
+    return {"kind": "tool_calls", "reasoning": True, "tool_calls": [call]}
+
+
 def masked_items() -> list[Any]:
     """A Responses input of twelve large tool outputs: the older ones get masked."""
     items: list[Any] = [{"role": "user", "content": "Investigate."}]
@@ -91,17 +98,7 @@ async def responses_session(
     items: list[Any] = [{"role": "user", "content": "Find and fix the failing test."}]
     seen_steps: list[str] = []
     for step in range(steps):
-        upstream.script(
-            [
-                {
-                    "kind": "tool_calls",
-                    "reasoning": True,
-                    "tool_calls": [
-                        {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
-                    ],
-                }
-            ]
-        )
+        upstream.script([shell_call(step)])
         kwargs = {
             "model": "m",
             "instructions": "You are a coding agent.",
@@ -219,17 +216,7 @@ async def messages_session(
     client = gw.anthropic()
     messages: list[Any] = [{"role": "user", "content": "Find and fix the failing test."}]
     for step in range(steps):
-        upstream.script(
-            [
-                {
-                    "kind": "tool_calls",
-                    "reasoning": True,
-                    "tool_calls": [
-                        {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
-                    ],
-                }
-            ]
-        )
+        upstream.script([shell_call(step)])
         kwargs = {
             "model": "m",
             "max_tokens": 400,
