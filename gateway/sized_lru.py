@@ -2,7 +2,8 @@
 
 The per-conversation memos of a worker (token counts, validated messages, resumable parses)
 each keep the latest request of up to so many conversations, but one conversation can be
-megabytes: the byte bound keeps the worker's memory flat however large the requests are.
+megabytes: the byte bound keeps the worker's memory flat however large the requests are. The
+summary answers kept in a process are bounded by bytes alone, and a read keeps one longer.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ V = TypeVar("V")
 
 
 class SizedLru(Generic[K, V]):
-    """Entries in the order they were last stored; the oldest leave first when either bound is
-    passed. An entry larger than the byte bound is not kept (and replaces nothing)."""
+    """Entries in the order they were last stored (`by_use`: last stored or read); the oldest
+    leave first when either bound is passed. An entry larger than the byte bound is not kept
+    (and replaces nothing)."""
 
-    def __init__(self, max_entries: int, max_bytes: int) -> None:
+    def __init__(self, max_entries: int, max_bytes: int, *, by_use: bool = False) -> None:
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._max_entries = max_entries
         self._max_bytes = max_bytes
+        self._by_use = by_use
         self.bytes = 0  # the stored entries' sizes, summed
 
     def __len__(self) -> int:
@@ -29,7 +32,11 @@ class SizedLru(Generic[K, V]):
 
     def get(self, key: K) -> V | None:
         kept = self._entries.get(key)
-        return kept[0] if kept is not None else None
+        if kept is None:
+            return None
+        if self._by_use:
+            self._entries.move_to_end(key)
+        return kept[0]
 
     def put(self, key: K, value: V, size: int) -> None:
         """Store `value` under `key` (dropping what was there), then evict the oldest."""

@@ -16,6 +16,7 @@ stops the whole group at teardown, so no test can leak a server.
 Fixtures:
     start_process          function-scoped starter: start_process(argv, ready_pattern, timeout)
     start_process_session  the same, for session-scoped fixtures
+    start_module_process   the same, for module-scoped fixtures
     fake_upstream_server   the fake upstream process, one per session
     fake_upstream          that process, reset before each test (a tests.fake_upstream.FakeUpstream)
 """
@@ -162,7 +163,9 @@ def _starter(started: list[RunningProcess]) -> Starter:
 
 # -- layers -------------------------------------------------------------------------------------
 
-E2E_FIXTURES = frozenset({"start_process", "start_process_session", "fake_upstream_server"})
+E2E_FIXTURES = frozenset(
+    {"start_process", "start_module_process", "start_process_session", "fake_upstream_server"}
+)
 IN_PROCESS_FIXTURES = frozenset({"start_app", "local_upstream"})
 LAYERS = ("e2e", "in_process", "property", "unit")
 # Files that run for minutes. Spread over workers (`-n 2 --dist loadfile`, as .ci/run does),
@@ -188,34 +191,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.unit)
 
 
-@pytest.fixture(name="start_process")
-def start_process_fixture() -> Iterator[Starter]:
-    """start_process(argv, ready_pattern, timeout) for one test; everything stops afterwards."""
+def _stopped_after() -> Iterator[Starter]:
+    """A starter for a fixture: what it started stops when the fixture ends."""
     started: list[RunningProcess] = []
     yield _starter(started)
     for process in reversed(started):
         process.stop()
+
+
+@pytest.fixture(name="start_process")
+def start_process_fixture() -> Iterator[Starter]:
+    """start_process(argv, ready_pattern, timeout) for one test; everything stops afterwards."""
+    yield from _stopped_after()
+
+
+@pytest.fixture(scope="module")
+def start_module_process() -> Iterator[Starter]:
+    """Like start_process, for processes shared by one module's tests."""
+    yield from _stopped_after()
 
 
 @pytest.fixture(scope="session")
 def start_process_session() -> Iterator[Starter]:
     """Like start_process, for processes shared by the whole session."""
-    started: list[RunningProcess] = []
-    yield _starter(started)
-    for process in reversed(started):
-        process.stop()
+    yield from _stopped_after()
 
 
-@pytest.fixture(scope="session")
-def fake_upstream_server(start_process_session: Starter) -> Iterator[FakeUpstream]:
-    """One fake upstream process (tests/fake_upstream.py) for the whole session."""
-    process = start_process_session(
+def fake_upstream_process(start: Starter) -> Iterator[FakeUpstream]:
+    """A fake upstream process (tests/fake_upstream.py) started by `start`, for a fixture to
+    yield from."""
+    process = start(
         [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
     )
     assert process.match is not None
     fake = FakeUpstream(int(process.match.group(1)))
     yield fake
     fake.close()
+
+
+@pytest.fixture(scope="session")
+def fake_upstream_server(start_process_session: Starter) -> Iterator[FakeUpstream]:
+    """One fake upstream process for the whole session."""
+    yield from fake_upstream_process(start_process_session)
 
 
 @pytest.fixture
@@ -253,6 +270,12 @@ def free_port() -> int:
 GatewayStarter = Callable[..., GatewayProcess]
 
 
+def serve_argv(config_path: Path, port: int, args: Sequence[str] = ()) -> list[str]:
+    """The command line of `compactgate serve` with this config, on this port."""
+    gateway = [sys.executable, "-m", "gateway", "serve"]
+    return [*gateway, "--config", str(config_path), "--port", str(port), *args]
+
+
 @pytest.fixture
 def start_gateway(start_process: Starter, tmp_path: Path) -> GatewayStarter:
     """start_gateway(config_dict, env=None, args=()) -> GatewayProcess, stopped after the test."""
@@ -268,17 +291,7 @@ def start_gateway(start_process: Starter, tmp_path: Path) -> GatewayStarter:
         port = free_port()
         full_env = {**os.environ, **(env or {})}
         process = start_process(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--config",
-                str(path),
-                "--port",
-                str(port),
-                *args,
-            ],
+            serve_argv(path, port, args),
             r"Uvicorn running on|CompactGate listening on",
             60,  # generous: CI machines are busy
             env=full_env,

@@ -13,12 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import GatewayProcess, free_port, start_process
+from tests.conftest import GatewayProcess, free_port, serve_argv, start_process
 
 
 @contextlib.contextmanager
@@ -33,18 +32,8 @@ def gateway_process(
     path.write_text(json.dumps(config))
     port = free_port()
     process = start_process(
-        [
-            sys.executable,
-            "-m",
-            "gateway",
-            "serve",
-            "--config",
-            str(path),
-            "--port",
-            str(port),
-            *args,
-        ],
-        r"Uvicorn running on",
+        serve_argv(path, port, args),
+        r"Uvicorn running on|CompactGate listening on",
         60,
         env={**os.environ, **(env or {})},
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -101,6 +101,21 @@ def conv(
             for i, d in enumerate(datas)
         )
     )
+
+
+def prefix_changes(sent: Iterable[list[Any]]) -> tuple[int, int]:
+    """Over successive requests' forwarded messages: how many start with the previous
+    request's (the cached prefix holds) and how many do not (an event moved the cut)."""
+    previous = None
+    stable = events = 0
+    for messages in sent:
+        if previous is not None:
+            if messages[: len(previous)] == previous:
+                stable += 1
+            else:
+                events += 1
+        previous = messages
+    return stable, events
 
 
 def budget(window: int, *, reserved: int = 0, fixed: int = 0, trigger=0.8, target=0.6) -> Budget:

@@ -14,6 +14,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.configs import one_model
 from tests.fake_agent_apis import (
     messages_body,
     messages_problem,
@@ -43,19 +44,9 @@ def output(step: int) -> str:
 
 
 def config(upstream: LocalUpstream, steps: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": upstream.base_url},
-                "tokenizer": "chars:4",
-                "context_window": WINDOW,
-                "max_output_tokens": 500,
-                "policy": "p",
-            }
-        ],
-        "policies": {"p": {"steps": steps or [{"type": "tool_output_cache"}, {"type": "fifo"}]}},
-    }
+    steps = steps or [{"type": "tool_output_cache"}, {"type": "fifo"}]
+    model = {"tokenizer": "chars:4", "context_window": WINDOW, "max_output_tokens": 500}
+    return one_model(upstream.base_url, steps, **model)
 
 
 def sizes(upstream: LocalUpstream, path: str) -> list[int]:
@@ -64,6 +55,37 @@ def sizes(upstream: LocalUpstream, path: str) -> list[int]:
         for r in upstream.requests()
         if r["path"] == path and r["json"]
     ]
+
+
+def shell_call(step: int) -> dict[str, Any]:
+    """The fake model's move at `step` of a session: one shell call, with reasoning that must
+    come back."""
+    call = {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
+    return {"kind": "tool_calls", "reasoning": True, "tool_calls": [call]}
+
+
+def masked_items() -> list[Any]:
+    """A Responses input of twelve large tool outputs: the older ones get masked."""
+    items: list[Any] = [{"role": "user", "content": "Investigate."}]
+    for step in range(12):
+        items.append(
+            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"}
+        )
+        items.append(
+            {"type": "function_call_output", "call_id": f"c{step}", "output": output(step)}
+        )
+    return items
+
+
+def masked_messages() -> list[Any]:
+    """The same history as Messages: tool_use and tool_result blocks."""
+    messages: list[Any] = [{"role": "user", "content": "Investigate."}]
+    for step in range(12):
+        use = {"type": "tool_use", "id": f"toolu_{step}", "name": "shell", "input": {}}
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{step}", "content": output(step)}
+        messages.append({"role": "assistant", "content": [use]})
+        messages.append({"role": "user", "content": [result]})
+    return messages
 
 
 # -- Responses -------------------------------------------------------------------------------
@@ -76,17 +98,7 @@ async def responses_session(
     items: list[Any] = [{"role": "user", "content": "Find and fix the failing test."}]
     seen_steps: list[str] = []
     for step in range(steps):
-        upstream.script(
-            [
-                {
-                    "kind": "tool_calls",
-                    "reasoning": True,
-                    "tool_calls": [
-                        {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
-                    ],
-                }
-            ]
-        )
+        upstream.script([shell_call(step)])
         kwargs = {
             "model": "m",
             "instructions": "You are a coding agent.",
@@ -179,14 +191,7 @@ async def test_responses_expansion_is_answered_by_the_gateway(
     itself and the client sees only the final answer, streamed or not."""
     gw = await start_app(config(local_upstream))
     client = gw.openai()
-    items: list[Any] = [{"role": "user", "content": "Investigate."}]
-    for step in range(12):
-        items.append(
-            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"}
-        )
-        items.append(
-            {"type": "function_call_output", "call_id": f"c{step}", "output": output(step)}
-        )
+    items = masked_items()
     for stream in (False, True):
         local_upstream.script([{"kind": "expand"}, {"kind": "ok", "content": "Read it: done."}])
         kwargs = {"model": "m", "input": items, "tools": [SHELL_RESPONSES], "store": False}
@@ -211,17 +216,7 @@ async def messages_session(
     client = gw.anthropic()
     messages: list[Any] = [{"role": "user", "content": "Find and fix the failing test."}]
     for step in range(steps):
-        upstream.script(
-            [
-                {
-                    "kind": "tool_calls",
-                    "reasoning": True,
-                    "tool_calls": [
-                        {"name": "shell", "arguments": {"cmd": f"cat module_{step}.py"}}
-                    ],
-                }
-            ]
-        )
+        upstream.script([shell_call(step)])
         kwargs = {
             "model": "m",
             "max_tokens": 400,
@@ -317,24 +312,7 @@ async def test_messages_expansion_is_answered_by_the_gateway(
 ) -> None:
     gw = await start_app(config(local_upstream))
     client = gw.anthropic()
-    messages: list[Any] = [{"role": "user", "content": "Investigate."}]
-    for step in range(12):
-        messages.append(
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "tool_use", "id": f"toolu_{step}", "name": "shell", "input": {}}
-                ],
-            }
-        )
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {"type": "tool_result", "tool_use_id": f"toolu_{step}", "content": output(step)}
-                ],
-            }
-        )
+    messages = masked_messages()
     for stream in (False, True):
         local_upstream.script([{"kind": "expand"}, {"kind": "ok", "content": "Read it: done."}])
         kwargs = {"model": "m", "max_tokens": 300, "messages": messages, "tools": [SHELL_MESSAGES]}
@@ -351,6 +329,43 @@ async def test_messages_expansion_is_answered_by_the_gateway(
         assert any(
             b.get("type") == "tool_result" and "module_" in str(b.get("content")) for b in last
         )
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_internal_rounds_of_a_whole_answer_add_their_usage_and_pass_on_a_refusal(
+    api: str, start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Not streamed: the answer after an internal round reports the tokens of both rounds, and
+    an internal round the upstream refuses reaches the client as that refusal."""
+    gw = await start_app(config(local_upstream))
+    if api == "responses":
+        client: Any = gw.openai().responses
+        kwargs: dict[str, Any] = {"model": "m", "input": masked_items(), "store": False}
+        kwargs["tools"] = [SHELL_RESPONSES]
+    else:
+        client = gw.anthropic().messages
+        kwargs = {"model": "m", "max_tokens": 300, "messages": masked_messages()}
+        kwargs["tools"] = [SHELL_MESSAGES]
+    local_upstream.script(
+        [
+            {"kind": "expand", "prompt_tokens": 1000, "completion_tokens": 20},
+            {"kind": "ok", "content": "done", "prompt_tokens": 3000, "completion_tokens": 5},
+        ]
+    )
+    raw = await client.with_raw_response.create(**kwargs)
+    answer = raw.parse()
+    if api == "messages":
+        answer = await answer
+    assert raw.headers["x-compactgate-internal-rounds"] == "1"
+    assert (answer.usage.input_tokens, answer.usage.output_tokens) == (4000, 25)
+    if api == "responses":
+        assert answer.usage.total_tokens == 4025
+    refusal = {"error": {"type": "invalid_request_error", "message": "no more today"}}
+    local_upstream.script([{"kind": "expand"}, {"kind": "error", "status": 400, "body": refusal}])
+    bad = openai.BadRequestError if api == "responses" else anthropic.BadRequestError
+    with pytest.raises(bad) as refused:
+        await client.create(**kwargs)
+    assert refused.value.response.json() == refusal
 
 
 # -- the stand-in's rules (what makes the sessions above able to fail) ---------------------------

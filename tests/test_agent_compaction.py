@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from gateway.agent_compaction import DEFAULT_SIGNATURES, Signature, recognise
 from gateway.config import parse_config
 from gateway.wire import CHAT, MESSAGES, RESPONSES
+from tests.configs import one_model
 from tests.conftest import Starter
 from tests.fake_agent_apis import summary_requests
 from tests.in_process import AppStarter, LocalUpstream
@@ -133,9 +134,7 @@ def test_signatures_are_configurable() -> None:
 async def test_an_agents_compaction_is_forwarded_and_said_so(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = await start_app(
-        {"models": [{"name": "m", "upstream": {"base_url": local_upstream.base_url}}]}
-    )
+    gw = await start_app(one_model(local_upstream.base_url))
     body = {**fixture("codex_compaction_request.json"), "stream": False}
     response = await gw.http.post(f"{gw.base_url}/responses", json=body)
     assert response.status_code == 200
@@ -153,16 +152,7 @@ async def test_opencodes_compaction_is_forwarded_and_nothing_is_prepared_for_it(
     """OpenCode sends its history as one transcript inside the prompt: no summary made from
     messages can answer it, so the gateway learns nothing from it and spends nothing ahead."""
     gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "tokenizer": "chars:4",
-                    "context_window": 200_000,
-                }
-            ]
-        }
+        one_model(local_upstream.base_url, tokenizer="chars:4", context_window=200_000)
     )
     url = f"{gw.base_url}/messages"
     body = {**fixture("opencode_compaction_request.json"), "stream": False}
@@ -224,16 +214,7 @@ async def test_an_agents_next_compaction_is_answered_from_a_summary_made_ahead(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "tokenizer": "chars:4",
-                    "context_window": 200_000,
-                }
-            ]
-        }
+        one_model(local_upstream.base_url, tokenizer="chars:4", context_window=200_000)
     )
     url = f"{gw.base_url}/responses"
     # The agent's first compaction, at 10 steps: forwarded, the gateway learns where and how.
@@ -274,17 +255,8 @@ async def test_an_agents_next_compaction_is_answered_from_a_summary_made_ahead(
 
 
 def codex_model(upstream: LocalUpstream, store: str = "memory://") -> dict[str, Any]:
-    return {
-        "store": store,
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": upstream.base_url},
-                "tokenizer": "chars:4",
-                "context_window": 200_000,
-            }
-        ],
-    }
+    model = one_model(upstream.base_url, tokenizer="chars:4", context_window=200_000)
+    return {"store": store, **model}
 
 
 async def agent_events(gw: Any) -> list[dict[str, Any]]:

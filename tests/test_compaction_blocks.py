@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gateway.compaction_blocks import compacted, open_turn, read_back
 from gateway.remote_compaction import SUMMARY_INTRO
 from gateway.summaries.summarizer import SYSTEM_PROMPT
+from tests.configs import one_model
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.wire_strategies import messages_bodies, messages_violations
 
@@ -25,16 +26,9 @@ TOOL = {"name": "shell", "input_schema": {"type": "object", "properties": {}}}
 
 
 def settings_for(upstream: LocalUpstream, mode: str = "emulate") -> dict[str, Any]:
+    model = {"tokenizer": "chars:4", "context_window": 400_000, "context_management": mode}
     return {
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": upstream.base_url},
-                "tokenizer": "chars:4",
-                "context_window": 400_000,
-                "context_management": mode,
-            }
-        ],
+        **one_model(upstream.base_url, **model),
         "summaries": {"precompute": False, "retry_failed_after_s": 0},
     }
 

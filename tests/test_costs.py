@@ -31,6 +31,7 @@ from gateway.costs import (
 )
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from gateway.wire.base import Usage
+from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 from tests.test_fuzz import _summary_call
 from tests.test_summaries_e2e import app_metric, chat_history
@@ -190,20 +191,10 @@ def test_the_counterfactual_cache_hits_when_the_client_only_appended() -> None:
 def priced_config(
     upstream: LocalUpstream, steps: list[dict[str, Any]] | None = None, events: str | None = None
 ) -> Any:
-    return {
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": upstream.base_url},
-                "tokenizer": "chars:4",
-                "context_window": 4096,
-                "policy": "p",
-                "pricing": {"input": 2.0, "output": 8.0, "cache_read": 0.5},
-            }
-        ],
-        "policies": {"p": {"steps": steps or [{"type": "fifo"}]}},
-        "events": {"path": events},
-    }
+    pricing = {"input": 2.0, "output": 8.0, "cache_read": 0.5}
+    model = {"tokenizer": "chars:4", "context_window": 4096, "pricing": pricing}
+    steps = steps or [{"type": "fifo"}]
+    return {**one_model(upstream.base_url, steps, **model), "events": {"path": events}}
 
 
 async def test_a_compacted_answer_says_what_it_cost_and_what_it_saved(

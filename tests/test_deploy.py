@@ -39,6 +39,7 @@ import yaml
 
 import gateway.cli
 from gateway.config import Config, load_config
+from tests.configs import one_model
 from tests.conftest import REPO_ROOT, RunningProcess, start_process
 from tests.fake_upstream import FakeUpstream
 
@@ -876,16 +877,7 @@ async def test_no_panel_shows_no_data_on_a_healthy_gateway(
     panel has a series to draw (a zero, not "No data"), or says in its own words why it has
     none (`noValue`, e.g. a hit rate before any lookup)."""
     gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "context_window": 100_000,
-                    "tokenizer": "chars:4",
-                }
-            ]
-        }
+        one_model(local_upstream.base_url, context_window=100_000, tokenizer="chars:4")
     )
     reply = await gw.openai().chat.completions.create(model="m", messages=history(1, 3))
     assert reply.choices[0].message.content

@@ -11,20 +11,19 @@ while, requests to a healthy upstream through the same gateway keep succeeding.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import GatewayProcess, RunningProcess, Starter, free_port, start_process
+from tests.conftest import GatewayProcess, Starter, fake_upstream_process, free_port
 from tests.fake_upstream import FakeUpstream
+from tests.gateway_process import gateway_process
 
 FIRST_BYTE_TIMEOUT = 1.5
 IDLE_TIMEOUT = 1.0
@@ -37,39 +36,17 @@ ECHO = "echo: Say something, in a few words please."
 
 
 @pytest.fixture(scope="module")
-def start_module_process() -> Iterator[Starter]:
-    """Like conftest's start_process_session, but stopped once this module's tests are done."""
-    started: list[RunningProcess] = []
-
-    def start(argv: list[str], ready_pattern: str, timeout: float = 30.0) -> RunningProcess:
-        process = start_process(argv, ready_pattern, timeout)
-        started.append(process)
-        return process
-
-    yield start
-    for process in reversed(started):
-        process.stop()
-
-
-@pytest.fixture(scope="module")
 def healthy_upstream(start_module_process: Starter) -> Iterator[FakeUpstream]:
     """A second fake upstream that always behaves: the traffic that must not notice the faults."""
-    process = start_module_process(
-        [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
-    )
-    assert process.match is not None
-    fake = FakeUpstream(int(process.match.group(1)))
-    yield fake
-    fake.close()
+    yield from fake_upstream_process(start_module_process)
 
 
 @pytest.fixture(scope="module")
 def gateway(
-    start_module_process: Starter,
     fake_upstream_server: FakeUpstream,
     healthy_upstream: FakeUpstream,
     tmp_path_factory: pytest.TempPathFactory,
-) -> GatewayProcess:
+) -> Iterator[GatewayProcess]:
     retry = {"max_attempts": 3, "backoff_base_seconds": 0.05, "max_delay_seconds": 2}
     config = {
         "server": {
@@ -98,15 +75,8 @@ def gateway(
             },
         ],
     }
-    path: Path = tmp_path_factory.mktemp("faults") / "gateway.json"
-    path.write_text(json.dumps(config))
-    port = free_port()
-    process = start_module_process(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
-        r"Uvicorn running on|CompactGate listening on",
-        30,
-    )
-    return GatewayProcess(process, port, path)
+    with gateway_process(config, tmp_path_factory.mktemp("faults")) as gateway:
+        yield gateway
 
 
 # -- what the client saw ---------------------------------------------------------------------------

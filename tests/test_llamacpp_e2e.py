@@ -13,12 +13,10 @@ answers, generous timeouts. Skipped only when the optional extra is not installe
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -29,14 +27,8 @@ import pytest
 from gateway import local_llm
 from gateway.context_errors import classify
 from gateway.demo import run_demo
-from tests.conftest import (
-    REPO_ROOT,
-    GatewayProcess,
-    RunningProcess,
-    Starter,
-    free_port,
-    start_process,
-)
+from tests.conftest import REPO_ROOT, GatewayProcess, Starter
+from tests.gateway_process import gateway_process
 
 pytestmark = pytest.mark.e2e  # llama.cpp's server, a real process
 
@@ -113,21 +105,6 @@ MESSAGES = conversation()
 
 
 @pytest.fixture(scope="module")
-def start_module_process() -> Iterator[Starter]:
-    """Like conftest's start_process_session, but stopped once this module's tests are done."""
-    started: list[RunningProcess] = []
-
-    def start(argv: list[str], ready_pattern: str, timeout: float = 30.0) -> RunningProcess:
-        process = start_process(argv, ready_pattern, timeout)
-        started.append(process)
-        return process
-
-    yield start
-    for process in reversed(started):
-        process.stop()
-
-
-@pytest.fixture(scope="module")
 def llama(start_module_process: Starter) -> str:
     """The real server's base URL (…/v1)."""
     process = start_module_process(
@@ -140,9 +117,7 @@ def llama(start_module_process: Starter) -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(
-    start_module_process: Starter, llama: str, tmp_path_factory: pytest.TempPathFactory
-) -> GatewayProcess:
+def gateway(llama: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     def model(name: str) -> dict[str, Any]:
         # One route per mode: a window learned by one must not spare the other its recovery.
         return {
@@ -167,15 +142,8 @@ def gateway(
         ]
         + [{**model("smollm-exact"), "tokenizer": "upstream"}],
     }
-    path: Path = tmp_path_factory.mktemp("llamacpp") / "gateway.json"
-    path.write_text(json.dumps(config))
-    port = free_port()
-    process = start_module_process(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
-        r"Uvicorn running on|CompactGate listening on",
-        30,
-    )
-    return GatewayProcess(process, port, path)
+    with gateway_process(config, tmp_path_factory.mktemp("llamacpp")) as gateway:
+        yield gateway
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from gateway.logs import (
     request_fields,
     tenant_label,
 )
+from tests.configs import one_model
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]+)(?: |$)')
@@ -90,18 +91,7 @@ def line_of(gw: AppGateway, request_id: str) -> str:
 async def test_a_context_error_out_of_retries_is_logged_as_context_overflow(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "context_window": 100_000,
-                    "max_retries": 0,
-                }
-            ]
-        }
-    )
+    gw = await start_app(one_model(local_upstream.base_url, context_window=100_000, max_retries=0))
     local_upstream.configure({"context_limit": 10, "style": "openai"})
     response = await gw.http.post(
         f"{gw.base_url}/chat/completions",

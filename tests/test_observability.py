@@ -158,16 +158,15 @@ async def test_event_log_content_only_when_asked(
     assert event["messages"][-1] == {"role": "user", "content": "and now?"}
 
 
+def guarded(upstream: LocalUpstream) -> dict[str, Any]:
+    """The test config with the admin surfaces behind the token `s3cret`."""
+    return {"server": {"admin_token": "s3cret"}, "models": [model(upstream)], "policies": POLICIES}
+
+
 async def test_admin_token_guards_admin_surfaces_only(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = await start_app(
-        {
-            "server": {"admin_token": "s3cret"},
-            "models": [model(local_upstream)],
-            "policies": POLICIES,
-        }
-    )
+    gw = await start_app(guarded(local_upstream))
     http = gw.http
     for path in ("/metrics", "/ui", "/v1/compactgate/events"):
         refused = await http.get(gw.url + path)
@@ -193,13 +192,7 @@ async def test_admin_token_guards_admin_surfaces_only(
 async def test_a_browser_without_the_admin_token_gets_a_page_saying_how_to_pass_it(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = await start_app(
-        {
-            "server": {"admin_token": "s3cret"},
-            "models": [model(local_upstream)],
-            "policies": POLICIES,
-        }
-    )
+    gw = await start_app(guarded(local_upstream))
     browser = {"accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
     page = await gw.http.get(gw.url + "/ui", headers=browser)
     assert page.status_code == 401 and page.headers["content-type"].startswith("text/html")

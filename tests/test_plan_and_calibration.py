@@ -23,42 +23,11 @@ from gateway.config import parse_config
 from gateway.metrics import Metrics
 from gateway.routing import Router
 from gateway.tokenizers import CharsTokenizer
+from tests.configs import one_model
 from tests.conftest import REPO_ROOT
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppStarter, LocalUpstream
-
-# OpenAI cookbook "How to count tokens with tiktoken": this example is 124 prompt tokens for
-# gpt-4o (o200k_base) and 129 for gpt-4 (cl100k_base), as the API reports.
-COOKBOOK = [
-    {
-        "role": "system",
-        "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "New synergies will help drive top-line growth.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Things working well together will increase revenue.",
-    },
-    {
-        "role": "system",
-        "name": "example_user",
-        "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.",
-    },
-    {
-        "role": "system",
-        "name": "example_assistant",
-        "content": "Let's talk later when we're less busy about how to do better.",
-    },
-    {
-        "role": "user",
-        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
-    },
-]
+from tests.test_tokens import COOKBOOK_MESSAGES as COOKBOOK
 
 
 def agent_history(turns: int, size: int = 600) -> list[dict[str, Any]]:
@@ -113,21 +82,8 @@ async def test_plan_reports_openai_counts_for_openai_models(
 async def test_plan_shows_each_steps_effect_and_the_messages_that_would_be_sent(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "context_window": 4000,
-                    "max_output_tokens": 200,
-                    "tokenizer": "chars:4",
-                    "policy": "p",
-                }
-            ],
-            "policies": {"p": {"steps": [{"type": "fifo"}]}},
-        }
-    )
+    model = {"context_window": 4000, "max_output_tokens": 200, "tokenizer": "chars:4"}
+    gw = await start_app(one_model(local_upstream.base_url, [{"type": "fifo"}], **model))
     plan = (
         await gw.http.post(
             f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": agent_history(20)}
@@ -190,16 +146,7 @@ async def test_calibration_converges_on_an_upstream_with_a_different_tokenizer(
     # The fake reports usage as chars/2.6 of its JSON view; the gateway starts from chars:4.
     local_upstream.configure({"usage_tokenizer": "chars:2.6"})
     gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "context_window": 1_000_000,
-                    "tokenizer": "chars:4",
-                }
-            ]
-        }
+        one_model(local_upstream.base_url, context_window=1_000_000, tokenizer="chars:4")
     )
     client = gw.openai(api_key="k")
     errors = []
@@ -247,14 +194,7 @@ async def test_injected_stream_usage_is_invisible_to_the_client(
     gw = await start_app(
         {
             "server": {"stream_usage": "inject"},
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "context_window": 100_000,
-                    "tokenizer": "chars:4",
-                }
-            ],
+            **one_model(local_upstream.base_url, context_window=100_000, tokenizer="chars:4"),
         }
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 200}], "stream": True}
@@ -281,29 +221,13 @@ async def test_pin_rules_keep_matching_messages(
 ) -> None:
     messages = agent_history(20)
     messages[1] = {"role": "user", "content": "TODO: never forget the deploy window is Friday"}
-    gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "context_window": 4000,
-                    "max_output_tokens": 200,
-                    "tokenizer": "chars:4",
-                    "policy": "p",
-                }
-            ],
-            "policies": {
-                "p": {
-                    "steps": [{"type": "fifo"}],
-                    "pin_rules": [
-                        {"content_regex": "^TODO:"},
-                        {"tool_name": "read", "content_regex": "line 3 "},
-                    ],
-                }
-            },
-        }
-    )
+    model = {"context_window": 4000, "max_output_tokens": 200, "tokenizer": "chars:4"}
+    config = one_model(local_upstream.base_url, [{"type": "fifo"}], **model)
+    config["policies"]["p"]["pin_rules"] = [
+        {"content_regex": "^TODO:"},
+        {"tool_name": "read", "content_regex": "line 3 "},
+    ]
+    gw = await start_app(config)
     plan = (
         await gw.http.post(
             f"{gw.base_url}/compactgate/plan", json={"model": "m", "messages": messages}
@@ -322,18 +246,13 @@ async def test_pin_rules_keep_matching_messages(
 async def test_max_tokens_that_leave_no_room_are_refused_or_clamped(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    model = {
-        "name": "m",
-        "upstream": {"base_url": local_upstream.base_url},
-        "context_window": 4000,
-        "tokenizer": "chars:4",
-    }
+    config = one_model(local_upstream.base_url, context_window=4000, tokenizer="chars:4")
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5000}
-    strict = await start_app({"models": [model]})
+    strict = await start_app(config)
     refused = await strict.http.post(f"{strict.base_url}/chat/completions", json=body)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
     assert local_upstream.chat_requests() == []
-    clamping = await start_app({"server": {"clamp_max_tokens": True}, "models": [model]})
+    clamping = await start_app({"server": {"clamp_max_tokens": True}, **config})
     assert (
         await clamping.http.post(f"{clamping.base_url}/chat/completions", json=body)
     ).status_code == 200

@@ -15,6 +15,7 @@ from tests.policy_strategies import (
     conv,
     env,
     msg,
+    prefix_changes,
     tool,
 )
 
@@ -124,14 +125,8 @@ def test_summary_requests_never_carry_dangling_tool_calls() -> None:
 def test_compacted_prefix_is_stable_between_events() -> None:
     data = chat(120, words=30)
     policy = build_policy("c", [{"type": "compaction"}])
-    previous = None
-    stable = events = 0
-    for end in range(3, len(data), 2):
-        sent = run_chain(conv(data[:end]), WINDOW, policy, env()).conversation.data()
-        if previous is not None:
-            if sent[: len(previous)] == previous:
-                stable += 1
-            else:
-                events += 1
-        previous = sent
+    stable, events = prefix_changes(
+        run_chain(conv(data[:end]), WINDOW, policy, env()).conversation.data()
+        for end in range(3, len(data), 2)
+    )
     assert events >= 2 and stable > 4 * events

@@ -62,13 +62,17 @@ def test_every_step_keeps_the_invariants(
     assert [s.ref for s in again.stored] == [s.ref for s in result.stored]
 
 
-@SETTINGS
-@given(
+# Any chain of up to four steps, on any conversation and budget, with any summary source.
+CHAINS = given(
     conversation=conversations(),
     budget=budgets,
     chosen=st.lists(st.sampled_from(STEP_TYPES), min_size=0, max_size=4),
     status=summary_sources,
 )
+
+
+@SETTINGS
+@CHAINS
 def test_chains_keep_invariants_fit_and_are_deterministic_and_idempotent(
     conversation: Conversation, budget: Budget, chosen: list[str], status: str
 ) -> None:
@@ -89,12 +93,7 @@ def test_chains_keep_invariants_fit_and_are_deterministic_and_idempotent(
 
 
 @SETTINGS
-@given(
-    conversation=conversations(),
-    budget=budgets,
-    chosen=st.lists(st.sampled_from(STEP_TYPES), min_size=0, max_size=4),
-    status=summary_sources,
-)
+@CHAINS
 def test_a_message_a_chain_changed_or_made_has_no_uid(
     conversation: Conversation, budget: Budget, chosen: list[str], status: str
 ) -> None:

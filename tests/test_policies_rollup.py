@@ -144,16 +144,17 @@ def _key(message: Any) -> bytes:
     return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
 
 
-@pytest.mark.parametrize(
-    ("step_type", "config"),
-    [
-        ("compaction", {"summary_tokens": 200}),
-        ("sandwich", {"summary_tokens": 200}),
-        ("summarize_old", {}),
-        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
-        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
-    ],
-)
+# Each summarising step, rewriting its summary and (where it can) appending to it.
+SUMMARISING = [
+    ("compaction", {"summary_tokens": 200}),
+    ("sandwich", {"summary_tokens": 200}),
+    ("summarize_old", {}),
+    ("compaction", {"summary_tokens": 24, "append_summaries": True}),
+    ("summarize_old", {"summary_length": 24, "append_summaries": True}),
+]
+
+
+@pytest.mark.parametrize(("step_type", "config"), SUMMARISING)
 def test_a_growing_conversation_sends_each_message_to_the_summariser_once(
     step_type: str, config: dict[str, Any]
 ) -> None:
@@ -229,16 +230,7 @@ def counted(datas: list[dict[str, Any]], scale: float) -> Conversation:
     )
 
 
-@pytest.mark.parametrize(
-    ("step_type", "config"),
-    [
-        ("compaction", {"summary_tokens": 200}),
-        ("sandwich", {"summary_tokens": 200}),
-        ("summarize_old", {}),
-        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
-        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
-    ],
-)
+@pytest.mark.parametrize(("step_type", "config"), SUMMARISING)
 def test_calibration_drift_does_not_make_the_summaries_again(
     step_type: str, config: dict[str, Any]
 ) -> None:
@@ -269,29 +261,10 @@ def links_of(step: Step, datas: list[dict[str, Any]], window: Budget) -> list[Su
 def with_uids(datas: list[dict[str, Any]], changed: frozenset[int] = frozenset()) -> Conversation:
     """`datas` as the gateway hands them over: fresh dicts every request, each with the uid of
     its place in the conversation (a message the client changed gets a new one)."""
-    return Conversation(
-        tuple(
-            Message(
-                data=dict(d),
-                tokens=count(d),
-                origin=i,
-                uid=i + 1 + (100_000 if i in changed else 0),
-            )
-            for i, d in enumerate(datas)
-        )
-    )
+    return counted_uids(datas, 1.0, changed)
 
 
-@pytest.mark.parametrize(
-    ("step_type", "config"),
-    [
-        ("compaction", {"summary_tokens": 200}),
-        ("sandwich", {"summary_tokens": 200}),
-        ("summarize_old", {}),
-        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
-        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
-    ],
-)
+@pytest.mark.parametrize(("step_type", "config"), SUMMARISING)
 def test_links_seen_before_are_not_built_again_and_change_nothing(
     step_type: str, config: dict[str, Any]
 ) -> None:
@@ -368,16 +341,7 @@ def test_a_walk_resumed_from_checkpoints_gives_what_a_whole_walk_gives(
         assert memo.detail == plain.detail
 
 
-@pytest.mark.parametrize(
-    ("step_type", "config"),
-    [
-        ("compaction", {"summary_tokens": 200}),
-        ("sandwich", {"summary_tokens": 200}),
-        ("summarize_old", {}),
-        ("compaction", {"summary_tokens": 24, "append_summaries": True}),
-        ("summarize_old", {"summary_length": 24, "append_summaries": True}),
-    ],
-)
+@pytest.mark.parametrize(("step_type", "config"), SUMMARISING)
 def test_a_remade_earlier_summary_reaches_the_later_links(
     step_type: str, config: dict[str, Any]
 ) -> None:
@@ -527,16 +491,18 @@ class Lacking(FakeSummaries):
         return super().get(request)
 
 
-def counted_uids(datas: list[dict[str, Any]], scale: float, changed: int = -1) -> Conversation:
-    """`with_uids`, counted by a heuristic whose calibration multiplier is `scale`; message
-    `changed` (if any) has been edited: a new uid."""
+def counted_uids(
+    datas: list[dict[str, Any]], scale: float, changed: frozenset[int] = frozenset()
+) -> Conversation:
+    """`with_uids`, counted by a heuristic whose calibration multiplier is `scale`; the messages
+    `changed` have been edited: a new uid."""
     return Conversation(
         tuple(
             Message(
                 data=dict(d),
                 tokens=max(1, round(count(d) * scale)),
                 origin=i,
-                uid=i + 1 + (100_000 if i == changed else 0),
+                uid=i + 1 + (100_000 if i in changed else 0),
             )
             for i, d in enumerate(datas)
         )
@@ -620,7 +586,7 @@ def test_walks_resumed_past_nearby_summaries_give_what_whole_walks_give(
         for more in {0, longer}:  # the request, then (if drawn) it with a longer last message
             datas = chat(length) if shape == "chat" else agent(length, output_lines=12)
             datas[-1] = {**datas[-1], "content": datas[-1]["content"] + " and more" * more}
-            changed = len(datas) - 1 if more else -1
+            changed = frozenset({len(datas) - 1}) if more else frozenset()
             plain = step.apply(counted(datas, scale), budget(window), env(Lacking(lacked)))
             memo = step.apply(
                 counted_uids(datas, scale, changed),
@@ -776,7 +742,7 @@ def test_the_replayed_walk_equals_the_plain_walk(
     for added, scale, edited in requests:
         length = max(4, length + added)
         datas = chat(length) if shape == "chat" else agent(length, output_lines=12)
-        conversation = counted_uids(datas, scale, edited)
+        conversation = counted_uids(datas, scale, frozenset({edited}))
         plan = step.plan(conversation, budget(window))
         if plan is None or len(plan.units) < 2:
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 from policies import check, run_chain
 from policies.registry import build_policy
 from policies.steps.sliding_window import SlidingWindow, SlidingWindowConfig
-from tests.policy_strategies import budget, chat, conv, env
+from tests.policy_strategies import budget, chat, conv, env, prefix_changes
 
 
 def window(**config: object) -> SlidingWindow:
@@ -45,14 +45,8 @@ def test_keep_last_turns_is_respected() -> None:
 def test_prefix_is_stable_between_events() -> None:
     data = chat(150)
     policy = build_policy("w", [{"type": "sliding_window"}])
-    previous = None
-    stable = events = 0
-    for end in range(3, len(data), 2):
-        sent = run_chain(conv(data[:end]), budget(6000), policy, env()).conversation.data()
-        if previous is not None:
-            if sent[: len(previous)] == previous:
-                stable += 1
-            else:
-                events += 1
-        previous = sent
+    stable, events = prefix_changes(
+        run_chain(conv(data[:end]), budget(6000), policy, env()).conversation.data()
+        for end in range(3, len(data), 2)
+    )
     assert events >= 3 and stable > 4 * events

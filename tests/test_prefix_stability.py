@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.bench_cache import CONVERSATION, WIRES, _pieces, body, ceiling, gateway, session
+from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 
 TOOL_CACHE_FIFO = [{"type": "tool_output_cache"}, {"type": "fifo"}]
@@ -210,16 +211,7 @@ async def test_session_headers_reach_the_upstream(
     """Codex sends `session_id` (and OpenAI-compatible servers route caches by it); it goes
     upstream unchanged on a compacted request."""
     gw = await start_app(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "upstream": {"base_url": local_upstream.base_url},
-                    "tokenizer": "chars:4",
-                    "context_window": 8192,
-                }
-            ]
-        }
+        one_model(local_upstream.base_url, tokenizer="chars:4", context_window=8192)
     )
     response = await gw.http.post(
         f"{gw.base_url}/chat/completions",

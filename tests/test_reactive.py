@@ -11,10 +11,8 @@ retry was right: smaller, system prompt and latest user message intact, tool cal
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,8 +20,9 @@ import openai
 import pytest
 
 from gateway.echo_upstream import estimate_prompt_tokens
-from tests.conftest import GatewayProcess, RunningProcess, Starter, free_port, start_process
+from tests.conftest import GatewayProcess
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
+from tests.gateway_process import gateway_process
 
 CONFIGURED_WINDOW = 64_000  # what the operator (wrongly) configured
 LIMIT = 2_000  # the fake upstream's real limit, in its own tokens (chars of JSON / 4)
@@ -76,21 +75,6 @@ MESSAGES = conversation()
 assert fake_tokens(MESSAGES) > 2 * LIMIT, "the conversation must overflow the fake's limit"
 
 
-@pytest.fixture(scope="module")
-def start_module_process() -> Iterator[Starter]:
-    """Like conftest's start_process_session, but stopped once this module's tests are done."""
-    started: list[RunningProcess] = []
-
-    def start(argv: list[str], ready_pattern: str, timeout: float = 30.0) -> RunningProcess:
-        process = start_process(argv, ready_pattern, timeout)
-        started.append(process)
-        return process
-
-    yield start
-    for process in reversed(started):
-        process.stop()
-
-
 # -- one gateway for the module: a model per style and mode (learned windows are per model) -----
 
 
@@ -126,19 +110,11 @@ def gateway_config(fake: FakeUpstream) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def gateway(
-    start_module_process: Starter,
-    fake_upstream_server: FakeUpstream,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> GatewayProcess:
-    path: Path = tmp_path_factory.mktemp("reactive") / "gateway.json"
-    path.write_text(json.dumps(gateway_config(fake_upstream_server)))
-    port = free_port()
-    process = start_module_process(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
-        r"Uvicorn running on|CompactGate listening on",
-        30,
-    )
-    return GatewayProcess(process, port, path)
+    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    config = gateway_config(fake_upstream_server)
+    with gateway_process(config, tmp_path_factory.mktemp("reactive")) as gateway:
+        yield gateway
 
 
 @pytest.fixture

@@ -6,166 +6,47 @@ window. The fake upstream scripts the model's tool calls, the agent runs them fo
 their output back; the fake refuses, as the providers do, any request that breaks their pairing,
 reasoning or signature rules. The session must finish with the model's last answer.
 
-The agents come from `agents/package-lock.json` (`scripts/install-agents`); without them these
-tests are skipped, unless `COMPACTGATE_REQUIRE_AGENTS` is set (CI), when they fail.
+The agents come from `agents/package-lock.json` (`scripts/install-agents`): see
+`tests/agent_runs.py`.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from tests.agent_runs import (
+    FINAL,
+    STEPS,
+    agent,
+    agent_config,
+    bash_steps,
+    outgrowing_codex_session,
+    run_claude,
+    run_codex,
+    shell_steps,
+)
 from tests.conftest import GatewayStarter
 from tests.fake_agent_apis import prompt_tokens, summary_requests
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-BIN = Path(__file__).resolve().parent.parent / "agents" / "node_modules" / ".bin"
-STEPS = 8
-FINAL = "All eight files inspected; nothing left to fix."
-
-
-def agent(name: str) -> Path:
-    path = BIN / name
-    if not path.exists():
-        message = f"{path} is missing: run scripts/install-agents"
-        if os.environ.get("COMPACTGATE_REQUIRE_AGENTS"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def gateway_config(fake: FakeUpstream, window: int) -> dict[str, Any]:
-    return {
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": fake.base_url},
-                "tokenizer": "chars:4",
-                "context_window": window,
-                "max_output_tokens": 2000,
-            }
-        ]
-    }
-
-
-def bash_steps(steps: int, before: str = "") -> list[dict[str, Any]]:
-    """The fake model's Bash calls, one per step (each prints ~15 KB), each with a thinking
-    block whose signature must come back; `before` goes in front of each command."""
-    return [
-        {
-            "kind": "tool_calls",
-            "reasoning": True,
-            "tool_calls": [
-                {
-                    "name": "Bash",
-                    "arguments": {
-                        "command": f"{before}seq {step}0000 {step}9999 | head -2600",
-                        "description": f"list part {step}",
-                    },
-                }
-            ],
-        }
-        for step in range(1, steps + 1)
-    ]
-
-
-def run_claude(
-    claude: Path, gateway_url: str, home: Path, timeout: float, **env: str
-) -> dict[str, Any]:
-    """`claude -p` on the numbered-parts task through the gateway, its settings and sessions in
-    `home`; its JSON result, once it has finished with the model's last answer."""
-    work = home / "work"
-    work.mkdir()
-    run = subprocess.run(
-        [str(claude), "-p", "Inspect the numbered parts and report.", "--model", "m",
-         "--output-format", "json", "--allowedTools", "Bash"],
-        cwd=work,
-        env={
-            **os.environ,
-            "HOME": str(home),  # its settings and session files stay in the test's directory
-            "ANTHROPIC_BASE_URL": gateway_url,
-            "ANTHROPIC_API_KEY": "sk-claude",
-            "ANTHROPIC_SMALL_FAST_MODEL": "m",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            **env,
-        },
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )  # fmt: skip
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    result: dict[str, Any] = json.loads(run.stdout)
-    assert result["is_error"] is False and result["result"] == FINAL, run.stdout[-2000:]
-    return result
-
 
 def test_codex_finishes_a_tool_session_that_outgrows_the_window(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
-    codex = agent("codex")
+    agent("codex")
     window = 24_000
-    gateway = start_gateway(gateway_config(fake_upstream, window))
-    fake_upstream.configure({"context_limit": window})
-    # Each step prints ~9 KB (about 2 300 tokens): eight of them are twice what fits beside
-    # Codex's own instructions and tools (about 9 000 tokens).
-    calls = [
-        {
-            "kind": "tool_calls",
-            "reasoning": True,
-            "tool_calls": [
-                {
-                    "name": "exec_command",
-                    "arguments": {"cmd": f"seq {step}000 {step}999 | head -1600"},
-                }
-            ],
-        }
-        for step in range(1, STEPS + 1)
-    ]
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        'model = "m"\nmodel_provider = "gateway"\n'
-        "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n"
-        "[model_providers.gateway]\n"
-        f'name = "CompactGate"\nbase_url = "{gateway.base_url}"\n'
-        'env_key = "GATEWAY_KEY"\nwire_api = "responses"\n'
-    )
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "sk-codex", "NO_COLOR": "1"}
-    run = subprocess.run(
-        [
-            str(codex),
-            "exec",
-            "--skip-git-repo-check",
-            "--sandbox",
-            "danger-full-access",
-            "--json",
-            "Inspect the numbered files and report.",
-        ],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    gateway = start_gateway(agent_config(fake_upstream.base_url, window))
+    settings = outgrowing_codex_session(fake_upstream, window)
+    output = run_codex(gateway, tmp_path, settings, timeout=180)
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     texts = [json.dumps(e) for e in events]
-    assert any(FINAL in text for text in texts), run.stdout[-3000:]
+    assert any(FINAL in text for text in texts), output[-3000:]
     commands = [e for e in events if "command_execution" in json.dumps(e)]
     assert commands  # the agent really ran the tool calls
     sizes = [
@@ -186,7 +67,7 @@ def test_claude_code_finishes_a_tool_session_that_outgrows_the_window(
 ) -> None:
     claude = agent("claude")
     window = 40_000
-    gateway = start_gateway(gateway_config(fake_upstream, window))
+    gateway = start_gateway(agent_config(fake_upstream.base_url, window))
     fake_upstream.configure({"context_limit": window})
     # Claude Code's own system prompt and tools are about 24 000 tokens; each step prints
     # ~15 KB (about 4 000 tokens) and brings a thinking block whose signature must come back.
@@ -211,46 +92,13 @@ def test_codexs_own_compaction_is_answered_from_a_summary_made_ahead(
     """Codex compacts its history itself past `model_auto_compact_token_limit`. Its first
     compaction goes upstream and teaches the gateway where and how; the gateway then makes the
     next summary while Codex works, and answers the next compaction request at once."""
-    codex = agent("codex")
-    gateway = start_gateway(gateway_config(fake_upstream, 200_000))
-    steps = 9
-    calls = [
-        {
-            "kind": "tool_calls",
-            "tool_calls": [
-                {
-                    "name": "exec_command",
-                    "arguments": {"cmd": f"sleep 1; seq {step}0000 {step}1500"},
-                }
-            ],
-        }
-        for step in range(1, steps + 1)
-    ]
+    agent("codex")
+    gateway = start_gateway(agent_config(fake_upstream.base_url, 200_000))
+    calls = shell_steps(9, "sleep 1; seq {step}0000 {step}1500", reasoning=False)
     fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        'model = "m"\nmodel_provider = "gateway"\n'
-        "model_context_window = 200000\nmodel_auto_compact_token_limit = 14000\n"
-        "[model_providers.gateway]\n"
-        f'name = "CompactGate"\nbase_url = "{gateway.base_url}"\n'
-        'env_key = "GATEWAY_KEY"\nwire_api = "responses"\n'
-    )
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "sk-codex", "NO_COLOR": "1"}
-    run = subprocess.run(
-        [str(codex), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access",
-         "--json", "Inspect the numbered files and report."],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert FINAL in run.stdout, run.stdout[-3000:]
+    settings = "model_context_window = 200000\nmodel_auto_compact_token_limit = 14000\n"
+    output = run_codex(gateway, tmp_path, settings)
+    assert FINAL in output, output[-3000:]
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     forwarded = _metric(metrics, 'agent="codex",outcome="forwarded"')
     answered = _metric(metrics, 'agent="codex",outcome="answered"')
@@ -276,7 +124,7 @@ def test_claude_codes_own_compaction_is_answered_from_a_summary_made_ahead(
     gateway where and how; the gateway makes the next summary while Claude Code works, and
     answers the next compaction request itself."""
     claude = agent("claude")
-    gateway = start_gateway(gateway_config(fake_upstream, 400_000))
+    gateway = start_gateway(agent_config(fake_upstream.base_url, 400_000))
     fake_upstream.script([*bash_steps(26, "sleep 0.5; "), {"kind": "ok", "content": FINAL}])
     run_claude(claude, gateway.url, tmp_path, timeout=300, CLAUDE_CODE_AUTO_COMPACT_WINDOW="50000")
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text

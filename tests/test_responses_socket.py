@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +25,18 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.responses_socket import SocketHistory
+from tests.agent_runs import (
+    FINAL,
+    STEPS,
+    agent_config,
+    outgrowing_codex_session,
+    run_codex,
+    shell_steps,
+)
 from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_agent_apis import prompt_tokens
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
-from tests.test_real_agents import FINAL, STEPS, agent
 
 KEY = "sk-socket-key"
 FINALS = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
@@ -304,61 +309,12 @@ def test_a_continuation_is_the_last_input_then_its_output_then_the_new_items(
 # -- the real Codex CLI ----------------------------------------------------------------------------
 
 
-def run_codex(gateway: GatewayProcess, tmp_path: Path, settings: str) -> str:
-    """`codex exec` through the gateway over its WebSocket; its JSON-lines output. The run must
-    finish without reconnecting or falling back to HTTP."""
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'model = "m"\nmodel_provider = "gateway"\n{settings}'
-        "[model_providers.gateway]\n"
-        f'name = "CompactGate"\nbase_url = "{gateway.base_url}"\n'
-        'env_key = "GATEWAY_KEY"\nwire_api = "responses"\nsupports_websockets = true\n'
-    )
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "sk-codex", "NO_COLOR": "1"}
-    run = subprocess.run(
-        [str(agent("codex")), "exec", "--skip-git-repo-check", "--sandbox",
-         "danger-full-access", "--json", "Inspect the numbered files and report."],
-        cwd=work,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert FINAL in run.stdout, run.stdout[-3000:]
-    assert "Reconnecting" not in run.stdout and "Falling back" not in run.stdout, run.stdout
-    return run.stdout
-
-
-def model(fake: FakeUpstream, window: int) -> dict[str, Any]:
-    return {
-        "models": [
-            {
-                "name": "m",
-                "upstream": {"base_url": fake.base_url},
-                "tokenizer": "chars:4",
-                "context_window": window,
-                "max_output_tokens": 2000,
-            }
-        ]
-    }
-
-
-def shell_steps(steps: int, command: str, reasoning: bool) -> list[dict[str, Any]]:
-    return [
-        {
-            "kind": "tool_calls",
-            "reasoning": reasoning,
-            "tool_calls": [
-                {"name": "exec_command", "arguments": {"cmd": command.format(step=step)}}
-            ],
-        }
-        for step in range(1, steps + 1)
-    ]
+def codex_over_the_socket(gateway: GatewayProcess, tmp_path: Path, settings: str) -> None:
+    """`codex exec` through the gateway over its WebSocket: the run must finish without
+    reconnecting or falling back to HTTP."""
+    output = run_codex(gateway, tmp_path, settings, websockets=True)
+    assert FINAL in output, output[-3000:]
+    assert "Reconnecting" not in output and "Falling back" not in output, output
 
 
 @pytest.mark.slow
@@ -368,15 +324,8 @@ def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_wind
     """Codex with `supports_websockets = true` runs its whole session over the socket (no
     retries, no fallback to HTTP), and what reached the upstream was compacted to fit."""
     window = 24_000
-    gateway = start_gateway(model(fake_upstream, window))
-    fake_upstream.configure({"context_limit": window})
-    calls = shell_steps(STEPS, "seq {step}000 {step}999 | head -1600", reasoning=True)
-    fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    run_codex(
-        gateway,
-        tmp_path,
-        "model_context_window = 1000000\nmodel_auto_compact_token_limit = 900000\n",
-    )
+    gateway = start_gateway(agent_config(fake_upstream.base_url, window))
+    codex_over_the_socket(gateway, tmp_path, outgrowing_codex_session(fake_upstream, window))
     sent = responses_requests(fake_upstream)
     assert len(sent) >= STEPS + 1
     # Every request the upstream got came over the socket, as the whole conversation.
@@ -397,14 +346,11 @@ def test_codexs_own_compaction_over_its_websocket_is_answered_from_a_summary(
     """Past `model_auto_compact_token_limit` Codex asks for its own compaction on the socket:
     the first request is forwarded and teaches the gateway; a later one is answered at once from
     a summary made ahead of need, as a stream of frames Codex accepts."""
-    gateway = start_gateway(model(fake_upstream, 200_000))
+    gateway = start_gateway(agent_config(fake_upstream.base_url, 200_000))
     calls = shell_steps(9, "sleep 1; seq {step}0000 {step}1500", reasoning=False)
     fake_upstream.script([*calls, {"kind": "ok", "content": FINAL}])
-    run_codex(
-        gateway,
-        tmp_path,
-        "model_context_window = 200000\nmodel_auto_compact_token_limit = 14000\n",
-    )
+    settings = "model_context_window = 200000\nmodel_auto_compact_token_limit = 14000\n"
+    codex_over_the_socket(gateway, tmp_path, settings)
     compactions = "compactgate_agent_compactions_total"
     forwarded = metric(gateway, compactions + '{agent="codex",outcome="forwarded"}')
     answered = metric(gateway, compactions + '{agent="codex",outcome="answered"}')

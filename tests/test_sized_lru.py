@@ -4,6 +4,7 @@ kept (so the conversation's next request finds it)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,3 +30,14 @@ def test_bounds_hold_and_the_latest_entry_that_fits_is_kept(
         assert lru.bytes == sum(puts[latest[k]][1] for k in kept)
         assert all(lru.get(k) == latest[k] for k in kept)  # never an older value
         assert (lru.get(key) == n) == (size <= max_bytes)
+
+
+@pytest.mark.parametrize("by_use", [False, True])
+def test_by_use_a_read_keeps_an_entry_longer(by_use: bool) -> None:
+    lru: SizedLru[str, int] = SizedLru(2, 100, by_use=by_use)
+    lru.put("a", 1, 10)
+    lru.put("b", 2, 10)
+    assert lru.get("a") == 1
+    lru.put("c", 3, 10)  # one entry too many: the least recently stored (or used) leaves
+    assert (lru.get("a"), lru.get("b")) == ((1, None) if by_use else (None, 2))
+    assert lru.get("c") == 3

@@ -14,7 +14,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import openai
 import orjson
@@ -130,6 +130,23 @@ def test_a_trickled_body_is_cut_off_with_408_and_nothing_goes_upstream(
     assert fake_upstream.chat_requests() == []
 
 
+def served_meanwhile(
+    api: openai.OpenAI, tricklers: Sequence[threading.Thread], busy: Callable[[], bool]
+) -> list[float]:
+    """Ordinary requests sent while `busy()` holds, then the tricklers joined: their latencies,
+    which must be many and normal (the slow clients hold up nobody)."""
+    latencies: list[float] = []
+    while busy() and len(latencies) < 400:
+        started = time.monotonic()
+        assert api.chat.completions.create(model="m", messages=SMALL).choices
+        latencies.append(time.monotonic() - started)
+    for t in tricklers:
+        t.join(20)
+    assert len(latencies) >= 10
+    assert statistics.median(latencies) < 0.25 and max(latencies) < 2
+    return latencies
+
+
 def test_other_clients_are_served_while_many_clients_trickle(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:
@@ -138,16 +155,8 @@ def test_other_clients_are_served_while_many_clients_trickle(
     tricklers = [Trickler(gateway.port, interval=0.05) for _ in range(30)]
     for t in tricklers:
         t.start()
-    latencies: list[float] = []
-    while any(not t.answer for t in tricklers) and len(latencies) < 400:
-        started = time.monotonic()
-        assert api.chat.completions.create(model="m", messages=SMALL).choices
-        latencies.append(time.monotonic() - started)
-    for t in tricklers:
-        t.join(20)
-    # normal requests kept flowing during the whole timeout window, at normal speed
-    assert len(latencies) >= 10
-    assert statistics.median(latencies) < 0.25 and max(latencies) < 2
+    # normal requests keep flowing during the whole timeout window, at normal speed
+    latencies = served_meanwhile(api, tricklers, lambda: any(not t.answer for t in tricklers))
     assert all(parse_response(t.answer)[0] == 408 for t in tricklers)
     assert len(fake_upstream.chat_requests()) == 1 + len(latencies)  # only the normal ones
 
@@ -217,15 +226,7 @@ def test_trickled_headers_are_cut_off_while_everybody_else_is_served(
     tricklers += [HeadTrickler(gateway.port, first=whole) for _ in range(5)]
     for t in tricklers:
         t.start()
-    latencies: list[float] = []
-    while any(t.is_alive() for t in tricklers) and len(latencies) < 400:
-        started = time.monotonic()
-        assert api.chat.completions.create(model="m", messages=SMALL).choices
-        latencies.append(time.monotonic() - started)
-    for t in tricklers:
-        t.join(20)
-    assert len(latencies) >= 10
-    assert statistics.median(latencies) < 0.25 and max(latencies) < 2
+    latencies = served_meanwhile(api, tricklers, lambda: any(t.is_alive() for t in tricklers))
     for t in tricklers:
         # ~7 s to send the whole head: cut off after the timeout instead, and closed
         assert HEAD_TIMEOUT_S - 0.2 <= t.closed_after < HEAD_TIMEOUT_S + 3, t.closed_after

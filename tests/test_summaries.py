@@ -105,6 +105,16 @@ def test_local_answers_are_bounded_and_keep_only_ready_ones() -> None:
     assert local.get("failed") is None
 
 
+def test_a_local_answer_read_lately_outlives_one_stored_later() -> None:
+    local = LocalAnswers(max_bytes=1000)  # room for two of these answers
+    local.put("k0", SummaryAnswer.ready("x" * 100))
+    local.put("k1", SummaryAnswer.ready("y" * 100))
+    assert local.get("k0") is not None
+    local.put("k2", SummaryAnswer.ready("z" * 100))
+    assert local.get("k1") is None
+    assert local.get("k0") is not None and local.get("k2") is not None
+
+
 # -- fetch -----------------------------------------------------------------------------------
 
 
@@ -240,12 +250,20 @@ def agent_messages(rounds: int) -> list[dict[str, Any]]:
     return messages
 
 
-async def test_precompute_predicts_the_summary_the_crossing_request_asks_for() -> None:
-    gateway = Gateway(parse_config(AGENT_CONFIG))
-    stub = Stub()
+def stubbed(
+    config: dict[str, Any] = AGENT_CONFIG, stub: Stub | None = None
+) -> tuple[Gateway, Stub, Route]:
+    """A gateway whose summaries come from `stub` (no upstream is called), and its route `m`."""
+    gateway = Gateway(parse_config(config))
+    stub = stub or Stub()
     gateway.summaries.summarizer = stub  # type: ignore[assignment]
     r = gateway.router.resolve("m")
     assert r is not None
+    return gateway, stub, r
+
+
+async def test_precompute_predicts_the_summary_the_crossing_request_asks_for() -> None:
+    gateway, stub, r = stubbed()
     predicted: list[SummaryRequest] = []
     crossed = None
     for rounds in range(1, 30):
@@ -267,11 +285,7 @@ async def test_precompute_predicts_the_summary_the_crossing_request_asks_for() -
 async def test_a_precomputation_leaves_a_summary_being_made_to_the_one_making_it() -> None:
     """The next response's precomputation, finding its predicted summary being made, returns at
     once: it neither holds a slot for the summary's duration nor asks for it again."""
-    gateway = Gateway(parse_config(AGENT_CONFIG))
-    stub = Stub(delay=2.0)
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None
+    gateway, stub, r = stubbed(stub=Stub(delay=2.0))
     making: asyncio.Task[list[SummaryRequest]] | None = None
     again: list[SummaryRequest] | None = None
     for rounds in range(1, 30):
@@ -296,11 +310,7 @@ async def test_a_precomputation_leaves_a_summary_being_made_to_the_one_making_it
 
 
 async def test_no_precompute_far_from_the_trigger() -> None:
-    gateway = Gateway(parse_config(AGENT_CONFIG))
-    stub = Stub()
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None
+    gateway, stub, r = stubbed()
     body = orjson.dumps({"model": "m", "messages": agent_messages(0)[:5], "tools": TOOLS})
     chat = parse_chat_request(body, 1000)
     prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
@@ -317,11 +327,8 @@ async def test_no_precompute_far_from_the_trigger() -> None:
 @pytest.mark.parametrize("mode", ["observe"])
 async def test_shadow_mode_never_precomputes(mode: str) -> None:
     config = {**AGENT_CONFIG, "mode": mode}
-    gateway = Gateway(parse_config(config))
-    stub = Stub()
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None and r.mode == "observe"
+    gateway, stub, r = stubbed(config)
+    assert r.mode == "observe"
     chat = parse_chat_request(orjson.dumps({"model": "m", "messages": agent_messages(6)}), 1000)
     gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, None)
     gateway.precompute.request_prepared("t", r)
@@ -345,11 +352,7 @@ async def test_summarize_old_is_precomputed_while_fifo_trims_after_it() -> None:
     steps = [{"type": "summarize_old", "summary_length": 100}, {"type": "fifo"}]
     # fifo trims to half the limit, under the precompute point (0.6)
     config = {**AGENT_CONFIG, "policies": {"p": {"steps": steps, "target_ratio": 0.5}}}
-    gateway = Gateway(parse_config(config))
-    stub = Stub()
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None
+    gateway, stub, r = stubbed(config)
     made_in_request = 0
     trimmed = 0
     for turns in range(14, 60):
@@ -393,11 +396,7 @@ async def test_a_precomputation_waits_for_the_tenants_next_request() -> None:
     """Its chain runs hold the GIL for milliseconds: started as the response ends they would
     slow the agent's next call. It starts once that call is prepared (and at the upstream)."""
     config = {**AGENT_CONFIG, "summaries": {"precompute_defer_s": 30}}
-    gateway = Gateway(parse_config(config))
-    stub = Stub()
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None
+    gateway, stub, r = stubbed(config)
     chat, prepared = await past_the_precompute_point(gateway, r)
     gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
     await asyncio.sleep(0.2)
@@ -414,11 +413,7 @@ async def test_a_precomputation_waits_for_the_tenants_next_request() -> None:
 
 async def test_without_a_next_request_a_precomputation_starts_after_precompute_defer_s() -> None:
     config = {**AGENT_CONFIG, "summaries": {"precompute_defer_s": 0.3}}
-    gateway = Gateway(parse_config(config))
-    stub = Stub()
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None
+    gateway, stub, r = stubbed(config)
     chat, prepared = await past_the_precompute_point(gateway, r)
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -433,11 +428,7 @@ async def test_without_a_next_request_a_precomputation_starts_after_precompute_d
 
 async def test_shutdown_cancels_a_deferred_precomputation() -> None:
     config = {**AGENT_CONFIG, "summaries": {"precompute_defer_s": 30}}
-    gateway = Gateway(parse_config(config))
-    stub = Stub()
-    gateway.summaries.summarizer = stub  # type: ignore[assignment]
-    r = gateway.router.resolve("m")
-    assert r is not None
+    gateway, stub, r = stubbed(config)
     chat, prepared = await past_the_precompute_point(gateway, r)
     gateway.precompute.after_response(chat, r, "t", HEADERS, 4096, prepared)
     await asyncio.sleep(0.05)

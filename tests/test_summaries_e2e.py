@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ import orjson
 import pytest
 
 from gateway.summaries.summarizer import APPEND_NOTE, SYSTEM_PROMPT
-from tests.conftest import GatewayProcess, GatewayStarter, Starter
+from tests.conftest import GatewayProcess, GatewayStarter, Starter, fake_upstream_process
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.redis_server import RedisServer, start_redis
@@ -324,13 +323,7 @@ def tool_round(messages: list[dict[str, Any]], index: int) -> None:
 @pytest.fixture
 def summary_upstream(start_process: Starter) -> Iterator[FakeUpstream]:
     """A second fake upstream, for the summary model only (the step's `model:`)."""
-    process = start_process(
-        [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], r"^READY (\d+)$", 30
-    )
-    assert process.match is not None
-    fake = FakeUpstream(int(process.match.group(1)))
-    yield fake
-    fake.close()
+    yield from fake_upstream_process(start_process)
 
 
 def precompute_config(main: FakeUpstream, summarizer: FakeUpstream) -> dict[str, Any]:

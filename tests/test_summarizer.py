@@ -13,7 +13,7 @@ import pytest
 
 from gateway.config import SummariesConfig, parse_config
 from gateway.metrics import Metrics
-from gateway.routing import Router
+from gateway.routing import Route, Router
 from gateway.summaries.summarizer import (
     APPEND_NOTE,
     APPEND_RETAIN_NOTE,
@@ -159,20 +159,21 @@ async def upstream() -> AsyncIterator[UpstreamClient]:
 
 def make(
     upstream: UpstreamClient, fake: FakeUpstream, metrics: Metrics | None = None, **config: Any
-) -> tuple[Summarizer, Router]:
+) -> tuple[Summarizer, Route]:
+    """A summariser on the fake upstream, and the route `main` it summarises for."""
     router = router_for(fake)
     summarizer = Summarizer(upstream, router, metrics or Metrics(), SummariesConfig(**config))
-    return summarizer, router
+    route = router.resolve("main")
+    assert route is not None
+    return summarizer, route
 
 
 async def test_one_call_without_tools_with_the_clients_credential_only(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
     metrics = Metrics()
-    summarizer, router = make(upstream, fake_upstream, metrics)
+    summarizer, route = make(upstream, fake_upstream, metrics)
     fake_upstream.script([{"kind": "ok", "content": "<summary>They asked 3 questions.</summary>"}])
-    route = router.resolve("main")
-    assert route is not None
     answer = await summarizer.summarize(request_of(conversation(3)), route, HEADERS)
     assert answer.status == "ready" and answer.text == "They asked 3 questions."
     [record] = fake_upstream.chat_requests()
@@ -194,9 +195,7 @@ async def test_one_call_without_tools_with_the_clients_credential_only(
 async def test_model_override_uses_that_route_and_its_key(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
-    summarizer, router = make(upstream, fake_upstream)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream)
     request = request_of(conversation(2), model="cheap")
     assert summarizer.model_of(request, route) == "cheap"
     await summarizer.summarize(request, route, HEADERS)
@@ -211,9 +210,7 @@ async def test_model_override_uses_that_route_and_its_key(
 async def test_retain_section_and_incremental_extension(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
-    summarizer, router = make(upstream, fake_upstream)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream)
     fake_upstream.script(
         [{"kind": "ok", "content": "<retain>ref_9</retain><summary>Old and new.</summary>"}]
     )
@@ -236,9 +233,7 @@ async def test_append_mode_asks_for_the_new_messages_only(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
     """`append_summaries`: the earlier summary is context, the answer will be appended to it."""
-    summarizer, router = make(upstream, fake_upstream)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream)
     fake_upstream.script(
         [{"kind": "ok", "content": "<retain>ref_9</retain><summary>Only the new part.</summary>"}]
     )
@@ -262,9 +257,7 @@ async def test_append_mode_chunks_are_combined_without_the_earlier_summary(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
     """Combining the parts with the previous summary would restate it in the appended text."""
-    summarizer, router = make(upstream, fake_upstream, max_input_tokens=1200)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream, max_input_tokens=1200)
     fake_upstream.script(
         [{"kind": "ok", "content": f"<summary>part {i}</summary>"} for i in range(6)]
     )
@@ -279,9 +272,7 @@ async def test_append_mode_chunks_are_combined_without_the_earlier_summary(
 async def test_input_too_long_is_chunked_then_combined(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
-    summarizer, router = make(upstream, fake_upstream, max_input_tokens=1200)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream, max_input_tokens=1200)
     messages = conversation(12, size=400)  # about 2 500 tokens of transcript
     parts = [{"kind": "ok", "content": f"<summary>part {i}</summary>"} for i in range(6)]
     fake_upstream.script(parts)
@@ -307,9 +298,7 @@ async def test_context_error_from_the_upstream_rechunks(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
     metrics = Metrics()
-    summarizer, router = make(upstream, fake_upstream, metrics)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream, metrics)
     fake_upstream.configure({"context_limit": 1500})
     answer = await summarizer.summarize(request_of(conversation(10, size=400)), route, HEADERS)
     assert answer.status == "ready" and answer.text
@@ -321,9 +310,7 @@ async def test_failures_raise_summarizer_error(
     upstream: UpstreamClient, fake_upstream: FakeUpstream
 ) -> None:
     metrics = Metrics()
-    summarizer, router = make(upstream, fake_upstream, metrics, timeout_s=0.5)
-    route = router.resolve("main")
-    assert route is not None
+    summarizer, route = make(upstream, fake_upstream, metrics, timeout_s=0.5)
     request = request_of(conversation(2))
     fake_upstream.script([{"kind": "error", "status": 400, "body": {"error": {"message": "no"}}}])
     with pytest.raises(SummarizerError, match="answered 400"):

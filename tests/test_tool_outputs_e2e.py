@@ -320,6 +320,32 @@ async def test_rounds_are_bounded_and_leftover_internal_calls_are_hidden(
     assert not answer.parse().choices[0].message.tool_calls
 
 
+async def test_internal_rounds_add_their_usage_and_a_refused_round_is_passed_on(
+    gateway: AppGateway, local_upstream: LocalUpstream
+) -> None:
+    ref = await masked_ref(gateway)
+    call = internal_call("tool_output_cache", ref_id=ref, limit=1)
+    local_upstream.script(
+        [
+            {**call, "prompt_tokens": 1000, "completion_tokens": 20},
+            {"kind": "ok", "content": "done", "prompt_tokens": 3000, "completion_tokens": 5},
+        ]
+    )
+    answer = await app_client(gateway).chat.completions.create(
+        model="m", messages=history(), tools=CLIENT_TOOLS
+    )
+    assert answer.usage is not None
+    usage = (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens)
+    assert usage == (4000, 25, 4025)
+    refusal = {"error": {"type": "invalid_request_error", "message": "no more today"}}
+    local_upstream.script([call, {"kind": "error", "status": 400, "body": refusal}])
+    with pytest.raises(openai.BadRequestError) as refused:
+        await app_client(gateway).chat.completions.create(
+            model="m", messages=history(), tools=CLIENT_TOOLS
+        )
+    assert refused.value.response.json() == refusal
+
+
 async def test_no_expansion_tools_when_nothing_was_masked(
     gateway: AppGateway, local_upstream: LocalUpstream
 ) -> None:

@@ -24,9 +24,10 @@ from ..retry import send_with_retries
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..upstream import UpstreamClient, UpstreamResponse
-from . import chat, messages, responses
-from .chat import ChatExpansion, Resolved
-from .rounds import Call, add_usage, splice
+from . import chat, messages, responses, whole
+from .chat import ChatExpansion
+from .rounds import Call, splice
+from .whole import Resolved
 
 __all__ = ["Expansion", "Resolved", "Rounds", "offer"]
 
@@ -78,36 +79,29 @@ class Expansion:
     ) -> Resolved:
         """A non-streaming answer: internal calls resolved until there are none (or rounds run
         out)."""
-        if api == "chat":
-            return await self.chat.resolve(body, sent, route, url, headers, tenant)
-        dialect = responses if api == "responses" else messages
-        field_name = "output" if api == "responses" else "content"
-        names = self.cache.names
-        payload = orjson.loads(sent)
-        answer = orjson.loads(body)
-        usage: dict[str, int] = {}
-        keys = dialect.USAGE_KEYS
-        add_usage(usage, answer.get("usage"), keys)
-        rounds = 0
-        while rounds < self.cache.config.max_rounds:
-            produced = answer.get(field_name) or []
-            calls = dialect.internal_calls(produced, names)
-            if not calls:
-                break
-            results = [await self._execute(tenant, call) for call in calls]
-            payload = dialect.next_payload(payload, produced, calls, results, names)
+
+        async def execute(call: Call) -> str:
+            return await self._execute(tenant, call)
+
+        async def ask(payload: dict[str, Any]) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
             response = await send_with_retries(
                 self.upstream, route, url, headers, orjson.dumps(payload), self.metrics
             )
             data = await response.read()
             response.release()
-            rounds += 1
             self._count(route)
-            if response.status >= 400:
-                return Resolved(response.status, data, rounds, response.relay_headers())
-            answer = orjson.loads(data)
-            add_usage(usage, answer.get("usage"), keys)
-        return Resolved(200, dialect.finish(answer, names, usage if rounds else {}), rounds)
+            failed = response.status >= 400
+            return response.status, data, response.relay_headers() if failed else []
+
+        return await whole.resolve(
+            DIALECTS[api].WHOLE,
+            orjson.loads(sent),
+            orjson.loads(body),
+            self.cache.names,
+            execute,
+            ask,
+            self.cache.config.max_rounds,
+        )
 
     def splice(
         self,

@@ -24,7 +24,6 @@ again, so it is never masked again in the same request and never becomes a new r
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -34,6 +33,8 @@ from ..retry import send_with_retries
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..upstream import UpstreamClient, UpstreamResponse
+from .rounds import Call
+from .whole import Whole
 
 
 def applicable(payload: Mapping[str, Any], names: frozenset[str]) -> bool:
@@ -61,70 +62,13 @@ def with_tools(payload: dict[str, Any], cache: ToolOutputCache) -> dict[str, Any
     }
 
 
-@dataclass(slots=True)
-class Resolved:
-    """The final upstream answer after internal rounds."""
-
-    status: int
-    body: bytes
-    rounds: int
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-
-
 class ChatExpansion:
+    """Internal rounds of a streamed chat answer (a whole one goes through `whole.resolve`)."""
+
     def __init__(self, cache: ToolOutputCache, upstream: UpstreamClient, metrics: Metrics) -> None:
         self.cache = cache
         self.upstream = upstream
         self.metrics = metrics
-
-    def calls_internal(self, body: bytes) -> bool:
-        """Cheap test before parsing: does this answer mention one of our tools?"""
-        return b'"tool_calls"' in body and any(name.encode() in body for name in self.cache.names)
-
-    async def resolve(
-        self,
-        body: bytes,
-        sent: bytes,
-        route: Route,
-        url: str,
-        headers: Mapping[str, str],
-        tenant: str,
-    ) -> Resolved:
-        """Non-streaming: resolve internal calls until the answer has none (or rounds run out)."""
-        payload = orjson.loads(sent)
-        answer = orjson.loads(body)
-        usage = _usage(answer)
-        rounds = 0
-        while rounds < self.cache.config.max_rounds:
-            message = _message(answer)
-            internal = self._internal(message.get("tool_calls") or ())
-            if not internal:
-                break
-            await self._append_round(payload, message.get("content"), internal, tenant)
-            response = await send_with_retries(
-                self.upstream, route, url, headers, orjson.dumps(payload), self.metrics
-            )
-            data = await response.read()
-            response.release()
-            rounds += 1
-            self.metrics.internal_tool_rounds.labels(self.metrics.model_label(route.name)).inc()
-            if response.status >= 400:
-                return Resolved(response.status, data, rounds, response.relay_headers())
-            answer = orjson.loads(data)
-            usage = _add_usage(usage, _usage(answer))
-        message = _message(answer)
-        calls = message.get("tool_calls") or []
-        if self._internal(calls):
-            kept = [c for c in calls if c not in self._internal(calls)]
-            if kept:
-                message["tool_calls"] = kept
-            else:
-                message.pop("tool_calls", None)
-                if answer.get("choices"):
-                    answer["choices"][0]["finish_reason"] = "stop"
-        if usage is not None:
-            answer["usage"] = usage
-        return Resolved(200, orjson.dumps(answer), rounds)
 
     async def resolve_stream(
         self,
@@ -137,10 +81,11 @@ class ChatExpansion:
         tenant: str,
     ) -> tuple[UpstreamResponse, bytes, int]:
         """Streaming: returns the response to relay, the bytes already read from it, and rounds."""
+        names = self.cache.names
         payload: dict[str, Any] | None = None
         rounds = 0
         while True:
-            reader = _StreamReader(self.cache.names)
+            reader = _StreamReader(names)
             if first:
                 reader.feed(first)
                 first = b""
@@ -156,7 +101,12 @@ class ChatExpansion:
             if payload is None:
                 payload = orjson.loads(sent)
             content, calls = reader.message()
-            await self._append_round(payload, content or None, self._internal(calls), tenant)
+            internal = _internal(calls, names)
+            results = [
+                await self.cache.execute(tenant, call.name, call.arguments)
+                for call in map(_call, internal)
+            ]
+            payload = _appended(payload, content or None, internal, results)
             rounds += 1
             self.metrics.internal_tool_rounds.labels(self.metrics.model_label(route.name)).inc()
             response = await send_with_retries(
@@ -165,31 +115,76 @@ class ChatExpansion:
             if response.status >= 400:
                 return response, b"", rounds
 
-    def _internal(self, calls: Sequence[Any]) -> list[dict[str, Any]]:
-        names = self.cache.names
-        return [
-            c
-            for c in calls
-            if isinstance(c, dict)
-            and isinstance(c.get("function"), dict)
-            and c["function"].get("name") in names
-        ]
 
-    async def _append_round(
-        self, payload: dict[str, Any], content: Any, calls: list[dict[str, Any]], tenant: str
-    ) -> None:
-        payload["messages"] = [
+# -- a whole answer (`whole.resolve`) ------------------------------------------------------------
+
+
+def internal_calls(message: Mapping[str, Any], names: frozenset[str]) -> list[Call]:
+    return [_call(c) for c in _internal(message.get("tool_calls") or (), names)]
+
+
+def next_payload(
+    payload: dict[str, Any],
+    message: Mapping[str, Any],
+    calls: Sequence[Call],
+    results: Sequence[str],
+    names: frozenset[str],
+) -> dict[str, Any]:
+    internal = _internal(message.get("tool_calls") or (), names)
+    return _appended(payload, message.get("content"), internal, results)
+
+
+def finish(answer: dict[str, Any], names: frozenset[str], usages: Sequence[Any]) -> bytes:
+    """Internal calls left after the last round removed; usage: every round's, added up."""
+    message = _message(answer)
+    calls = message.get("tool_calls") or []
+    if _internal(calls, names):
+        kept = [c for c in calls if c not in _internal(calls, names)]
+        if kept:
+            message["tool_calls"] = kept
+        else:
+            message.pop("tool_calls", None)
+            if answer.get("choices"):
+                answer["choices"][0]["finish_reason"] = "stop"
+    usage = None
+    for more in usages:
+        usage = _add_usage(usage, dict(more) if isinstance(more, dict) else None)
+    if usage is not None:
+        answer["usage"] = usage
+    return orjson.dumps(answer)
+
+
+def _internal(calls: Sequence[Any], names: frozenset[str]) -> list[dict[str, Any]]:
+    return [
+        c
+        for c in calls
+        if isinstance(c, dict)
+        and isinstance(c.get("function"), dict)
+        and c["function"].get("name") in names
+    ]
+
+
+def _call(call: dict[str, Any]) -> Call:
+    function = call["function"]
+    return Call(call.get("id", ""), function.get("name", ""), function.get("arguments") or "")
+
+
+def _appended(
+    payload: dict[str, Any], content: Any, calls: list[dict[str, Any]], results: Sequence[str]
+) -> dict[str, Any]:
+    """The history, the assistant's internal calls and a tool message with each result."""
+    answered = [
+        {"role": "tool", "tool_call_id": call.get("id", ""), "content": result}
+        for call, result in zip(calls, results, strict=True)
+    ]
+    return {
+        **payload,
+        "messages": [
             *payload["messages"],
             {"role": "assistant", "content": content, "tool_calls": calls},
-        ]
-        for call in calls:
-            function = call["function"]
-            result = await self.cache.execute(
-                tenant, function.get("name", ""), function.get("arguments") or ""
-            )
-            payload["messages"].append(
-                {"role": "tool", "tool_call_id": call.get("id", ""), "content": result}
-            )
+            *answered,
+        ],
+    }
 
 
 class _StreamReader:
@@ -262,11 +257,6 @@ def _message(answer: Mapping[str, Any]) -> dict[str, Any]:
     return choices[0].get("message") or {}
 
 
-def _usage(answer: Mapping[str, Any]) -> dict[str, Any] | None:
-    usage = answer.get("usage")
-    return dict(usage) if isinstance(usage, dict) else None
-
-
 def _add_usage(total: dict[str, Any] | None, more: dict[str, Any] | None) -> dict[str, Any] | None:
     if total is None or more is None:
         return total or more
@@ -275,3 +265,6 @@ def _add_usage(total: dict[str, Any] | None, more: dict[str, Any] | None) -> dic
         if isinstance(out.get(key), int) and isinstance(more.get(key), int):
             out[key] = out[key] + more[key]
     return out
+
+
+WHOLE = Whole(_message, internal_calls, next_payload, finish)

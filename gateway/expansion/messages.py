@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from ..tool_outputs import ToolOutputCache
-from .rounds import Call, Carry, add_usage, sse
+from .rounds import Call, Carry, HeldRound, add_usage, clashes, json_object, sse
+from .whole import Whole, with_usage
 
 USAGE_KEYS = ("input_tokens", "output_tokens")
 
@@ -25,10 +26,7 @@ def applicable(payload: Mapping[str, Any], names: frozenset[str]) -> bool:
     choice = payload.get("tool_choice")
     if isinstance(choice, Mapping) and choice.get("type") == "none":
         return False
-    return not any(
-        isinstance(tool, Mapping) and tool.get("name") in names
-        for tool in payload.get("tools") or ()
-    )
+    return not clashes(payload, names)
 
 
 def with_tools(payload: dict[str, Any], cache: ToolOutputCache) -> dict[str, Any]:
@@ -86,7 +84,7 @@ def next_payload(
     }
 
 
-def finish(answer: dict[str, Any], names: frozenset[str], usage: dict[str, int]) -> bytes:
+def finish(answer: dict[str, Any], names: frozenset[str], usages: Sequence[Any]) -> bytes:
     """The last answer as the client gets it: internal calls removed, usage of every round."""
     content = answer.get("content")
     if isinstance(content, list):
@@ -100,37 +98,28 @@ def finish(answer: dict[str, Any], names: frozenset[str], usage: dict[str, int])
             isinstance(b, dict) and b.get("type") == "tool_use" for b in kept
         ):
             answer["stop_reason"] = "end_turn"
-    if usage and isinstance(answer.get("usage"), dict):
-        answer["usage"] = {**answer["usage"], **usage}
-    return orjson.dumps(answer)
+    return with_usage(answer, usages, USAGE_KEYS)
 
 
-class MessagesRound:
+WHOLE = Whole(lambda answer: answer.get("content") or [], internal_calls, next_payload, finish)
+
+
+class MessagesRound(HeldRound):
     """One streamed message: blocks relayed as they arrive, internal tool_use held back."""
 
     def __init__(self, number: int, carry: Carry, final: bool, names: frozenset[str]) -> None:
-        self.number = number
-        self.carry = carry
-        self.final = final
-        self.names = names
-        self.calls: list[Call] = []
-        self._offset = carry.shown if number else 0
+        super().__init__(number, carry, final, names)
         self._blocks: dict[int, dict[str, Any]] = {}  # this round's blocks, being assembled
         self._json: dict[int, list[str]] = {}  # partial tool input per block
-        self._internal: set[int] = set()
-        self._holding = False
         self._hidden = False  # an internal block was removed from what the client sees
 
     def event(self, raw: bytes, name: bytes, data: bytes) -> bytes | None:
         kind = name.decode("latin-1")
         if kind == "ping":
             return raw
-        try:
-            document = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return None if self._holding else raw
-        if not isinstance(document, dict):
-            return None if self._holding else raw
+        document = json_object(data)
+        if document is None:
+            return self._held(raw)
         kind = document.get("type") or kind
         if kind == "message_start":
             message = document.get("message")
@@ -155,14 +144,12 @@ class MessagesRound:
             if isinstance(usage, dict):
                 document["usage"] = {**usage, **self.carry.usage}
             return sse(kind, document)
-        if kind == "message_stop":
-            return None if self._holding else raw
-        return None if self._holding else raw  # error events, unknown ones
+        return self._held(raw)  # message_stop, error events, unknown ones
 
     def _block(self, raw: bytes, document: dict[str, Any], kind: str) -> bytes | None:
         index = document.get("index")
         if not isinstance(index, int):
-            return None if self._holding else raw
+            return self._held(raw)
         if kind == "content_block_start":
             block = document.get("content_block")
             block = dict(block) if isinstance(block, dict) else {}

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from ..tool_outputs import ToolOutputCache
-from .rounds import Call, Carry, add_usage, sse
+from .rounds import Call, Carry, HeldRound, add_usage, clashes, json_object, sse
+from .whole import Whole, with_usage
 
 USAGE_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
@@ -25,10 +24,7 @@ TERMINAL = frozenset({"response.completed", "response.incomplete", "response.fai
 def applicable(payload: Mapping[str, Any], names: frozenset[str]) -> bool:
     if payload.get("tool_choice") == "none":
         return False
-    return not any(
-        isinstance(tool, Mapping) and tool.get("name") in names
-        for tool in payload.get("tools") or ()
-    )
+    return not clashes(payload, names)
 
 
 def with_tools(payload: dict[str, Any], cache: ToolOutputCache) -> dict[str, Any]:
@@ -83,7 +79,7 @@ def next_payload(
     return {**payload, "input": [*(items or []), *produced, *answered]}
 
 
-def finish(answer: dict[str, Any], names: frozenset[str], usage: dict[str, int]) -> bytes:
+def finish(answer: dict[str, Any], names: frozenset[str], usages: Sequence[Any]) -> bytes:
     """The last answer as the client gets it: internal calls removed, usage of every round."""
     output = answer.get("output")
     if isinstance(output, list):
@@ -94,32 +90,23 @@ def finish(answer: dict[str, Any], names: frozenset[str], usage: dict[str, int])
                 isinstance(i, dict) and i.get("type") == "function_call" and i.get("name") in names
             )
         ]
-    if usage and isinstance(answer.get("usage"), dict):
-        answer["usage"] = {**answer["usage"], **usage}
-    return orjson.dumps(answer)
+    return with_usage(answer, usages, USAGE_KEYS)
 
 
-class ResponsesRound:
+WHOLE = Whole(lambda answer: answer.get("output") or [], internal_calls, next_payload, finish)
+
+
+class ResponsesRound(HeldRound):
     """One streamed Responses answer: relayed event by event, internal calls held back."""
 
     def __init__(self, number: int, carry: Carry, final: bool, names: frozenset[str]) -> None:
-        self.number = number
-        self.carry = carry
-        self.final = final  # no round after this one: internal calls are dropped, not run
-        self.names = names
-        self.calls: list[Call] = []
-        self._internal: set[int] = set()  # output indexes of internal calls in this round
-        self._holding = False  # an internal call started: the rest of this round is held back
+        super().__init__(number, carry, final, names)
         self._output: list[Any] = []  # this round's finished output items (all of them)
-        self._offset = carry.shown if number else 0  # items the client saw in earlier rounds
 
     def event(self, raw: bytes, name: bytes, data: bytes) -> bytes | None:
-        try:
-            document = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return None if self._holding else raw
-        if not isinstance(document, dict):
-            return None if self._holding else raw
+        document = json_object(data)
+        if document is None:
+            return self._held(raw)
         kind = document.get("type") or name.decode("latin-1")
         if kind in PREAMBLE:
             if self.number == 0:
@@ -172,7 +159,7 @@ class ResponsesRound:
     def _terminal(self, raw: bytes, document: dict[str, Any], kind: str) -> bytes | None:
         response = document.get("response")
         if not isinstance(response, dict):
-            return None if self._holding else raw
+            return self._held(raw)
         output = response.get("output")
         if isinstance(output, list) and not self._output:
             self._output = list(output)

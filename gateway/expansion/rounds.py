@@ -12,13 +12,15 @@ sees one answer whose text may have started before the internal call:
 - the last round's terminal event describes the whole answer (every item the client saw, usage
   summed over the rounds).
 
-A `Round` (one per dialect) decides, event by event, what the client gets; `splice` drives the
-rounds. Nothing is re-encoded in the first round unless an event must be dropped.
+A `Round` (one per dialect, on `HeldRound`) decides, event by event, what the client gets;
+`splice` drives the rounds. Nothing is re-encoded in the first round unless an event must be
+dropped. The dialects also take from here what every one of them needs: `Call`, `add_usage`, and
+`clashes` (a client tool named like one of the gateway's).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +60,42 @@ class Round(Protocol):
     def next_payload(self, payload: dict[str, Any], results: Sequence[str]) -> dict[str, Any]:
         """The request for the next round: the history plus this round and the results."""
         ...
+
+
+class HeldRound:
+    """What both dialects' rounds keep: where they stand, and whether the rest of the round is
+    held back (an internal call started in it)."""
+
+    def __init__(self, number: int, carry: Carry, final: bool, names: frozenset[str]) -> None:
+        self.number = number
+        self.carry = carry
+        self.final = final  # no round after this one: internal calls are dropped, not run
+        self.names = names
+        self.calls: list[Call] = []
+        self._internal: set[int] = set()  # positions of this round's internal calls
+        self._holding = False  # an internal call started: the rest of this round is held back
+        self._offset = carry.shown if number else 0  # items the client saw in earlier rounds
+
+    def _held(self, raw: bytes) -> bytes | None:
+        """An event relayed as it came, unless the round is being held back."""
+        return None if self._holding else raw
+
+
+def json_object(data: bytes) -> dict[str, Any] | None:
+    """An event's data as a JSON object, or None (not JSON, or not an object)."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def clashes(payload: Mapping[str, Any], names: frozenset[str]) -> bool:
+    """Whether the client has a tool of the same name as one of the gateway's (never shadowed)."""
+    return any(
+        isinstance(tool, Mapping) and tool.get("name") in names
+        for tool in payload.get("tools") or ()
+    )
 
 
 class EventReader:

@@ -134,14 +134,23 @@ function setText(id, text) {
 
 // -- the tables ---------------------------------------------------------------------------------
 
-function modelRow(r) {
+// A row of a breakdown (by model, API or tenant): the key's cell, the requests, `cells`, the cost.
+function breakdownRow(kind, r, keyCell, cells) {
   const tr = el("tr");
-  tr.dataset.model = r.key;
+  tr.dataset[kind] = r.key;
+  tr.append(
+    keyCell,
+    td(String(r.requests), "num", "requests"),
+    ...cells,
+    costCell(r.cost_usd, r.unpriced, r.answered),
+  );
+  return tr;
+}
+
+function modelRow(r) {
   const name = td(r.key === "-" ? "– (no model)" : r.key, "", "model");
   if (r.key === "-") name.title = "refused before a model was resolved: unknown model, bad request, or authentication";
-  tr.append(
-    name,
-    td(String(r.requests), "num", "requests"),
+  return breakdownRow("model", r, name, [
     td(fmtRate(r.rate_per_s), "num", "rate"),
     reasonsCell(r),
     td(fmtMs(r.p50_ms), "num", "p50"),
@@ -152,38 +161,24 @@ function modelRow(r) {
     td(String(r.retries), "num", "retries"),
     td(String(r.context_errors_avoided), "num", "avoided"),
     td(String(r.internal_rounds), "num", "rounds"),
-    costCell(r.cost_usd, r.unpriced, r.answered),
-  );
-  return tr;
+  ]);
 }
 
 function apiRow(r) {
-  const tr = el("tr");
-  tr.dataset.api = r.key;
-  tr.append(
-    td(r.key, "", "api"),
-    td(String(r.requests), "num", "requests"),
+  return breakdownRow("api", r, td(r.key, "", "api"), [
     reasonsCell(r),
     td(fmtMs(r.p50_ms), "num", "p50"),
     td(fmtMs(r.p99_ms), "num", "p99"),
     td(String(r.compacted), "num", "compacted"),
     td(fmtInt(r.tokens_saved), "num", "tokens-saved"),
-    costCell(r.cost_usd, r.unpriced, r.answered),
-  );
-  return tr;
+  ]);
 }
 
 function tenantRow(r) {
-  const tr = el("tr");
-  tr.dataset.tenant = r.key;
-  tr.append(
-    td(r.key, "", "tenant"),
-    td(String(r.requests), "num", "requests"),
+  return breakdownRow("tenant", r, td(r.key, "", "tenant"), [
     reasonsCell(r),
     td(fmtInt(r.tokens_saved), "num", "tokens-saved"),
-    costCell(r.cost_usd, r.unpriced, r.answered),
-  );
-  return tr;
+  ]);
 }
 
 function windowRow(w) {

@@ -11,12 +11,14 @@ not one store round trip per link.
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
-from collections import OrderedDict
 
 import orjson
 
 from policies.summaries import SummaryAnswer
+
+from ..sized_lru import SizedLru
 
 ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
 
@@ -50,30 +52,24 @@ class LocalAnswers:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes = 0
-        self._answers: OrderedDict[str, SummaryAnswer] = OrderedDict()
+        # Bounded by bytes alone; a read keeps an answer longer.
+        self._answers: SizedLru[str, SummaryAnswer] = SizedLru(sys.maxsize, max_bytes, by_use=True)
         self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        return self._answers.bytes
 
     def get(self, key: str) -> SummaryAnswer | None:
         with self._lock:
-            answer = self._answers.get(key)
-            if answer is not None:
-                self._answers.move_to_end(key)
-            return answer
+            return self._answers.get(key)
 
     def put(self, key: str, answer: SummaryAnswer) -> None:
         size = _answer_bytes(key, answer)
         if answer.status != "ready" or size > self.max_bytes:
-            return
+            return  # what is kept under the key stays
         with self._lock:
-            old = self._answers.pop(key, None)
-            if old is not None:
-                self.bytes -= _answer_bytes(key, old)
-            self._answers[key] = answer
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                evicted, gone = self._answers.popitem(last=False)
-                self.bytes -= _answer_bytes(evicted, gone)
+            self._answers.put(key, answer, size)
 
 
 def _answer_bytes(key: str, answer: SummaryAnswer) -> int:
