@@ -18,7 +18,7 @@ V = TypeVar("V")
 class SizedLru(Generic[K, V]):
     """Entries in the order they were last stored (`by_use`: last stored or read); the oldest
     leave first when either bound is passed. An entry larger than the byte bound is not kept
-    (and replaces nothing)."""
+    and evicts no other; the key's earlier value is dropped, so a stale value is never read."""
 
     def __init__(self, max_entries: int, max_bytes: int, *, by_use: bool = False) -> None:
         self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
