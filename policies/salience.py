@@ -494,7 +494,13 @@ def _may_score(text: str) -> tuple[bool, bool]:
         cjk and _ANY_CJK.search(lower) is not None
     ):
         return True, True
-    return False, (
+    return False, _may_detail(text, lower, cjk)
+
+
+def _may_detail(text: str, lower: str, cjk: bool) -> bool:
+    """Whether `text` (lower-cased: `lower`; with a CJK character: `cjk`) may have a concrete
+    detail: false only when no detail pattern matches in it."""
+    return (
         _MAY_MARK.search(text) is not None
         or _MAY_CAPITAL.search(text) is not None
         or _MAY_PHRASE.search(lower) is not None
@@ -602,6 +608,8 @@ def _score(sentence: str, cues: bool) -> Statement:
         return Statement(text, 0.0, None)
     seen = _seen(text, _lowered(text))
     kind = _cue(seen) if cues else None
+    if kind is None and not _may_detail(text, seen.lower, seen.cjk):
+        return Statement(text, 0.0, None)
     # a cued sentence only asks whether it has a detail; a bare fact counts up to three
     details = _details(seen, 1 if kind is not None else 3)
     if kind is not None:

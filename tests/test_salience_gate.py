@@ -82,6 +82,14 @@ def test_a_text_the_gate_passes_over_has_no_sentence_that_scores(text: str) -> N
 
 
 @settings(max_examples=1500, deadline=None)
+@given(texts)
+def test_a_text_the_detail_scans_pass_over_has_no_detail(text: str) -> None:
+    seen = _seen(text, _lowered(text))
+    if not salience._may_detail(text, seen.lower, seen.cjk):
+        assert salience._details(seen) == 0
+
+
+@settings(max_examples=1500, deadline=None)
 @given(texts, st.sampled_from((0.0, 0.3, 0.45, 0.6, 0.9)))
 def test_gated_scores_equal_ungated_scores(text: str, threshold: float) -> None:
     expected = ungated_statements(text)
