@@ -608,10 +608,11 @@ def _score(sentence: str, cues: bool) -> Statement:
         return Statement(text, 0.0, None)
     seen = _seen(text, _lowered(text))
     kind = _cue(seen) if cues else None
-    if kind is None and not _may_detail(text, seen.lower, seen.cjk):
+    may = _may_detail(text, seen.lower, seen.cjk)
+    if kind is None and not may:
         return Statement(text, 0.0, None)
     # a cued sentence only asks whether it has a detail; a bare fact counts up to three
-    details = _details(seen, 1 if kind is not None else 3)
+    details = _details(seen, 1 if kind is not None else 3) if may else 0
     if kind is not None:
         value = KIND_SCORES[kind] + (DETAIL_BONUS if details else 0.0)
     elif details:
