@@ -134,20 +134,29 @@ class ContentTypeChunking:
         return found[0]  # type: ignore[index,no-any-return]
 
     def _compressed_text(self, message: Message, memo: Memo) -> tuple[str, str] | None:
+        """`_compressed` of a message's text, with its mark and priority: one memo entry per
+        text (type and compressed form together), so a message is one lookup."""
         text = message.text
         if not text or text.isspace():
             return None
-        kind = MARK_KINDS.get(message.kind or "") or memo.get(
-            ("detect", text), lambda: detect(text), len(text)
-        )
-        ratio = self.config.ratios.of(kind)
+        mark = MARK_KINDS.get(message.kind or "")
         lossy = message.priority != 1
-        prose = self.config.compress_prose
-        code_blocks = self.config.ratios.code < 1.0
-        new = memo.get(
-            ("compress", text, kind, ratio, lossy, prose, code_blocks),
-            lambda: compress(text, kind, ratio, lossy=lossy, prose=prose, code_blocks=code_blocks),
+        return memo.get(
+            ("chunked-text", self._settings, text, mark, lossy),
+            lambda: self._compressed_as(text, mark, lossy),
             2 * len(text),
+        )
+
+    def _compressed_as(self, text: str, mark: Kind | None, lossy: bool) -> tuple[str, str] | None:
+        kind = mark or detect(text)
+        ratios = self.config.ratios
+        new = compress(
+            text,
+            kind,
+            ratios.of(kind),
+            lossy=lossy,
+            prose=self.config.compress_prose,
+            code_blocks=ratios.code < 1.0,
         )
         return (new, kind) if new != text else None
 
