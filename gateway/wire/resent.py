@@ -27,6 +27,7 @@ import orjson
 
 from ..prefix import equal_prefix
 from ..sized_lru import SizedLru
+from .resumed import ResumedBodies
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024
@@ -58,6 +59,7 @@ class ResentMessages:
             max_conversations, max_bytes
         )
         self.reused = 0  # messages whose parse was taken over
+        self.bodies = ResumedBodies()  # each conversation's previous body, for `load`
 
     def scope(self, tenant: str) -> ResentScope:
         return ResentScope(self, tenant)
@@ -96,3 +98,8 @@ class ResentScope:
 
     def keep(self, seen: Seen, state: Any) -> None:
         self.memo.keep(seen, state)
+
+    def load(self, body: bytes, array: str) -> dict[str, Any]:
+        """`body` as a JSON object (`load_object`), parsed only where it stops repeating the
+        conversation's previous body (`resumed`); `array` is the field holding the history."""
+        return self.memo.bodies.load(self.tenant, body, array)
