@@ -9,6 +9,8 @@ putting the compacted list back into the payload.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,14 +75,17 @@ class ChatWire(Wire):
         validated = self._validated if scope is not None else None
         known = validated.known(scope or "", raw_messages) if validated is not None else None
         checked_from = known.count if known is not None else 0
-        if any(type(m) is dict and EXTENSION in m for m in raw_messages):
-            messages, marks = _read_messages(raw_messages, checked_from)
-            has_extension = True
-        else:  # nothing to read or strip: only the messages not known valid are looked at
+        try:  # only the messages not known valid are looked at
             for index in range(checked_from, len(raw_messages)):
                 _check_message(raw_messages[index], index)
+        except InvalidRequestError:
+            _read_messages(raw_messages, checked_from)  # the first problem in the body's order
+            raise
+        has_extension = any(map(operator.contains, raw_messages, itertools.repeat(EXTENSION)))
+        if has_extension:
+            messages, marks = _read_messages(raw_messages, len(raw_messages))
+        else:  # nothing to read or strip
             messages, marks = list(raw_messages), [NO_MARKS] * len(raw_messages)
-            has_extension = False
         max_output = read_positive(payload, "max_completion_tokens", "max_tokens")
         check_tools(payload, "tools", "functions")
         options = payload.get("stream_options")
