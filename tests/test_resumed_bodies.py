@@ -120,7 +120,7 @@ def sessions(draw: st.DrawFn) -> list[bytes]:
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sessions())
 def test_a_resumed_body_is_exactly_the_body_parsed_whole(bodies: list[bytes]) -> None:
-    memo = ResumedBodies()
+    memo = ResumedBodies(min_bytes=0)
     for body in bodies:
         try:
             expected = load_object(body)
@@ -133,7 +133,7 @@ def test_a_resumed_body_is_exactly_the_body_parsed_whole(bodies: list[bytes]) ->
 
 
 def _agent_body(turns: int, last: str = "Go on.") -> bytes:
-    history = [{"role": "system", "content": "You are a coding agent."}]
+    history = [{"role": "system", "content": "You are a coding agent. " + "Be brief. " * 2000}]
     for turn in range(turns):
         history.append({"role": "user", "content": f"Step {turn}: read the file."})
         history.append({"role": "assistant", "content": f"Read {turn}", "tool_calls": None})
@@ -144,7 +144,7 @@ def _agent_body(turns: int, last: str = "Go on.") -> bytes:
 def test_a_resent_history_is_not_parsed_again() -> None:
     """Each turn takes over the previous turn's parse of every message it resends as it was,
     the very objects; another tenant's identical body is parsed for itself."""
-    memo = ResumedBodies()
+    memo = ResumedBodies(min_bytes=0)
     first = memo.load("a", _agent_body(20), "messages")
     again = memo.load("a", _agent_body(20, "Now run the tests."), "messages")
     assert memo.reused == 41  # all but the changed last message
@@ -158,7 +158,7 @@ def test_a_resent_history_is_not_parsed_again() -> None:
 
 
 def test_two_conversations_that_open_alike_each_resume_their_own() -> None:
-    memo = ResumedBodies()
+    memo = ResumedBodies(min_bytes=0)
     one = _agent_body(10, "First conversation.")
     two = one.replace(b"Step 1:", b"Other 1:")  # the same opening bytes, another history
     memo.load("a", one, "messages")
@@ -172,7 +172,7 @@ def test_two_conversations_that_open_alike_each_resume_their_own() -> None:
 def test_a_body_not_written_compactly_is_parsed_whole() -> None:
     """A body with spaces after its separators (Python's `json.dumps`) cannot be proven equal to
     a previous parse byte for byte: it is parsed whole, every time."""
-    memo = ResumedBodies()
+    memo = ResumedBodies(min_bytes=0)
     payload = orjson.loads(_agent_body(5))
     for last in ("a", "b"):
         payload["messages"][-1]["content"] = last
@@ -196,3 +196,12 @@ def test_a_chat_request_parsed_by_resuming_is_the_request_parsed_whole() -> None
         assert _shape(resumed.messages) == _shape(fresh.messages)
         assert (resumed.marks, resumed.has_extension) == (fresh.marks, fresh.has_extension)
     assert resent.bodies.reused > 0
+
+
+def test_a_small_body_is_parsed_whole() -> None:
+    """Under `min_bytes` orjson reads the whole body about as fast as a resume: nothing is kept."""
+    memo = ResumedBodies()
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "Hi."}]})
+    for _ in range(2):
+        assert memo.load("a", body, "messages") == orjson.loads(body)
+    assert memo.reused == 0
