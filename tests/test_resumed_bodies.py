@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.app import Gateway
+from gateway.config import parse_config
 from gateway.errors import InvalidRequestError
 from gateway.wire.chat import ChatWire
 from gateway.wire.request import load_object
@@ -205,3 +207,34 @@ def test_a_small_body_is_parsed_whole() -> None:
     for _ in range(2):
         assert memo.load("a", body, "messages") == orjson.loads(body)
     assert memo.reused == 0
+
+
+async def test_a_resumed_chat_request_is_forwarded_as_the_request_parsed_whole() -> None:
+    """Turn after turn of a long chat session over a window that makes it compact: every body the
+    gateway would forward is the one a gateway without the memos forwards."""
+    model = {
+        "name": "m",
+        "upstream": {"base_url": "http://127.0.0.1:9/v1"},
+        "tokenizer": "chars:4",
+        "context_window": 100_000,
+        "max_output_tokens": 100,
+        "policy": "p",
+    }
+    config = {"models": [model], "policies": {"p": {"trigger_ratio": 0.8, "target_ratio": 0.5}}}
+    memo, scratch = Gateway(parse_config(config)), Gateway(parse_config(config))
+    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    route = memo.router.resolve("m")
+    assert route is not None
+    wire = ChatWire(ValidatedMessages())
+    payload = orjson.loads(_agent_body(30))
+    changed = 0
+    for turn in range(10):
+        payload["messages"].append({"role": "user", "content": f"turn {turn} " + "x " * 400})
+        body = orjson.dumps({**payload, "model": "m"})
+        resumed = memo.parse(wire, body, "a")
+        fresh = ChatWire().parse(body, 10_000)
+        forwarded = await memo.pipeline.prepare(resumed, route, "a", window=6_500)
+        expected = await scratch.pipeline.prepare(fresh, route, "a", window=6_500)
+        assert forwarded.body == expected.body
+        changed += forwarded.body != body
+    assert changed and memo.resent.bodies.reused > 0
