@@ -5,7 +5,8 @@ canonical conversation (a Messages message into its tool results, text and tool 
 more than anything else the gateway does on a request that fits. Here every message is
 serialised (orjson, C speed) and compared, byte for byte, with the previous request of the same
 conversation; the adapter resumes its parse after the longest run of leading messages that is
-identical, and parses only the rest.
+identical, and parses only the rest. A message that is the very object of the previous request
+(its body's parse was taken over: `resumed`) is not serialised again.
 
 Bytes, not `==`: `{"a": 1, "b": 2} == {"b": 2, "a": 1}` and `1 == 1.0 == True`, yet each of
 those is different JSON, and the forwarded body is built from what was parsed. Identical bytes
