@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import operator
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,7 @@ OUTPUT_RESERVE_SHARE = 0.2  # of the window, for the output when nothing says (d
 # Messages not counted yet smaller than this (by their bound, ~bytes) are counted at once: it
 # costs well under a millisecond, less than handing the count to a thread.
 LATE_MIN_BYTES = 16 * 1024
+SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,13 +490,9 @@ class Pipeline:
             if truncate:
                 payload.setdefault("truncation", "auto")
             body = serialise(payload)
-        roles: dict[str, int] = {}
-        system = 0
-        for message, tokens in zip(request.messages, counts, strict=True):
-            role = message.get("role", "")
-            roles[role] = roles.get(role, 0) + 1
-            if role in ("system", "developer"):
-                system += tokens
+        names = [message.get("role", "") for message in request.messages]
+        roles = dict(Counter(names))  # in the order each role first appears
+        system = sum(map(operator.mul, counts, map(SYSTEM_ROLES.__contains__, names)))
         total = sum(counts) + tools_tokens + PRIMING_TOKENS
         return Prepared(
             route=route,

@@ -9,6 +9,8 @@ putting the compacted list back into the payload.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +54,7 @@ class ChatWire(Wire):
         """The body as a request; given the caller's `resent` view, messages equal to those of
         the caller's previous valid request of the conversation are not checked again."""
         scope = resent.tenant if resent is not None else None
-        payload = load_object(body)
+        payload = resent.load(body, "messages") if resent is not None else load_object(body)
         model = read_model(payload)
         stream = read_stream(payload)
         raw_messages = payload.get("messages")
@@ -73,19 +75,17 @@ class ChatWire(Wire):
         validated = self._validated if scope is not None else None
         known = validated.known(scope or "", raw_messages) if validated is not None else None
         checked_from = known.count if known is not None else 0
-        messages: list[dict[str, Any]] = []
-        marks: list[Marks] = []
-        has_extension = False
-        for index, message in enumerate(raw_messages):
-            if index >= checked_from:
-                _check_message(message, index)
-            if EXTENSION in message:
-                has_extension = True
-                marks.append(read_marks(message[EXTENSION], f"messages[{index}]"))
-                message = {k: v for k, v in message.items() if k != EXTENSION}
-            else:
-                marks.append(NO_MARKS)
-            messages.append(message)
+        try:  # only the messages not known valid are looked at
+            for index in range(checked_from, len(raw_messages)):
+                _check_message(raw_messages[index], index)
+        except InvalidRequestError:
+            _read_messages(raw_messages, checked_from)  # the first problem in the body's order
+            raise
+        has_extension = any(map(operator.contains, raw_messages, itertools.repeat(EXTENSION)))
+        if has_extension:
+            messages, marks = _read_messages(raw_messages, len(raw_messages))
+        else:  # nothing to read or strip
+            messages, marks = list(raw_messages), [NO_MARKS] * len(raw_messages)
         max_output = read_positive(payload, "max_completion_tokens", "max_tokens")
         check_tools(payload, "tools", "functions")
         options = payload.get("stream_options")
@@ -162,6 +162,23 @@ class ChatWire(Wire):
             return None
         message = choices[0].get("message")
         return content_text(message.get("content")) if isinstance(message, dict) else None
+
+
+def _read_messages(raw: list[Any], checked_from: int) -> tuple[list[dict[str, Any]], list[Marks]]:
+    """The messages with our extension read into marks and stripped, each checked in order
+    from `checked_from` (so the first problem in the body is the one reported)."""
+    messages: list[dict[str, Any]] = []
+    marks: list[Marks] = []
+    for index, message in enumerate(raw):
+        if index >= checked_from:
+            _check_message(message, index)
+        if EXTENSION in message:
+            marks.append(read_marks(message[EXTENSION], f"messages[{index}]"))
+            message = {k: v for k, v in message.items() if k != EXTENSION}
+        else:
+            marks.append(NO_MARKS)
+        messages.append(message)
+    return messages, marks
 
 
 def _system_text(messages: Sequence[Mapping[str, Any]]) -> str | None:

@@ -87,7 +87,7 @@ class MessagesWire(Wire):
     def parse(
         self, body: bytes, max_messages: int, resent: ResentScope | None = None
     ) -> WireRequest:
-        payload = load_object(body)
+        payload = resent.load(body, "messages") if resent is not None else load_object(body)
         model = read_model(payload)
         stream = False if self.count_only else read_stream(payload)
         max_output = read_positive(payload, "max_tokens")

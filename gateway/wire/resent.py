@@ -5,7 +5,8 @@ canonical conversation (a Messages message into its tool results, text and tool 
 more than anything else the gateway does on a request that fits. Here every message is
 serialised (orjson, C speed) and compared, byte for byte, with the previous request of the same
 conversation; the adapter resumes its parse after the longest run of leading messages that is
-identical, and parses only the rest.
+identical, and parses only the rest. A message that is the very object of the previous request
+(its body's parse was taken over: `resumed`) is not serialised again.
 
 Bytes, not `==`: `{"a": 1, "b": 2} == {"b": 2, "a": 1}` and `1 == 1.0 == True`, yet each of
 those is different JSON, and the forwarded body is built from what was parsed. Identical bytes
@@ -19,6 +20,8 @@ conversations and by the bytes they hold; event-loop only (not thread-safe).
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,7 @@ import orjson
 
 from ..prefix import equal_prefix
 from ..sized_lru import SizedLru
+from .resumed import ResumedBodies
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024
@@ -36,6 +40,7 @@ MAX_BYTES = 64 * 1024 * 1024
 class _Entry:
     items: list[bytes]  # each message of the previous request, serialised
     state: Any  # the adapter's parse of them, able to resume after any leading run
+    messages: Sequence[Any]  # the messages themselves, as parsed
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class Seen:
     items: list[bytes]
     same: int  # leading messages byte-identical to the previous request's (0 without one)
     state: Any  # the previous request's parse (None: no previous request)
+    messages: Sequence[Any] = ()
 
 
 class ResentMessages:
@@ -58,6 +64,7 @@ class ResentMessages:
             max_conversations, max_bytes
         )
         self.reused = 0  # messages whose parse was taken over
+        self.bodies = ResumedBodies()  # each conversation's previous body, for `load`
 
     def scope(self, tenant: str) -> ResentScope:
         return ResentScope(self, tenant)
@@ -67,21 +74,34 @@ class ResentMessages:
         be serialised (nested deeper than orjson writes): then nothing is reused or kept."""
         try:
             head = orjson.dumps(system)
-            items = [orjson.dumps(m) for m in messages]
+            first = orjson.dumps(messages[0]) if messages else b""
         except orjson.JSONEncodeError:
             return None
-        key = (tenant, head, items[0] if items else b"")
+        key = (tenant, head, first)
         entry = self._entries.get(key)
+        # The very objects of the previous request (a body parse taken over: `resumed`) are
+        # written as they were then.
+        kept = _same_objects(messages, entry.messages) if entry is not None else 0
+        try:
+            items = entry.items[:kept] if entry is not None else []
+            items.extend(orjson.dumps(m) for m in messages[kept:])
+        except orjson.JSONEncodeError:
+            return None
         if entry is None:
-            return Seen(key, items, 0, None)
+            return Seen(key, items, 0, None, messages)
         same = equal_prefix(items, entry.items)
         self.reused += same
-        return Seen(key, items, same, entry.state)
+        return Seen(key, items, same, entry.state, messages)
 
     def keep(self, seen: Seen, state: Any) -> None:
         """Remember `state`, the adapter's parse of the request `seen` describes."""
         size = len(seen.key[1]) + sum(map(len, seen.items))
-        self._entries.put(seen.key, _Entry(seen.items, state), size)
+        self._entries.put(seen.key, _Entry(seen.items, state, seen.messages), size)
+
+
+def _same_objects(messages: Sequence[Any], old: Sequence[Any]) -> int:
+    """How many leading messages are the very objects of `old` (not merely equal ones)."""
+    return len(list(itertools.takewhile(bool, map(operator.is_, messages, old))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +116,8 @@ class ResentScope:
 
     def keep(self, seen: Seen, state: Any) -> None:
         self.memo.keep(seen, state)
+
+    def load(self, body: bytes, array: str) -> dict[str, Any]:
+        """`body` as a JSON object (`load_object`), parsed only where it stops repeating the
+        conversation's previous body (`resumed`); `array` is the field holding the history."""
+        return self.memo.bodies.load(self.tenant, body, array)

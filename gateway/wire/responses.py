@@ -64,7 +64,7 @@ class ResponsesWire(Wire):
     def parse(
         self, body: bytes, max_messages: int, resent: ResentScope | None = None
     ) -> WireRequest:
-        payload = load_object(body)
+        payload = resent.load(body, "input") if resent is not None else load_object(body)
         model = read_model(payload)
         stream = read_stream(payload)
         instructions = payload.get("instructions")

@@ -1,0 +1,195 @@
+"""A resent body parsed from where it stops repeating the conversation's previous body.
+
+An agent resends its whole history on every turn: most of a 200 KB body is byte for byte the
+previous request's. Here the previous body of a conversation is kept with its parse and where
+each element of its message array ends; a new body is compared with it (memcmp), the elements
+that lie wholly in the common prefix are taken over as they were parsed, and only the rest of
+the body (the new messages and the fields after the array) is parsed.
+
+The result is accepted only when the body is, byte for byte, what orjson writes for it: the
+kept prefix was verified so when it was stored, and the new part is written again and compared.
+orjson reads what it writes back to the same values, types and key order, so an accepted result
+is exactly `orjson.loads(body)`, whatever the edit (a changed earlier message, other key order
+or whitespace, a duplicate key, fields after the array). Anything else (a body written with
+spaces, escapes orjson does not make, invalid JSON) is parsed whole, as before.
+
+Keyed by tenant, the array's field and the body's opening bytes; a few bodies per key, so
+conversations that open alike (one agent's system prompt) keep their own. Bounded by keys and
+by the bytes of the bodies held; event-loop only (not thread-safe). Parsed values are shared
+with the next request's parse: nothing on the request path changes a parsed body in place.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..sized_lru import SizedLru
+from .request import load_object
+
+MAX_KEYS = 512
+MAX_BYTES = 64 * 1024 * 1024
+PER_KEY = 4  # bodies kept per key: conversations that open with the same bytes
+KEY_BYTES = 256  # the opening bytes that pick the candidates
+# A body smaller than this is parsed whole: orjson reads it in about the time a resume takes.
+MIN_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A body that is exactly orjson's writing of its parse, and where its array's elements
+    end: `ends[i]` is the offset just after element i (`start` just after the `[`)."""
+
+    body: bytes
+    head: dict[str, Any]  # the fields before the array
+    start: int
+    items: list[Any]
+    ends: list[int]
+
+
+class ResumedBodies:
+    """Per conversation, the latest bodies with their parses (see the module docstring)."""
+
+    def __init__(
+        self, max_keys: int = MAX_KEYS, max_bytes: int = MAX_BYTES, min_bytes: int = MIN_BYTES
+    ) -> None:
+        self._min_bytes = min_bytes
+        self._entries: SizedLru[tuple[str, str, bytes], list[_Layout]] = SizedLru(
+            max_keys, max_bytes
+        )
+        self.reused = 0  # array elements taken over from a previous parse
+
+    def load(self, tenant: str, body: bytes, array: str) -> dict[str, Any]:
+        """`body` as a JSON object, exactly `load_object(body)` (the same 400 when it is not
+        one), reusing the parse of the previous body of its conversation; `array` names the
+        field that holds the conversation (`messages`, `input`)."""
+        if len(body) < self._min_bytes:
+            return load_object(body)
+        key = (tenant, array, body[:KEY_BYTES])
+        kept = self._entries.get(key) or []
+        best, reused = _closest(kept, body)
+        found = _resume(best, reused, body, array) if best is not None else None
+        if found is None:
+            payload = load_object(body)
+            layout = _layout(body, payload, array)
+        else:
+            payload, layout = found
+            self.reused += reused
+        if layout is not None:
+            # The body replaces the one it continued; one that shares less is a conversation
+            # of its own, kept beside the others.
+            same = best is not None and 2 * reused >= len(best.items)
+            rest = [entry for entry in kept if not (same and entry is best)]
+            bodies = [layout, *rest[: PER_KEY - 1]]
+            self._entries.put(key, bodies, sum(len(entry.body) for entry in bodies))
+        return payload
+
+
+def _closest(kept: list[_Layout], body: bytes) -> tuple[_Layout | None, int]:
+    """The kept body that shares the most whole array elements with `body`, and how many."""
+    best: _Layout | None = None
+    most = -1
+    for layout in kept:
+        common = _common_prefix(layout.body, body)
+        if common < layout.start:
+            continue
+        reused = bisect.bisect_right(layout.ends, common)
+        if reused > most:
+            best, most = layout, reused
+    return best, max(most, 0)
+
+
+def _common_prefix(old: bytes, new: bytes) -> int:
+    """How many leading bytes `old` and `new` share: a binary search of memcmp calls, each
+    comparing only the half not yet known equal."""
+    view = memoryview(old)
+    low, high = 0, min(len(old), len(new))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if new.startswith(view[low:middle], low):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _resume(
+    old: _Layout, reused: int, body: bytes, array: str
+) -> tuple[dict[str, Any], _Layout] | None:
+    """`body` parsed from after its first `reused` elements (shared with `old`), or None when
+    the result is not proven to be `orjson.loads(body)`."""
+    at = old.ends[reused - 1] if reused else old.start
+    # A placeholder element leaves the parser where it was after the last element taken over:
+    # a `,` or `]` must follow, as in the body itself.
+    opening = b'{"' + array.encode() + (b'":[0' if reused else b'":[')
+    try:
+        rest = orjson.loads(opening + body[at:])
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(rest, dict) or not rest.keys().isdisjoint(old.head):
+        return None
+    added = rest.pop(array, None)
+    if not isinstance(added, list) or (reused and (not added or added[0] != 0)):
+        return None
+    added = added[1:] if reused else added
+    try:
+        written = [orjson.dumps(item) for item in added]
+        tail = _tail(rest)
+    except orjson.JSONEncodeError:
+        return None
+    separator = b"," if reused and written else b""
+    if body[at:] != separator + b",".join(written) + b"]" + tail:
+        return None
+    items = old.items[:reused] + added
+    ends = old.ends[:reused]
+    offset = at + len(separator)
+    for text in written:
+        offset += len(text)
+        ends.append(offset)
+        offset += 1
+    payload = {**old.head, array: items, **rest}
+    return payload, _Layout(body, old.head, old.start, items, ends)
+
+
+def _layout(body: bytes, payload: dict[str, Any], array: str) -> _Layout | None:
+    """Where `payload`'s array elements end in `body`, when `body` is exactly orjson's writing
+    of `payload` (None otherwise: such a body is always parsed whole)."""
+    items = payload.get(array)
+    if not isinstance(items, list):
+        return None
+    keys = list(payload)
+    split = keys.index(array)
+    head = {k: payload[k] for k in keys[:split]}
+    rest = {k: payload[k] for k in keys[split + 1 :]}
+    try:
+        opening = orjson.dumps(head)[:-1] + (b"," if head else b"") + orjson.dumps(array) + b":["
+        tail = _tail(rest)
+    except orjson.JSONEncodeError:
+        return None
+    if not body.startswith(opening) or not body.endswith(b"]" + tail):
+        return None
+    ends: list[int] = []
+    offset = len(opening)
+    for item in items:
+        try:
+            text = orjson.dumps(item)
+        except orjson.JSONEncodeError:
+            return None
+        if not body.startswith(text, offset):
+            return None
+        offset += len(text)
+        ends.append(offset)
+        if len(ends) < len(items) and body[offset : offset + 1] != b",":
+            return None
+        offset += 1
+    if (offset if items else offset + 1) + len(tail) != len(body):
+        return None
+    return _Layout(body, head, len(opening), list(items), ends)
+
+
+def _tail(fields: dict[str, Any]) -> bytes:
+    """What follows the array's `]` when `fields` come after it: `,"a":1}` or `}`."""
+    return b"," + orjson.dumps(fields)[1:] if fields else b"}"
