@@ -26,6 +26,7 @@ from gateway.wire.request import load_object
 from gateway.wire.resent import ResentMessages
 from gateway.wire.resumed import ResumedBodies
 from gateway.wire.validated import ValidatedMessages
+from tests.configs import compacting
 
 KEYS = ("model", "max_tokens", "messages", "tools", "stream", "n", "role", "content", "x")
 EDITS = ("append", "cut", "change", "keys", "number", "head", "tail", "bytes", "writer")
@@ -212,15 +213,7 @@ def test_a_small_body_is_parsed_whole() -> None:
 async def test_a_resumed_chat_request_is_forwarded_as_the_request_parsed_whole() -> None:
     """Turn after turn of a long chat session over a window that makes it compact: every body the
     gateway would forward is the one a gateway without the memos forwards."""
-    model = {
-        "name": "m",
-        "upstream": {"base_url": "http://127.0.0.1:9/v1"},
-        "tokenizer": "chars:4",
-        "context_window": 100_000,
-        "max_output_tokens": 100,
-        "policy": "p",
-    }
-    config = {"models": [model], "policies": {"p": {"trigger_ratio": 0.8, "target_ratio": 0.5}}}
+    config = compacting()
     memo, scratch = Gateway(parse_config(config)), Gateway(parse_config(config))
     scratch.pipeline.ref_secret = memo.pipeline.ref_secret
     route = memo.router.resolve("m")

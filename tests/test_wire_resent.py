@@ -24,6 +24,7 @@ from gateway.errors import InvalidRequestError
 from gateway.wire import MESSAGES
 from gateway.wire.request import WireRequest
 from policies import Message
+from tests.configs import compacting
 from tests.wire_strategies import messages_bodies
 
 WINDOWS = (600, 1_200, 100_000)  # compacted (a held result on later turns), and as sent
@@ -31,16 +32,7 @@ EDITS = ("none", "text", "keys", "number", "extension", "reorder")
 
 
 def _gateway() -> Gateway:
-    model = {
-        "name": "m",
-        "upstream": {"base_url": "http://127.0.0.1:9/v1"},
-        "tokenizer": "chars:4",
-        "context_window": 100_000,
-        "max_output_tokens": 100,
-        "policy": "p",
-    }
-    policy = {"trigger_ratio": 0.8, "target_ratio": 0.5}
-    return Gateway(parse_config({"models": [model], "policies": {"p": policy}}))
+    return Gateway(parse_config(compacting()))
 
 
 def _edited(messages: list[Any], edit: str, at: int, other: int) -> list[Any]:
