@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.errors import InvalidRequestError
+from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.wire import MESSAGES
 from gateway.wire.request import WireRequest
 from policies import Message
@@ -124,7 +124,13 @@ async def test_a_resumed_parse_forwards_exactly_what_a_parse_from_scratch_does(
             continue
         resumed = memo.parse(MESSAGES, sent, tenant)
         _same_request(resumed, fresh)
-        expected = await scratch.pipeline.prepare(fresh, route, tenant, window=window)
+        try:
+            expected = await scratch.pipeline.prepare(fresh, route, tenant, window=window)
+        except ContextLengthExceededError as error:  # (the newest turn alone is over the window)
+            with pytest.raises(ContextLengthExceededError) as raised:
+                await memo.pipeline.prepare(resumed, route, tenant, window=window)
+            assert raised.value.message == error.message
+            continue
         forwarded = await memo.pipeline.prepare(resumed, route, tenant, window=window)
         assert forwarded.body == expected.body
 

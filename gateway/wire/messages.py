@@ -99,7 +99,7 @@ class MessagesWire(Wire):
         check_count(len(raw), max_messages, "messages")
         system = payload.get("system")
         seen = None if resent is None else resent.seen(system, raw)
-        if seen is not None and seen.state is not None:
+        if seen is not None and isinstance(seen.state, Builder):  # (a Messages parse)
             builder = Builder.resumed(seen.state, seen.same)
         else:
             builder = Builder()

@@ -75,16 +75,24 @@ class ResponsesWire(Wire):
             or payload.get("conversation") is not None
         )
         raw = payload.get("input")
-        builder = Builder(stateful)
-        if isinstance(instructions, str):
-            builder.instructions(instructions)
+        seen = None
+        builder = None
+        if isinstance(raw, list) and resent is not None:
+            check_count(len(raw), max_messages, "input")
+            seen = resent.seen({"responses": instructions}, raw)
+            if seen is not None and isinstance(seen.state, Builder):
+                builder = Builder.resumed(seen.state, seen.same, stateful)
+        if builder is None:
+            builder = Builder(stateful)
+            if isinstance(instructions, str):
+                builder.instructions(instructions)
         if isinstance(raw, str):
             builder.item({"type": "message", "role": "user", "content": raw}, 0, None)
             string_input = True
         elif isinstance(raw, list):
             check_count(len(raw), max_messages, "input")
-            for index, item in enumerate(raw):
-                builder.item(item, index, f"input[{index}]")
+            for index in range(len(builder.items), len(raw)):
+                builder.item(raw[index], index, f"input[{index}]")
             string_input = False
         elif raw is None:
             string_input = False
@@ -94,6 +102,8 @@ class ResponsesWire(Wire):
             )
         builder.finish()
         check_tools(payload, "tools")
+        if seen is not None and resent is not None:
+            resent.keep(seen, builder)
         return WireRequest(
             wire=self,
             body=body,

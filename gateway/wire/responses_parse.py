@@ -5,6 +5,7 @@ between two other items is one assistant message, each output answers its call, 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,32 @@ class Builder:
         self._open: _Turn | None = None  # the assistant message being folded
         self._leading: list[int] = []  # unknown items before any message
         self._calls: set[str] = set()
+        # Where a parse may resume: after `ends[k]` items nothing is being folded; `lasts[k]`
+        # is then (the latest message's index, that message and its span, has_extension); a
+        # later unknown item may replace that message, never one before it.
+        self.ends: list[int] = []
+        self.lasts: list[tuple[int, dict[str, Any], tuple[int, ...], bool]] = []
+
+    @classmethod
+    def resumed(cls, previous: Builder, count: int, stateful: bool) -> Builder | None:
+        """A builder that has read `previous`'s instructions and its items up to the latest
+        resume point within the first `count` (None: there is none). Given the same bytes, an
+        item's parse depends only on what came before it."""
+        k = bisect.bisect_right(previous.ends, count) - 1
+        if k < 0 or previous.stateful != stateful:
+            return None
+        end, (at, last, span, extension) = previous.ends[k], previous.lasts[k]
+        builder = cls(stateful)
+        builder.messages = [*previous.messages[:at], last]
+        builder.marks = previous.marks[: at + 1]
+        builder.spans = [*previous.spans[:at], span]
+        builder.items = previous.items[:end]
+        builder.has_extension = extension
+        builder._calls = {
+            call["id"] for message in builder.messages for call in message.get("tool_calls", ())
+        }
+        builder.ends, builder.lasts = previous.ends[: k + 1], previous.lasts[: k + 1]
+        return builder
 
     def instructions(self, text: str) -> None:
         self.messages.append({"role": "system", "content": text})
@@ -97,6 +124,10 @@ class Builder:
             self._add(note, Marks(pin=True, priority=marks.priority, kind=marks.kind), [at])
         else:
             self._attach(at, item)
+        if self._open is None and not self._leading and self.messages:
+            self.ends.append(len(self.items))
+            last = len(self.messages) - 1
+            self.lasts.append((last, self.messages[last], self.spans[last], self.has_extension))
 
     def finish(self) -> None:
         self._close()

@@ -1,0 +1,132 @@
+"""A Responses parse resumes the conversation's previous one after the items resent as they
+were (Codex resends its whole `input` every turn), and gives exactly what a parse from scratch
+gives: the same canonical messages, marks, layout and forwarded body, or the same 400."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.app import Gateway
+from gateway.config import parse_config
+from gateway.errors import ContextLengthExceededError, InvalidRequestError
+from gateway.wire import RESPONSES
+from gateway.wire.request import WireRequest
+from tests.configs import compacting
+from tests.wire_strategies import responses_bodies
+
+EDITS = ("text", "keys", "extension", "reorder", "drop", "unknown")
+
+
+def _edited(items: list[Any], edit: str, at: int, other: int) -> list[Any]:
+    items = copy.deepcopy(items)
+    if not items or edit == "none":
+        return items
+    at, other = at % len(items), other % len(items)
+    item = items[at]
+    if edit == "text":
+        item["output" if "output" in item else "id"] = "edited"
+    elif edit == "keys":  # equal dicts, other JSON
+        items[at] = {k: item[k] for k in reversed(item)}
+    elif edit == "extension":
+        item["compactgate"] = {"pin": True}
+    elif edit == "reorder":
+        items[at], items[other] = items[other], items[at]
+    elif edit == "drop":
+        del items[at]
+    elif edit == "unknown":  # an item of a kind the gateway does not know, riding along
+        items.insert(at, {"type": "future_item_kind", "id": f"x_{at}"})
+    return items
+
+
+def _same_request(resumed: WireRequest, fresh: WireRequest) -> None:
+    assert orjson.dumps(resumed.messages) == orjson.dumps(fresh.messages)
+    assert resumed.marks == fresh.marks
+    assert resumed.has_extension == fresh.has_extension
+    old, new = resumed.layout, fresh.layout
+    assert orjson.dumps(old.items) == orjson.dumps(new.items)
+    assert (old.spans, old.string_input) == (new.spans, new.string_input)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    responses_bodies(),
+    st.lists(
+        st.tuples(
+            st.floats(0, 1),  # how much of the session the request holds
+            st.one_of(st.just("none"), st.sampled_from(EDITS)),
+            st.integers(0, 80),
+            st.integers(0, 80),
+            st.booleans(),  # stateful (previous_response_id)
+        ),
+        min_size=2,
+        max_size=10,
+    ),
+    st.booleans(),
+    st.sampled_from((600, 1_200, 100_000)),
+)
+async def test_a_resumed_responses_parse_is_a_parse_from_scratch(
+    body: dict[str, Any],
+    requests: list[tuple[float, str, int, int, bool]],
+    in_order: bool,
+    window: int,
+) -> None:
+    """`in_order`: the requests hold ever more of the session, as Codex's turns do."""
+    memo, scratch = Gateway(parse_config(compacting())), Gateway(parse_config(compacting()))
+    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    route = memo.router.resolve("m")
+    assert route is not None
+    session = body["input"]
+    if in_order:
+        requests = sorted(requests, key=lambda request: request[0])
+    for share, edit, at, other, stateful in requests:
+        end = max(1, round(share * len(session)))
+        sent_body = {**body, "input": _edited(session[:end], edit, at, other)}
+        if stateful:
+            sent_body["previous_response_id"] = "resp_1"
+        sent = orjson.dumps(sent_body)
+        try:
+            fresh = RESPONSES.parse(sent, 10_000)
+        except InvalidRequestError as error:  # (an edit may break a call and its output)
+            with pytest.raises(InvalidRequestError) as raised:
+                memo.parse(RESPONSES, sent, "a")
+            assert raised.value.message == error.message
+            continue
+        resumed = memo.parse(RESPONSES, sent, "a")
+        _same_request(resumed, fresh)
+        try:
+            expected = await scratch.pipeline.prepare(fresh, route, "a", window=window)
+        except ContextLengthExceededError as error:
+            with pytest.raises(ContextLengthExceededError) as raised:
+                await memo.pipeline.prepare(resumed, route, "a", window=window)
+            assert raised.value.message == error.message
+            continue
+        forwarded = await memo.pipeline.prepare(resumed, route, "a", window=window)
+        assert forwarded.body == expected.body
+
+
+def test_a_codex_turn_reuses_the_parse_of_the_items_it_resends() -> None:
+    """Each turn appends the model's calls, their outputs and a new user message: the messages
+    made from the resent items are the very objects of the previous turn's parse."""
+    gw = Gateway(parse_config(compacting()))
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Fix it."}]
+    previous: WireRequest | None = None
+    for step in range(6):
+        items += [
+            {"type": "reasoning", "id": f"rs_{step}", "summary": [], "encrypted_content": "gA=="},
+            {"type": "function_call", "call_id": f"c{step}", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": f"c{step}", "output": f"ok {step}"},
+        ]
+        sent = orjson.dumps({"model": "m", "instructions": "Be brief.", "input": items})
+        request = gw.parse(RESPONSES, sent, "a")
+        _same_request(request, RESPONSES.parse(sent, 10_000))
+        if previous is not None:  # instructions, the task, every finished call and output
+            kept = len(previous.messages) - 1
+            assert all(map(lambda a, b: a is b, request.messages[:kept], previous.messages))
+        previous = request
+    assert gw.resent.reused > 0
