@@ -8,16 +8,15 @@ import copy
 from typing import Any
 
 import orjson
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.wire import RESPONSES
 from gateway.wire.request import WireRequest
 from tests.configs import compacting
+from tests.resume_checks import resumed_as_fresh
 from tests.wire_strategies import responses_bodies
 
 EDITS = ("text", "keys", "extension", "reorder", "drop", "unknown")
@@ -79,8 +78,6 @@ async def test_a_resumed_responses_parse_is_a_parse_from_scratch(
     """`in_order`: the requests hold ever more of the session, as Codex's turns do."""
     memo, scratch = Gateway(parse_config(compacting())), Gateway(parse_config(compacting()))
     scratch.pipeline.ref_secret = memo.pipeline.ref_secret
-    route = memo.router.resolve("m")
-    assert route is not None
     session = body["input"]
     if in_order:
         requests = sorted(requests, key=lambda request: request[0])
@@ -90,24 +87,7 @@ async def test_a_resumed_responses_parse_is_a_parse_from_scratch(
         if stateful:
             sent_body["previous_response_id"] = "resp_1"
         sent = orjson.dumps(sent_body)
-        try:
-            fresh = RESPONSES.parse(sent, 10_000)
-        except InvalidRequestError as error:  # (an edit may break a call and its output)
-            with pytest.raises(InvalidRequestError) as raised:
-                memo.parse(RESPONSES, sent, "a")
-            assert raised.value.message == error.message
-            continue
-        resumed = memo.parse(RESPONSES, sent, "a")
-        _same_request(resumed, fresh)
-        try:
-            expected = await scratch.pipeline.prepare(fresh, route, "a", window=window)
-        except ContextLengthExceededError as error:
-            with pytest.raises(ContextLengthExceededError) as raised:
-                await memo.pipeline.prepare(resumed, route, "a", window=window)
-            assert raised.value.message == error.message
-            continue
-        forwarded = await memo.pipeline.prepare(resumed, route, "a", window=window)
-        assert forwarded.body == expected.body
+        await resumed_as_fresh(memo, scratch, RESPONSES, sent, "a", window, _same_request)
 
 
 def test_a_codex_turn_reuses_the_parse_of_the_items_it_resends() -> None:
@@ -130,3 +110,24 @@ def test_a_codex_turn_reuses_the_parse_of_the_items_it_resends() -> None:
             assert all(map(lambda a, b: a is b, request.messages[:kept], previous.messages))
         previous = request
     assert gw.resent.reused > 0
+
+
+def test_an_item_that_rode_along_last_turn_is_not_kept_when_it_is_gone() -> None:
+    """An unknown item after a tool output rides along with that output; when the next request
+    no longer has it, the resumed parse must not carry it over (nor forward it)."""
+    gw = Gateway(parse_config(compacting()))
+    items: list[dict[str, Any]] = [
+        {"type": "message", "role": "user", "content": "Fix it."},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]
+    unknown = {"type": "future_item_kind", "id": "x_1"}
+    first = orjson.dumps({"model": "m", "input": [*items, unknown]})
+    gw.parse(RESPONSES, first, "a")
+    later = orjson.dumps(
+        {"model": "m", "input": [*items, {"type": "message", "role": "user", "content": "Go on."}]}
+    )
+    resumed = gw.parse(RESPONSES, later, "a")
+    _same_request(resumed, RESPONSES.parse(later, 10_000))
+    assert gw.resent.reused > 0
+    assert b"future_item_kind" not in orjson.dumps(RESPONSES.render(resumed, None, None, False))

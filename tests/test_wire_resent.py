@@ -14,17 +14,16 @@ import copy
 from typing import Any
 
 import orjson
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.wire import MESSAGES
 from gateway.wire.request import WireRequest
 from policies import Message
 from tests.configs import compacting
+from tests.resume_checks import resumed_as_fresh
 from tests.wire_strategies import messages_bodies
 
 WINDOWS = (600, 1_200, 100_000)  # compacted (a held result on later turns), and as sent
@@ -107,32 +106,13 @@ async def test_a_resumed_parse_forwards_exactly_what_a_parse_from_scratch_does(
     results are then resent); else any part of it, in any order."""
     memo, scratch = _gateway(), _gateway()
     scratch.pipeline.ref_secret = memo.pipeline.ref_secret  # the same refs for masked outputs
-    route = memo.router.resolve("m")
-    assert route is not None
     session = body["messages"]
     if in_order:
         requests = sorted(requests, key=lambda request: request[0])
     for share, edit, at, other, tenant in requests:
         end = max(1, round(share * len(session)))
         sent = orjson.dumps({**body, "messages": _edited(session[:end], edit, at, other)})
-        try:
-            fresh = MESSAGES.parse(sent, 10_000)
-        except InvalidRequestError as error:  # (a reordered history may break a tool pair)
-            with pytest.raises(InvalidRequestError) as raised:
-                memo.parse(MESSAGES, sent, tenant)
-            assert raised.value.message == error.message
-            continue
-        resumed = memo.parse(MESSAGES, sent, tenant)
-        _same_request(resumed, fresh)
-        try:
-            expected = await scratch.pipeline.prepare(fresh, route, tenant, window=window)
-        except ContextLengthExceededError as error:  # (the newest turn alone is over the window)
-            with pytest.raises(ContextLengthExceededError) as raised:
-                await memo.pipeline.prepare(resumed, route, tenant, window=window)
-            assert raised.value.message == error.message
-            continue
-        forwarded = await memo.pipeline.prepare(resumed, route, tenant, window=window)
-        assert forwarded.body == expected.body
+        await resumed_as_fresh(memo, scratch, MESSAGES, sent, tenant, window, _same_request)
 
 
 def test_a_conversation_is_resumed_only_for_its_own_tenant() -> None:
