@@ -30,7 +30,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +57,7 @@ from .asgi import (
 from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
-from .config import Config, ServerConfig
+from .config import Config, ConfigError, ServerConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, reported_in_stream, with_report
 from .cors import BrowserAccess
@@ -107,9 +107,11 @@ from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .upstream import (
     CLIENT_CREDENTIALS,
+    ServerFactory,
     UpstreamClient,
     UpstreamResponse,
 )
+from .upstream.in_process import unserved
 from .upstream_counts import UpstreamCounts
 from .wire import (
     CHAT,
@@ -252,11 +254,13 @@ class Retries:
 class Gateway:
     """Everything the request path needs, created once per app."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(
+        self, config: Config, in_process: Mapping[str, ServerFactory] | None = None
+    ) -> None:
         self.config = config
         self.metrics = Metrics()
         self.router = Router(config)
-        self.upstream = UpstreamClient(config.server, config.providers)
+        self.upstream = UpstreamClient(config.server, config.providers, in_process)
         self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
         self.readiness = Readiness(config, self.store)
@@ -1210,8 +1214,13 @@ class _Dispatch:
         await self.app(scope, receive, send)
 
 
-def build_app(config: Config) -> _Dispatch:
-    gateway = Gateway(config)
+def build_app(config: Config, in_process: Mapping[str, ServerFactory] | None = None) -> _Dispatch:
+    """The ASGI app for `config`. `in_process`: servers embedded with the gateway, by the name
+    their upstreams' base_url gives (`upstream.provider: in_process`)."""
+    problems = unserved(config, in_process or {})
+    if problems:
+        raise ConfigError(problems)
+    gateway = Gateway(config, in_process)
     responses = ResponsesEndpoint(gateway)
     socket = ResponsesSocket(gateway, responses, config.server)  # Codex's WebSocket transport
     app = Starlette(

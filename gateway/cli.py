@@ -122,12 +122,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _config_or_exit(path: str | None) -> Config:
     path = path or os.environ.get(CONFIG_ENV)
     try:
-        return load_config(path) if path else default_config()
+        return _served_config(path)
     except ConfigError as error:
         print(f"invalid config {path}:", file=sys.stderr)
         for problem in error.problems:
             print(f"  {problem}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _served_config(path: str | None) -> Config:
+    """The config a served gateway runs (`path`, else the default): nothing is embedded in a
+    served gateway, so an `in_process` upstream is a problem here."""
+    from .upstream.in_process import unserved
+
+    config = load_config(path) if path else default_config()
+    problems = unserved(config, {})
+    if problems:
+        raise ConfigError(problems)
+    return config
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -348,7 +360,7 @@ class _AnyVariable(Mapping[str, str]):
 
 def _check(path: str) -> int:
     try:
-        config = load_config(path)
+        config = _served_config(path)
     except ConfigError as error:
         print(f"{path}: {len(error.problems)} problem(s)")
         for problem in error.problems:

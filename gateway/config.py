@@ -51,7 +51,7 @@ _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}
 # Pages served from this machine may call the gateway from a browser; other sites may not.
 LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
 # How a model's upstream is reached (`upstream.provider`): each names one transport.
-Provider = Literal["openai", "litellm"]
+Provider = Literal["openai", "litellm", "in_process"]
 
 
 class PathProblems(ValueError):
@@ -146,7 +146,9 @@ class UpstreamConfig(_Strict):
         "openai",
         description=(
             "openai: an OpenAI-compatible server at base_url; litellm: chat completions "
-            "translated by litellm (`model` in litellm's naming, base_url its optional api_base)"
+            "translated by litellm (`model` in litellm's naming, base_url its optional api_base); "
+            "in_process: a server embedded with the gateway in its process, named by base_url's "
+            "host (the demo's echo model, the test suite's fake upstream)"
         ),
     )
     headers: dict[str, str] = Field(default_factory=dict, description="Extra headers to send")
@@ -176,8 +178,8 @@ class UpstreamConfig(_Strict):
 
     @model_validator(mode="after")
     def _needs_url(self) -> UpstreamConfig:
-        if self.provider == "openai" and self.base_url is None:
-            raise ValueError("base_url is required for provider openai")
+        if self.provider != "litellm" and self.base_url is None:
+            raise ValueError(f"base_url is required for provider {self.provider}")
         return self
 
 
@@ -289,10 +291,11 @@ class ModelConfig(_Strict):
             raise ValueError("give either upstream (one) or upstreams (a list), not both")
         listed = self.upstreams or []
         # The request is counted and renamed once, for the model: every upstream must take it.
-        if len({(u.provider, u.model) for u in listed}) > 1:
+        # (openai and in_process upstreams take the same HTTP request; litellm translates it.)
+        if len({(u.provider == "litellm", u.model) for u in listed}) > 1:
             raise ValueError(
-                "the upstreams of one model must share provider and model (the name sent "
-                "upstream); list a differently named model as a model of its own"
+                "the upstreams of one model must share model (the name sent upstream) and go "
+                "through litellm all or none; list a differently named model as a model of its own"
             )
         return self
 

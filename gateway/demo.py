@@ -1,9 +1,10 @@
 """`compactgate demo`: the real gateway, a demo stand-in model, a long agent session, offline.
 
-Starts the echo upstream (a 4,096-token stand-in, see `echo_upstream`) and the real gateway
-in this process, then plays an agent that reads files and logs turn after turn through the
-official `openai` client. Each turn prints what the client sent, what the gateway forwarded,
-which steps acted, and whether the upstream would have refused the request without the gateway.
+Starts the echo upstream (a 4,096-token stand-in, see `echo_upstream`, embedded in the gateway:
+`upstream.provider: in_process`) and the real gateway in this process, then plays an agent that
+reads files and logs turn after turn through the official `openai` client. Each turn prints what
+the client sent, what the gateway forwarded, which steps acted, and whether the upstream would
+have refused the request without the gateway.
 `--llm` does the same against a real local model, SmolLM2-135M-Instruct on llama.cpp's own server
 (`local_llm`, the optional extra `llm`), whose 2,048-token window is enforced for real: the
 "without gateway" column is then llama.cpp's own token count of the request, and a request the
@@ -17,12 +18,15 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .config import parse_config
+
+if TYPE_CHECKING:
+    from .upstream import ServerFactory
 
 DEMO_WINDOW = 4096
 DEMO_MAX_TOKENS = 200
@@ -53,6 +57,8 @@ class Stage:
     close: Callable[[], Awaitable[None]]
     extra_config: dict[str, Any]
     tokenizer: str = "chars:4"  # how the gateway counts this model
+    provider: str = "openai"  # `in_process`: served by `servers`, inside the gateway
+    servers: dict[str, ServerFactory] = field(default_factory=dict)
 
 
 def run_demo(llm: bool = False, turns: int = 14) -> int:
@@ -95,6 +101,8 @@ async def _echo_stage() -> Stage:
         would_refuse=would_refuse,
         close=upstream.close,
         extra_config={},
+        provider="in_process",
+        servers=upstream.servers,
     )
 
 
@@ -152,7 +160,7 @@ async def _demo(turns: int, llm: bool = False) -> int:
             "models": [
                 {
                     "name": stage.model,
-                    "upstream": {"base_url": stage.base_url},
+                    "upstream": {"base_url": stage.base_url, "provider": stage.provider},
                     "context_window": stage.window,
                     "max_output_tokens": stage.max_tokens,
                     "tokenizer": stage.tokenizer,
@@ -175,7 +183,11 @@ async def _demo(turns: int, llm: bool = False) -> int:
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(
-            build_app(config), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+            build_app(config, stage.servers),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="on",
         )
     )
     serving = asyncio.create_task(server.serve())

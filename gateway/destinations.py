@@ -12,7 +12,7 @@ from .config import UpstreamConfig
 from .errors import InvalidRequestError, NotFoundError
 from .failover import Destination
 from .routing import Route
-from .upstream import forward_headers
+from .upstream import forward_headers, http_transport
 from .wire import Wire
 
 
@@ -61,7 +61,7 @@ def destinations(
             if path is None
             else f"{upstream.base_url}{path}",
             upstream_headers(client, route, wire, upstream),
-            None if path is None else "openai",  # a passthrough path is plain HTTP
+            None if path is None else http_transport(upstream.provider),
         )
         for upstream in route.targets
         if path is None or upstream.base_url is not None

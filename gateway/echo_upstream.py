@@ -19,10 +19,13 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from .upstream.in_process import ServerFactory
 
 MODEL = "compactgate-echo"
 FINGERPRINT = "fp_compactgate_echo_demo"
@@ -166,7 +169,7 @@ def _invalid(message: str, param: str | None = None) -> web.Response:
 
 
 def make_echo_app(context_window: int = 4096, chars_per_token: float = 4.0) -> web.Application:
-    """The demo upstream as an aiohttp application (serve it with `start_echo_upstream`)."""
+    """The demo upstream as an aiohttp application (embedded by `start_echo_upstream`)."""
 
     async def chat(request: web.Request) -> web.StreamResponse:
         try:
@@ -214,24 +217,20 @@ def make_echo_app(context_window: int = 4096, chars_per_token: float = 4.0) -> w
 
 @dataclass
 class EchoUpstream:
-    """A running demo upstream; `base_url` ends in /v1."""
+    """The demo upstream ready to be embedded in the gateway (`upstream.provider: in_process`):
+    `base_url` names it, `servers` is what `build_app` takes. No port is opened."""
 
     base_url: str
+    servers: dict[str, ServerFactory]
     runner: web.AppRunner
 
     async def close(self) -> None:
         await self.runner.cleanup()
 
 
-async def start_echo_upstream(
-    host: str = "127.0.0.1", port: int = 0, context_window: int = 4096
-) -> EchoUpstream:
-    """Serve the demo upstream in the running event loop (port 0 picks a free port)."""
+async def start_echo_upstream(context_window: int = 4096) -> EchoUpstream:
+    """The demo upstream, set up in the running event loop for the gateway to embed."""
     runner = web.AppRunner(make_echo_app(context_window), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound_host, bound_port = runner.addresses[0][:2]
-    if ":" in bound_host:  # IPv6 literal
-        bound_host = f"[{bound_host}]"
-    return EchoUpstream(base_url=f"http://{bound_host}:{bound_port}/v1", runner=runner)
+    assert runner.server is not None
+    return EchoUpstream(f"http://{MODEL}/v1", {MODEL: runner.server}, runner)

@@ -19,7 +19,7 @@ import orjson
 
 from .errors import GatewayError
 from .routing import Route
-from .upstream import UpstreamClient
+from .upstream import UpstreamClient, http_transport
 
 log = logging.getLogger("compactgate.tokens")
 
@@ -42,7 +42,7 @@ class UpstreamCounts:
         if base is None or how == "none":
             return None
         if how in (None, "tokenize"):
-            counts = await self._all(texts, lambda t: self._tokenize(base, t, headers))
+            counts = await self._all(texts, lambda t: self._tokenize(route, base, t, headers))
             if counts is not None:
                 self._how[route.name] = "tokenize"
                 return counts
@@ -70,10 +70,13 @@ class UpstreamCounts:
         counts = await asyncio.gather(*(bounded(t) for t in texts))
         return None if any(c is None for c in counts) else list(counts)  # type: ignore[misc]
 
-    async def _post(self, url: str, headers: Mapping[str, str], body: object) -> object:
+    async def _post(
+        self, route: Route, url: str, headers: Mapping[str, str], body: object
+    ) -> object:
         sent = {**headers, "content-type": "application/json"}
+        provider = http_transport(route.upstream.provider)
         with contextlib.suppress(GatewayError):
-            response = await self._client.open("POST", url, sent, orjson.dumps(body))
+            response = await self._client.open("POST", url, sent, orjson.dumps(body), provider)
             try:
                 if response.status != 200:
                     return None
@@ -84,9 +87,11 @@ class UpstreamCounts:
                 response.release()
         return None
 
-    async def _tokenize(self, base: str, text: str, headers: Mapping[str, str]) -> int | None:
+    async def _tokenize(
+        self, route: Route, base: str, text: str, headers: Mapping[str, str]
+    ) -> int | None:
         root = base.removesuffix("/v1")
-        found = await self._post(root + "/tokenize", headers, {"content": text})
+        found = await self._post(route, root + "/tokenize", headers, {"content": text})
         tokens = found.get("tokens") if isinstance(found, dict) else None
         return len(tokens) if isinstance(tokens, list) else None
 
@@ -107,6 +112,6 @@ class UpstreamCounts:
     ) -> int | None:
         body = {"model": route.upstream_model, "messages": [{"role": "user", "content": text}]}
         url = f"{route.upstream.base_url}/messages/count_tokens"
-        found = await self._post(url, headers, body)
+        found = await self._post(route, url, headers, body)
         value = found.get("input_tokens") if isinstance(found, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None

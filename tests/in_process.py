@@ -2,8 +2,11 @@
 
 Most of what the gateway does (parse, route, count, compact, forward, retry, relay, report) needs
 no process of its own: the app `gateway.app.build_app(config)` is driven through httpx's
-`ASGITransport`, with its lifespan run as a server would run it, and it forwards over loopback
-to the aiohttp app of `tests/fake_upstream.py`, served in the same event loop. A test then
+`ASGITransport`, with its lifespan run as a server would run it, and it forwards to the aiohttp
+app of `tests/fake_upstream.py`, served in the same event loop and embedded in the gateway
+(`upstream.provider: in_process`: `start_app` declares it for every upstream at a running fake
+upstream's address whose provider the test does not name; HTTP/1.1 over a socket pair, no
+port). A test then
 costs milliseconds instead of the seconds a `compactgate serve` takes to start, and every test
 gets a gateway of its own.
 
@@ -57,14 +60,20 @@ from aiohttp import web
 from gateway.app import build_app
 from gateway.asgi import Message
 from gateway.config import load_config
+from gateway.upstream import ServerFactory
+from gateway.upstream.in_process import authority
 from tests.fake_upstream import JSON, Config, State, make_app
 
 ORIGIN = "http://gateway.test"  # never resolved: requests go to the app itself
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"  # what `serve` prints
+# The running fake upstreams by `base_url`'s host:port: the servers every in-app gateway embeds.
+# One that stops leaves it, so a gateway then finds nobody there, as over TCP.
+LIVE: dict[str, ServerFactory] = {}
 
 
 class LocalUpstream:
-    """The fake upstream served on a loopback port in the running event loop."""
+    """The fake upstream in the running event loop: an in-app gateway reaches it in-process
+    (`upstream.provider: in_process`), anything else on its loopback port."""
 
     def __init__(self, state: State, port: int) -> None:
         self.state = state
@@ -78,10 +87,16 @@ class LocalUpstream:
         state = State()
         runner = web.AppRunner(make_app(state), handler_cancellation=True, access_log=None)
         await runner.setup()
+        name = ""
         try:
             await web.TCPSite(runner, "127.0.0.1", 0).start()
-            yield cls(state, int(runner.addresses[0][1]))
+            upstream = cls(state, int(runner.addresses[0][1]))
+            name = authority(upstream.base_url)
+            assert runner.server is not None
+            LIVE[name] = runner.server
+            yield upstream
         finally:
+            LIVE.pop(name, None)
             state.reset()  # cancels hung handlers, so the cleanup does not wait on them
             await runner.cleanup()
 
@@ -168,8 +183,8 @@ async def running_app(
 ) -> AsyncIterator[AppGateway]:
     """Build the app from `config` as `serve` would, run its lifespan, yield it, shut it down."""
     path = directory / "gateway.json"
-    path.write_text(json.dumps(config))
-    app = build_app(load_config(path, {**os.environ, **(env or {})}))
+    path.write_text(json.dumps(in_process(config, LIVE)))
+    app = build_app(load_config(path, {**os.environ, **(env or {})}), LIVE)
     thresholds = gc.get_threshold()
     with _captured_logs() as logs:
         async with _lifespan(app):
@@ -182,6 +197,27 @@ async def running_app(
                 yield gateway
             finally:
                 await gateway.close()
+
+
+def in_process(config: Mapping[str, Any], servers: Mapping[str, ServerFactory]) -> JSON:
+    """`config` with every upstream at a running fake upstream's address declared in_process,
+    unless it names its provider (a test of the HTTP transport says `provider: openai`)."""
+
+    def declared(upstream: Any) -> Any:
+        url = upstream.get("base_url") if isinstance(upstream, dict) else None
+        if "provider" in upstream or not isinstance(url, str) or authority(url) not in servers:
+            return upstream
+        return {**upstream, "provider": "in_process"}
+
+    models = []
+    for model in config.get("models", []):
+        model = dict(model)
+        if isinstance(model.get("upstream"), dict):
+            model["upstream"] = declared(model["upstream"])
+        if isinstance(model.get("upstreams"), list):
+            model["upstreams"] = [declared(u) for u in model["upstreams"]]
+        models.append(model)
+    return {**config, "models": models} if "models" in config else dict(config)
 
 
 @contextlib.contextmanager

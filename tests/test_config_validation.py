@@ -107,7 +107,15 @@ def test_one_upstream_or_a_list_not_both_and_the_list_shares_its_model() -> None
         "models[0]: give either upstream (one) or upstreams (a list), not both"
     ]
     mixed = {"models": [{"name": "m", "upstreams": [{**UP, "model": "x"}, {**UP, "model": "y"}]}]}
-    assert "must share provider and model" in problems(mixed)[0]
+    assert "must share model" in problems(mixed)[0]
+    through = {**UP, "provider": "litellm", "model": "openai/x"}
+    litellm_and_http = {
+        "models": [{"name": "m", "upstreams": [through, {**UP, "model": "openai/x"}]}]
+    }
+    assert "through litellm all or none" in problems(litellm_and_http)[0]
+    embedded = {**UP, "provider": "in_process"}  # the same HTTP request, in this process
+    config = parse_config({"models": [{"name": "m", "upstreams": [UP, embedded]}]})
+    assert [u.provider for u in config.models[0].targets] == ["openai", "in_process"]
     config = parse_config({"models": [{"name": "m", "upstreams": [UP, {**UP, "weight": 3}]}]})
     assert [u.weight for u in config.models[0].targets] == [1.0, 3.0]
 

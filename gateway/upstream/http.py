@@ -82,11 +82,13 @@ class HttpTransport:
         self.timeouts = timeouts
         self._session: aiohttp.ClientSession | None = None
 
+    def _connector(self) -> aiohttp.BaseConnector:
+        return aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+
     async def start(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
             self._session = aiohttp.ClientSession(
-                connector=connector,
+                connector=self._connector(),
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect),

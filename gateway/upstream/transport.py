@@ -15,7 +15,7 @@ from typing import Protocol
 
 from ..config import Provider, ServerConfig
 
-__all__ = ["Provider", "Timeouts", "Transport", "UpstreamResponse"]
+__all__ = ["Provider", "Timeouts", "Transport", "UpstreamResponse", "http_transport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +77,9 @@ class Transport(Protocol):
     ) -> UpstreamResponse:
         """Send a request and return once the response headers arrived."""
         ...
+
+
+def http_transport(provider: Provider) -> Provider:
+    """The transport of an upstream's plain HTTP paths (passthrough, token counting): litellm
+    translates chat completions only, so its upstream's other paths go over HTTP."""
+    return "openai" if provider == "litellm" else provider
