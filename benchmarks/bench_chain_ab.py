@@ -1,12 +1,12 @@
 """The default chain of two checkouts on the same 200-message requests, in one run.
 
-    python -m benchmarks.bench_chain_ab --base /path/to/other/checkout [--repeat 60]
-        [--instructions 10]
+    python -m benchmarks.bench_chain_ab --base /path/to/other/checkout [--base ...]
+        [--repeat 60] [--instructions 10]
 
 The requests are `bench_fidelity`'s (English, agent and chat shapes, compacted to half their
 size), first seen and resent. Each checkout's code runs in its own process
 (`benchmarks/chain_worker.py` with PYTHONPATH at that checkout), the way its gateway runs the
-chain. Printed: the median CPU ms of the base's default chain, this checkout's, and this
+chain. Printed: the median CPU ms of each base's default chain, this checkout's, and this
 checkout's without its ledger step, one request of each in turn so a busy machine slows them
 alike; with `--instructions N`, the instructions each takes per request, counted by valgrind
 (a run of N requests with the chain less one without it, after one warm-up request each).
@@ -93,22 +93,20 @@ def load_average() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", type=Path, required=True)
+    parser.add_argument("--base", type=Path, action="append", required=True)
     parser.add_argument("--repeat", type=int, default=60)
     parser.add_argument("--instructions", type=int, default=0, metavar="N")
     args = parser.parse_args(argv)
-    variants = {
-        "base": (args.base.resolve(), "default"),
-        "this": (HERE, "default"),
-        "this, no ledger": (HERE, "no-ledger"),
-    }
+    variants = {str(base): (base.resolve(), "default") for base in args.base}
+    variants |= {"this": (HERE, "default"), "this, no ledger": (HERE, "no-ledger")}
+    this = list(variants).index("this")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bodies.json"
         path.write_text(orjson.dumps(bodies()).decode())
-        print(f"base {args.base}, this {HERE}; load {load_average()}")
+        print(f"this {HERE}; load {load_average()}")
         if args.instructions:
             print("million instructions per request:")
-            print("| shape | request | " + " | ".join(variants) + " | this / base |")
+            print("| shape | request | " + " | ".join(variants) + " | this / first base |")
             print("|---|---|" + "---|" * (len(variants) + 1))
             for shape, seen in CASES:
                 counts = [
@@ -116,15 +114,15 @@ def main(argv: list[str] | None = None) -> int:
                     for checkout, chain in variants.values()
                 ]
                 cells = " | ".join(f"{c:.2f}" for c in counts)
-                print(f"| {shape} | {seen} | {cells} | {counts[1] / counts[0]:.2f} |")
+                print(f"| {shape} | {seen} | {cells} | {counts[this] / counts[0]:.2f} |")
         times = cpu_times(variants, path, args.repeat)
         print(f"median CPU ms per request, {args.repeat} each, interleaved:")
-        print("| shape | request | " + " | ".join(variants) + " | this / base |")
+        print("| shape | request | " + " | ".join(variants) + " | this / first base |")
         print("|---|---|" + "---|" * (len(variants) + 1))
         for shape, seen in CASES:
             ms = [times[(shape, seen, name)] for name in variants]
             cells = " | ".join(f"{v:.2f}" for v in ms)
-            print(f"| {shape} | {seen} | {cells} | {ms[1] / ms[0]:.2f} |")
+            print(f"| {shape} | {seen} | {cells} | {ms[this] / ms[0]:.2f} |")
         print(f"load {load_average()}")
     return 0
 
