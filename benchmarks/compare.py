@@ -47,6 +47,11 @@ SHAPES = {
     "agent-first": Shape("agent", 1, 30, first_time=True),
     # first seen, 128k window: its bound reaches the trigger, so it is counted before it goes
     "agent-count": Shape("agent", 1, 30, first_time=True, model=targets.COUNT_MODEL),
+    # compacted by the default chain (no policy named), first seen and one message appended
+    "agent-default-first": Shape(
+        "agent", 1, 30, first_time=True, model=targets.DEFAULT_CHAIN_MODEL
+    ),
+    "agent-default-seen": Shape("agent", 1, 60, model=targets.DEFAULT_CHAIN_MODEL),
 }
 
 

@@ -36,6 +36,8 @@ SUMMARY_MODEL = "bench-summary"  # policy `compaction`: summary of old turns + t
 SUMMARY_WINDOW = 65_536  # the 200-message request (~60k tokens) crosses its trigger
 COUNT_MODEL = "bench-count"  # nothing compacted, but the request must be counted first:
 COUNT_WINDOW = 128_000  # ~60k tokens fit its trigger (~101k), ~205k bytes of text do not
+DEFAULT_CHAIN_MODEL = "bench-default"  # no policy named: the default chain, ledger included
+DEFAULT_CHAIN_WINDOW = 65_536  # the 200-message request crosses its trigger and is compacted
 EMERGENCY_REJECT_ABOVE = 65_536  # bytes: the 200-message body is rejected, a compacted one is not
 
 
@@ -216,6 +218,9 @@ def gateway_config(upstream: Service, emergency: Service) -> str:
         f"  - name: {COUNT_MODEL}\n"
         f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
         f"    context_window: {COUNT_WINDOW}\n{common}"
+        f"  - name: {DEFAULT_CHAIN_MODEL}\n"
+        f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
+        f"    context_window: {DEFAULT_CHAIN_WINDOW}\n{common}"
         f"  - name: {SUMMARY_MODEL}\n"
         f'    upstream: {{base_url: "{upstream.origin}/v1"}}\n'
         f"    context_window: {SUMMARY_WINDOW}\n{common}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from .budget import Budget
 from .conversation import Conversation
@@ -176,8 +176,9 @@ def run_chain(
         _passes(run, replace(policy, steps=cheap), budget.target, False)
         run.budget, run.note = budget, {}
     for step in policy.steps:
-        if isinstance(step, Finishing):
-            run.finish(step)
+        # a `Finishing` step, told by its method: the protocol's isinstance costs ~10 µs a step
+        if getattr(step, "finish", None) is not None:
+            run.finish(cast(Finishing, step))
 
     recovery: str | None = None
     error: str | None = None

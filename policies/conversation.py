@@ -64,7 +64,9 @@ class Message:
     @property
     def text(self) -> str:
         """The message's textual content (text parts joined); '' when there is none."""
-        return content_text(self.data.get("content"))
+        content = self.data.get("content")
+        # a string, most contents, without the call (every step reads every message's text)
+        return content if type(content) is str else content_text(content)
 
     @property
     def tool_call_ids(self) -> tuple[str, ...]:

@@ -68,7 +68,10 @@ class Memo:
 
     def put(self, key: Hashable, value: object, chars: int = 0) -> None:
         """Keep `value` for `key` (unless one is kept already), as `get` keeps what it computes."""
-        self.get(key, lambda: value, chars)
+        if key in self._entries:
+            self.peek(key)
+        else:
+            self._keep(key, value, chars)
 
     def replace(self, key: Hashable, value: object, chars: int = 0) -> None:
         """Keep `value` for `key` instead of what was kept for it."""
@@ -92,6 +95,11 @@ class Memo:
                 pass
             return found[0]  # type: ignore[index,no-any-return]
         value = compute()
+        self._keep(key, value, chars)
+        return value
+
+    def _keep(self, key: Hashable, value: object, chars: int) -> None:
+        entries = self._entries
         if chars <= self.max_chars and self.max_entries > 0:
             entries[key] = (value, chars)
             self._chars += chars
@@ -101,4 +109,3 @@ class Memo:
                 except KeyError:
                     break
                 self._chars -= size
-        return value

@@ -537,17 +537,38 @@ _FILLER = re.compile(rf"^\W*(?:{_FILLER_WORDS})(?:\W+(?:{_FILLER_WORDS}))*\W*$",
 
 # Sentences end at . ! ? and their CJK forms (kept with the sentence), at a line break, and
 # before a list bullet; a period inside a number, a path or a version does not end one.
-_SENTENCE = re.compile(r"[^\n。！？!?]*?(?:[。！？!?]+|\.(?=\s|$)|\n|$)")
+# Written as a run of other characters and of periods that end nothing, rather than a lazy
+# run: the same matches, without trying every end at every character.
+_SENTENCE = re.compile(
+    r"[^\n。！？!?.]*(?:\.(?!\s|$)[^\n。！？!?.]*)*(?:[。！？!?]+|\.(?=\s|$)|\n|$)"
+)
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 
 
 # A sentence stating a fact: a copula or a verb of having or being located, in each language.
-_STATED = re.compile(
-    r"\b(?:is|are|was|were|runs|lives|sits|uses|has|have|costs|equals|means|belongs|"
-    r"called|named|located|hosted|stored|owned|owns|deployed|scheduled|rotates?|expires?)\b|"
-    r"是|在|叫|为|有|位于|部署|です|である|にある|にあり|ています|されます|あります|います|は.{1,20}(?:だ|です)",
-    re.I,
+# English on the lower-cased sentence, the cues grouped by their first letter; Chinese and
+# Japanese only when it has a CJK character (each of those cues has one).
+_STATED_EN = re.compile(
+    _by_first_letter(
+        (
+            *("is", "are", "was", "were", "runs", "lives", "sits", "uses", "has", "have"),
+            *("costs", "equals", "means", "belongs", "called", "named", "located", "hosted"),
+            *("stored", "owned", "owns", "deployed", "scheduled", "rotates?", "expires?"),
+        )
+    )
 )
+_STATED_CJK = re.compile(
+    r"是|在|叫|为|有|位于|部署|です|である|にある|にあり|ています|されます|あります|います|"
+    r"は.{1,20}(?:だ|です)"
+)
+
+
+def _stated(seen: _Seen) -> bool:
+    return _STATED_EN.search(seen.lower) is not None or (
+        seen.cjk and _STATED_CJK.search(seen.text) is not None
+    )
+
+
 # A sentence asking for one action now: it starts with a verb of doing or a polite request.
 _REQUEST = re.compile(
     r"^\W*(?:please |now |then |ok,? |okay,? |next,? )?(?:run|open|show|check|look|try|fix|add|"
@@ -618,7 +639,7 @@ def _score(sentence: str, cues: bool) -> Statement:
     elif details:
         kind = "fact"
         value = FACT_BASE + FACT_STEP * (min(details, 3) - 1)
-        if _STATED.search(text):
+        if _stated(seen):
             value += STATED_BONUS
         elif _REQUEST.match(text):
             value *= REQUEST_FACTOR

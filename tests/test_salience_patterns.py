@@ -2,8 +2,8 @@
 
 `policies/salience.py` skips patterns a sentence cannot match (no digit, no CJK character, ...)
 and writes lookbehind-first patterns character first. The plain patterns below are the ones it
-used before, kept here as the oracle: for any text, the cue kind and the number of kinds of
-concrete detail must be the same.
+used before, kept here as the oracle: for any text, the cue kind, the number of kinds of
+concrete detail, whether it is stated as a fact, and where its sentences are must be the same.
 """
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ WORDS = (
     "UTC时间", "在Kubernetes上", "締め切り", "5月3日", "3个",
 )  # fmt: skip
 
+ORACLE_STATED = re.compile(
+    r"\b(?:is|are|was|were|runs|lives|sits|uses|has|have|costs|equals|means|belongs|"
+    r"called|named|located|hosted|stored|owned|owns|deployed|scheduled|rotates?|expires?)\b|"
+    r"是|在|叫|为|有|位于|部署|です|である|にある|にあり|ています|されます|あります|います|は.{1,20}(?:だ|です)",
+    re.I,
+)
+ORACLE_SENTENCE = re.compile(r"[^\n。！？!?]*?(?:[。！？!?]+|\.(?=\s|$)|\n|$)")
+
 
 def oracle(text: str) -> tuple[str | None, int]:
     kind = next((k for k, cue in ORACLE_CUES if cue.search(text)), None)
@@ -116,3 +124,28 @@ def test_look_alike_letters_count_as_their_ascii_letters() -> None:
         "\u0131 prefer",
     ):
         assert fast(text) == oracle(text), text
+
+
+texts = st.lists(
+    st.one_of(
+        st.sampled_from(
+            (*WORDS, "is", "Is", "\u0130s", "has", "HAS", "costs", "rotate", "expires", "は今日だ")
+        ),
+        st.text(alphabet=ALPHABET + "!?！？.\t", max_size=12),
+    ),
+    max_size=12,
+).map(lambda words: " ".join(words))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(texts)
+def test_a_fact_is_stated_where_the_plain_pattern_says_so(text: str) -> None:
+    seen = salience._seen(text, salience._lowered(text))
+    assert salience._stated(seen) == (ORACLE_STATED.search(text) is not None)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(texts, st.text(alphabet=". \n\t!?。！？a1", max_size=20)))
+def test_sentences_end_where_the_plain_pattern_ends_them(text: str) -> None:
+    spans = [m.span() for m in salience._SENTENCE.finditer(text)]
+    assert spans == [m.span() for m in ORACLE_SENTENCE.finditer(text)]

@@ -41,6 +41,10 @@ MARK_KINDS: dict[str, Kind] = {
 }
 
 
+# What one pass found for each (text, mark, lossy): a text repeated in a request, once.
+_Known = dict[tuple[str, Kind | None, bool], tuple[str, str] | None]
+
+
 class Ratios(BaseModel):
     """Target size per type, as a share of the original (1.0: keep verbatim)."""
 
@@ -84,6 +88,7 @@ class ContentTypeChunking:
         )
         candidate = next(pending, None)
         changed: dict[int, str] = {}
+        known: _Known = {}
         running = 0
         trigger, target = budget.trigger, budget.target
         for i, message in enumerate(messages):
@@ -95,7 +100,7 @@ class ContentTypeChunking:
                     break
                 index = candidate
                 candidate = next(pending, None)
-                new = self._compressed(messages[index], env.memo)
+                new = self._compressed(messages[index], env.memo, known)
                 if new is None:
                     continue
                 data = with_text(messages[index].data, new[0])
@@ -116,24 +121,27 @@ class ContentTypeChunking:
             detail={"compressed": kinds},
         )
 
-    def _compressed(self, message: Message, memo: Memo) -> tuple[str, str] | None:
+    def _compressed(self, message: Message, memo: Memo, known: _Known) -> tuple[str, str] | None:
         """(compressed text, kind), or None when compressing does not change the text.
 
         Both the type and the compressed form are functions of the text (and the marks and
         config), worked out once per text through `memo`: the same history comes back on every
         request. A message the gateway has seen (a uid: equal uids, equal data) is looked up by
-        its uid, which costs no hashing or comparing of its text.
+        its uid, which costs no hashing or comparing of its text. `known` holds what this pass
+        found for each text, so a text repeated within the request is looked up in `memo` once.
         """
         if message.uid is None:
-            return self._compressed_text(message, memo)
+            return self._compressed_text(message, memo, known)
         key = ("chunked", self._settings, message.uid, message.kind, message.priority)
         found = memo.peek(key)
         if found is None:
-            found = (self._compressed_text(message, memo),)
+            found = (self._compressed_text(message, memo, known),)
             memo.put(key, found, len(found[0][0]) if found[0] else 0)
         return found[0]  # type: ignore[index,no-any-return]
 
-    def _compressed_text(self, message: Message, memo: Memo) -> tuple[str, str] | None:
+    def _compressed_text(
+        self, message: Message, memo: Memo, known: _Known
+    ) -> tuple[str, str] | None:
         """`_compressed` of a message's text, with its mark and priority: one memo entry per
         text (type and compressed form together), so a message is one lookup."""
         text = message.text
@@ -141,11 +149,15 @@ class ContentTypeChunking:
             return None
         mark = MARK_KINDS.get(message.kind or "")
         lossy = message.priority != 1
-        return memo.get(
+        local = (text, mark, lossy)
+        if local in known:
+            return known[local]
+        found = known[local] = memo.get(
             ("chunked-text", self._settings, text, mark, lossy),
             lambda: self._compressed_as(text, mark, lossy),
             2 * len(text),
         )
+        return found
 
     def _compressed_as(self, text: str, mark: Kind | None, lossy: bool) -> tuple[str, str] | None:
         kind = mark or detect(text)

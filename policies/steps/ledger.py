@@ -20,6 +20,8 @@ Never drops or rewrites a client's message: it only adds its own block, and take
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import ClassVar, Literal, NamedTuple
 
@@ -34,6 +36,7 @@ KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
 BULLET = "- "
 FRAMING_TOKENS = 8  # a message's own framing, on top of its text
+_KIND = operator.attrgetter("kind")
 
 
 class LedgerConfig(StepConfig):
@@ -113,15 +116,16 @@ class Ledger:
         return conversation.with_contents(messages)
 
     def _present(self, messages: Sequence[Message], env: Env) -> str:
-        """The normalised texts of `messages`, one a line: what an entry is looked for in.
+        """The normalised texts of `messages`, one a line, each distinct text once: what an
+        entry is looked for in (an entry is one line, so it is in the lines or in none).
         Remembered by their uids when all have one (a resent conversation's kept messages)."""
         uids = tuple([m.uid for m in messages])
         if None in uids:
-            return "\n".join([_normalised(m.text, env) for m in messages])
+            return _lines(messages, env)
         key = ("ledger-present", uids)
         found = env.memo.peek(key)
         if found is None:
-            found = "\n".join([_normalised(m.text, env) for m in messages])
+            found = _lines(messages, env)
             env.memo.put(key, found, len(found) + 8 * len(uids))
         return found  # type: ignore[return-value]
 
@@ -174,30 +178,37 @@ class Ledger:
     def _collected(
         self, messages: Sequence[Message], env: Env
     ) -> tuple[tuple[str, str, float, int], ...]:
-        """`_said` of `messages`, with each passage's position in `messages`."""
+        """`_said` of `messages`, with each passage's position in `messages`.
+
+        Each distinct text is looked up once (a chat repeats its short replies many times), and
+        only the messages with a salient passage are gone through one by one (most have none).
+        """
+        texts = [m.text for m in messages]
+        found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
         seen: set[str] = set()
         out = []
-        for k, message in enumerate(messages):
-            for text, key, value in self._candidates(message.text, env):
+        for k in itertools.compress(range(len(texts)), map(found.__getitem__, texts)):
+            for text, key, value in found[texts[k]]:
                 if key not in seen:
                     seen.add(key)
                     out.append((text, key, value, k))
         return tuple(out)
 
-    def _candidates(self, text: str, env: Env) -> Sequence[tuple[str, str, float]]:
+    def _candidates(self, text: str, env: Env) -> tuple[tuple[str, str, float], ...]:
         """A message's would-be entries: (line, comparison key, score) of each salient passage;
         remembered, since a client resends every message on every request."""
         threshold, limit = self.config.min_salience, self.config.max_entry_chars
-
-        def work() -> tuple[tuple[str, str, float], ...]:
+        key = ("ledger-candidates", threshold, limit, text)
+        found = env.memo.peek(key)
+        if found is None:
             out = []
             for statement in salient(text, threshold):
                 # one line per entry: a statement over several lines has them joined by spaces
                 line = _trimmed(" ".join(statement.text.split()), limit)
                 out.append((line, normalised(line), statement.score))
-            return tuple(out)
-
-        return env.memo.get(("ledger-candidates", threshold, limit, text), work, len(text))
+            found = tuple(out)
+            env.memo.put(key, found, len(text))
+        return found  # type: ignore[return-value]
 
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
         """The entries that fit in `cap` tokens: the least salient leave first, the older first
@@ -222,7 +233,8 @@ class Ledger:
 
 
 def _ledger_index(conversation: Conversation) -> int | None:
-    return next((i for i, m in enumerate(conversation.messages) if m.kind == KIND), None)
+    kinds = list(map(_KIND, conversation.messages))
+    return kinds.index(KIND) if KIND in kinds else None
 
 
 def _parse(text: str, header: str) -> list[Entry]:
@@ -238,6 +250,12 @@ def _score(text: str, env: Env) -> float:
     """An entry's score read back from the block (remembered: the block comes back on every
     pass and every request)."""
     return env.memo.get(("ledger-entry-score", text), lambda: score(text).score, len(text))
+
+
+def _lines(messages: Sequence[Message], env: Env) -> str:
+    """The normalised texts of `messages`, each distinct one once, one a line."""
+    texts = dict.fromkeys([m.text for m in messages])
+    return "\n".join([_normalised(text, env) for text in texts])
 
 
 def _normalised(text: str, env: Env) -> str:
