@@ -336,9 +336,7 @@ class Pipeline:
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
-            return self._unchanged(
-                request, route, counts, tools_tokens, budget, observe, tuple(counted.uids)
-            )
+            return self._unchanged(request, route, counted, counts, tools_tokens, budget, observe)
         conversation = self.conversation(request, route, counted)
         request, budget, chain = await self._decide(
             request, conversation, route, tenant, budget, tools_tokens, force, headers, remember
@@ -471,15 +469,16 @@ class Pipeline:
         self,
         request: WireRequest,
         route: Route,
+        counted: Counted,
         counts: Sequence[int],
         tools_tokens: int,
         budget: Budget | None,
         observe: bool,
-        uids: tuple[int | None, ...] = (),
         late: asyncio.Future[ExactCount] | None = None,
     ) -> Prepared:
         """The fast path: forward the client's own bytes (or a rename of them). With `late`,
-        `counts` and `tools_tokens` are upper bounds and `late` makes the exact figures."""
+        `counts` and `tools_tokens` are upper bounds and `late` makes the exact figures.
+        `counted` gives the uids and roles (`counts` may differ from its counts: bounds)."""
         rename = route.upstream_model if route.renamed else None
         inject = self._injects(request, observe)
         truncate = request.stateful and route.stateful_truncation and not observe
@@ -490,7 +489,7 @@ class Pipeline:
             if truncate:
                 payload.setdefault("truncation", "auto")
             body = serialise(payload)
-        names = [message.get("role", "") for message in request.messages]
+        names = counted.roles
         roles = dict(Counter(names))  # in the order each role first appears
         system = sum(map(operator.mul, counts, map(SYSTEM_ROLES.__contains__, names)))
         total = sum(counts) + tools_tokens + PRIMING_TOKENS
@@ -512,7 +511,7 @@ class Pipeline:
             api=request.api,
             correction=_correction(route),
             injected_usage=inject,
-            uids=uids,
+            uids=tuple(counted.uids),
             bounded=late is not None,
             late=late,
         )
@@ -555,13 +554,12 @@ class Pipeline:
                 counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
                 return None
         counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
-        uids = tuple(counted.uids)
         late = self.counting.later(
             size, lambda: self._settle(request, route, tenant, known, sizes, window)
         )
         if late is None:
             return None
-        return self._unchanged(request, route, counts, tools, budget, observe, uids, late)
+        return self._unchanged(request, route, counted, counts, tools, budget, observe, late)
 
     async def _settle(
         self,
@@ -573,12 +571,21 @@ class Pipeline:
         window: int | None,
     ) -> ExactCount:
         """The exact figures of a request forwarded on its bound (`known`: the counts of its
-        leading messages; `sizes`: the bounds of the rest), counted in the background thread."""
+        leading messages; `sizes`: the bounds of the rest), counted in the background thread.
+
+        Requests queue here under load; what the memo has learnt meanwhile (another request of
+        the conversation counted first) is not looked up again.
+        """
+        scope, tokenizer = f"{tenant}|{route.name}", route.counter.tokenizer.name
+        learnt = self._prefix.peek(scope, tokenizer, request.messages)
+        if len(learnt) > len(known):
+            sizes = sizes[len(learnt) - len(known) :]
+            known = learnt
         rest = request.messages[len(known) :]
         made = await self.counting.exact(route.counter, tenant, rest, sizes, background=True)
         tools = await self.counting.run(True, lambda: self.tools_tokens(request, route))
         exact = known + made
-        self._prefix.fill(f"{tenant}|{route.name}", request.messages, exact)
+        self._prefix.fill(scope, tokenizer, request.messages, exact)
         system = sum(
             n
             for m, n in zip(request.messages, exact, strict=True)

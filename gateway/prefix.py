@@ -7,6 +7,9 @@ string compares), so only the messages after the first difference are counted at
 dicts give equal counts, so a wrong match is impossible: two conversations that share a key
 only cost each other a recount.
 
+With the counts it keeps each message's role, so the figures reported for a request forwarded
+as it came (tokens by role and region) read only the roles of the messages after the prefix.
+
 It also gives every message a uid (`Message.uid`): a message equal to the previous request's
 message at the same place keeps that message's uid, any other gets a new one. Equal uids
 therefore mean equal data (equality is transitive), which lets the policies memoise work on a
@@ -42,14 +45,16 @@ class _Entry:
     messages: Sequence[Mapping[str, Any]]
     counts: list[int]
     uids: list[int]
+    roles: list[str]
 
 
 @dataclass(frozen=True, slots=True)
 class Counted:
-    """Per-message token counts and uids of one request."""
+    """Per-message token counts, uids and roles (`role`, "" when absent) of one request."""
 
     counts: list[int]
     uids: list[int]
+    roles: list[str]
 
 
 class PrefixCounts:
@@ -91,26 +96,47 @@ class PrefixCounts:
         same = 0
         if entry is not None:
             same = equal_prefix(messages, entry.messages)
-            uids = entry.uids[:same]
+            uids, roles = entry.uids[:same], entry.roles[:same]
         else:
-            uids = []
+            uids, roles = [], []
         if entry is not None and entry.tokenizer == tokenizer:
             counts = entry.counts[:same]
             self.reused += len(counts)
         else:
             counts = []
         uids.extend(itertools.islice(self._uids, len(messages) - same))
-        self._entries.put(key, _Entry(tokenizer, messages, counts, uids), size)
-        return Counted(counts, uids)
+        roles.extend([message.get("role", "") for message in messages[same:]])
+        self._entries.put(key, _Entry(tokenizer, messages, counts, uids, roles), size)
+        return Counted(counts, uids, roles)
+
+    def peek(self, scope: str, tokenizer: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The counts the memo knows now for the leading messages of `messages` (a copy),
+        without making `messages` the conversation's latest request."""
+        entry = self._entries.get(_key(scope, messages))
+        if entry is None or entry.tokenizer != tokenizer:
+            return []
+        return entry.counts[: equal_prefix(messages, entry.messages)]
 
     def fill(
-        self, scope: str, messages: Sequence[Mapping[str, Any]], counts: Sequence[int]
+        self,
+        scope: str,
+        tokenizer: str,
+        messages: Sequence[Mapping[str, Any]],
+        counts: Sequence[int],
     ) -> None:
-        """Counts of `messages` made later (off the request path), kept if `messages` are still
-        their conversation's latest request here."""
+        """Exact counts of `messages` made later (off the request path), kept for the leading
+        messages the conversation's latest request here shares with `messages`.
+
+        Under load a newer request of the conversation has usually arrived by then; the counts
+        still hold for the prefix they share (equal messages have equal counts). The entry gets
+        a new list: a request still counting the rest of the old one extends only its own.
+        """
         entry = self._entries.get(_key(scope, messages))
-        if entry is not None and entry.messages is messages and len(entry.counts) < len(counts):
-            entry.counts[:] = counts
+        if entry is None or entry.tokenizer != tokenizer:
+            return
+        same = len(counts) if entry.messages is messages else equal_prefix(entry.messages, messages)
+        if len(entry.counts) < same:
+            entry.counts = list(counts[:same])
 
 
 def equal_prefix(messages: Sequence[Any], old: Sequence[Any]) -> int:
