@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import operator
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,7 +49,7 @@ from .errors import ContextLengthExceededError, InvalidRequestError
 from .expansion import offer
 from .held import HeldResults
 from .metrics import Metrics
-from .prefix import Counted, PrefixCounts
+from .prefix import SYSTEM_ROLES, Counted, PrefixCounts
 from .routing import Route
 from .summaries import SummaryAsk, SummaryService
 from .tokenizers import CharsTokenizer, UpstreamTokenizer
@@ -67,7 +66,6 @@ OUTPUT_RESERVE_SHARE = 0.2  # of the window, for the output when nothing says (d
 # Messages not counted yet smaller than this (by their bound, ~bytes) are counted at once: it
 # costs well under a millisecond, less than handing the count to a thread.
 LATE_MIN_BYTES = 16 * 1024
-SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,9 +487,7 @@ class Pipeline:
             if truncate:
                 payload.setdefault("truncation", "auto")
             body = serialise(payload)
-        names = counted.roles
-        roles = dict(Counter(names))  # in the order each role first appears
-        system = sum(map(operator.mul, counts, map(SYSTEM_ROLES.__contains__, names)))
+        system = sum(map(counts.__getitem__, counted.roles.system))
         total = sum(counts) + tools_tokens + PRIMING_TOKENS
         return Prepared(
             route=route,
@@ -500,7 +496,7 @@ class Pipeline:
             tokens_after=total,
             budget=budget,
             chain=None,
-            counts_by_role=roles,
+            counts_by_role=counted.roles.tally,
             tokens_by_region={
                 "system": system,
                 "tools": tools_tokens,
@@ -587,9 +583,7 @@ class Pipeline:
         exact = known + made
         self._prefix.fill(scope, tokenizer, request.messages, exact)
         system = sum(
-            n
-            for m, n in zip(request.messages, exact, strict=True)
-            if m.get("role") in ("system", "developer")
+            n for m, n in zip(request.messages, exact, strict=True) if m.get("role") in SYSTEM_ROLES
         )
         budget = self.budget(request, route, tools, window)
         return ExactCount(sum(exact) + tools + PRIMING_TOKENS, system, tools, budget)

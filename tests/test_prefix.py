@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.prefix import PrefixCounts
+from gateway.prefix import SYSTEM_ROLES, PrefixCounts, equal_prefix
 from gateway.tokenizers import load_tokenizer
 from gateway.tokens import CountCache, MessageCounter
 
@@ -120,7 +121,8 @@ steps = st.lists(
 def test_what_the_memo_knows_is_what_a_fresh_count_gives(plan: list[tuple[Any, ...]]) -> None:
     """Whatever order requests, partial counts and late fills come in (a late fill landing on
     a newer request of the conversation included), every count the memo hands out is the
-    message's own count under the request's tokenizer, and every role is the message's role."""
+    message's own count under the request's tokenizer, and the roles (each message's, their
+    tally in first-appearance order, the system prompt's positions) are tallied afresh."""
     memo = PrefixCounts()
     sent: list[tuple[str, str, list[dict[str, Any]]]] = []
     for parent, keep, added, same_objects, scope, tokenizer, counted, late in plan:
@@ -130,7 +132,10 @@ def test_what_the_memo_knows_is_what_a_fresh_count_gives(plan: list[tuple[Any, .
         known = memo.known(scope, tokenizer, messages, 100)
         exact = [weight(tokenizer, m) for m in messages]
         assert known.counts == exact[: len(known.counts)]
-        assert known.roles == [m.get("role", "") for m in messages]
+        roles = [m.get("role", "") for m in messages]
+        assert known.roles.names == roles
+        assert list(known.roles.tally.items()) == list(Counter(roles).items())  # order too
+        assert known.roles.system == [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
         assert memo.peek(scope, tokenizer, messages) == known.counts
         known.counts.extend(exact[len(known.counts) : counted])  # the caller counts some
         sent.append((scope, tokenizer, messages))
@@ -155,3 +160,25 @@ def test_counts_made_late_serve_the_newer_requests_of_the_conversation() -> None
     assert known.counts == [count(str(m)) for m in third[:30]]
     memo.fill("t|m", "t2", third, [0] * len(third))  # another tokenizer's counts never land
     assert memo.peek("t|m", "t1", third) == known.counts
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(0, 3), max_size=8),
+    st.lists(st.integers(0, 3), max_size=8),
+    st.integers(0, 8),
+    st.integers(0, 8),
+)
+def test_equal_prefix_is_the_count_of_leading_equal_messages(
+    old_values: list[int], new_values: list[int], shared_objects: int, copied_from: int
+) -> None:
+    """Whether the messages are the very objects of the old request (a parse taken over), equal
+    copies, or different, `equal_prefix` is how many leading messages are equal."""
+    old = [{"role": "user", "content": str(v)} for v in old_values]
+    new = [{"role": "user", "content": str(v)} for v in new_values]
+    for i in range(min(shared_objects, len(old), len(new))):
+        new[i] = old[i] if i < copied_from else dict(old[i])
+    expected = 0
+    while expected < min(len(old), len(new)) and new[expected] == old[expected]:
+        expected += 1
+    assert equal_prefix(new, old) == expected
