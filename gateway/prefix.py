@@ -36,6 +36,7 @@ from typing import Any
 
 import orjson
 
+from .opening import OpeningKey
 from .sized_lru import SizedLru
 
 MAX_CONVERSATIONS = 512
@@ -99,6 +100,7 @@ class PrefixCounts:
     ) -> None:
         self._entries: SizedLru[bytes, _Entry] = SizedLru(max_conversations, max_bytes)
         self._uids = itertools.count(1)
+        self._key = OpeningKey(_key)
         self.reused = 0  # messages whose count came from the previous request
 
     def measure(
@@ -127,7 +129,7 @@ class PrefixCounts:
         `messages` become the conversation's latest request, and `counts` is the memo's own list:
         a caller that counts the rest extends it, and the next request reuses them.
         """
-        key = _key(scope, messages)
+        key = self._key(scope, messages)
         entry = self._entries.get(key)
         same = 0
         if entry is not None:
@@ -147,7 +149,7 @@ class PrefixCounts:
     def peek(self, scope: str, tokenizer: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The counts the memo knows now for the leading messages of `messages` (a copy),
         without making `messages` the conversation's latest request."""
-        entry = self._entries.get(_key(scope, messages))
+        entry = self._entries.get(self._key(scope, messages))
         if entry is None or entry.tokenizer != tokenizer:
             return []
         return entry.counts[: equal_prefix(messages, entry.messages)]
@@ -166,7 +168,7 @@ class PrefixCounts:
         still hold for the prefix they share (equal messages have equal counts). The entry gets
         a new list: a request still counting the rest of the old one extends only its own.
         """
-        entry = self._entries.get(_key(scope, messages))
+        entry = self._entries.get(self._key(scope, messages))
         if entry is None or entry.tokenizer != tokenizer:
             return
         same = len(counts) if entry.messages is messages else equal_prefix(entry.messages, messages)

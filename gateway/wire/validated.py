@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from ..opening import OpeningKey
 from ..prefix import equal_prefix
 from ..sized_lru import SizedLru
 
@@ -54,10 +55,11 @@ class ValidatedMessages:
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
         self._entries: SizedLru[bytes, _Valid] = SizedLru(max_conversations, max_bytes)
+        self._key = OpeningKey(_key)
 
     def known(self, scope: str, messages: Sequence[Any]) -> Known:
         """The leading messages equal to those the conversation's previous valid request had."""
-        key = _key(scope, messages)
+        key = self._key(scope, messages)
         previous = self._entries.get(key) if key is not None else None
         if previous is None:
             return Known(key, 0)
