@@ -10,34 +10,32 @@ for those objects the previous key is the answer. Parsed messages are never chan
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 
-OPENING = 2  # messages that name a conversation
+_ABSENT = object()  # no message at that place
 
 
 class OpeningKey(Generic[K]):
     """`make(scope, messages)`, remembered for the last scope and opening message objects."""
 
-    __slots__ = ("_key", "_make", "_opening", "_scope")
+    __slots__ = ("_first", "_key", "_make", "_scope", "_second")
 
     def __init__(self, make: Callable[[str, Sequence[Any]], K]) -> None:
         self._make = make
         self._scope: str | None = None
-        self._opening: list[Any] = []  # held, so their ids cannot be reused meanwhile
+        # held, so their ids cannot be reused meanwhile
+        self._first: Any = _ABSENT
+        self._second: Any = _ABSENT
         self._key: K | None = None
 
     def __call__(self, scope: str, messages: Sequence[Any]) -> K:
-        opening = list(messages[:OPENING])
-        if (
-            scope == self._scope
-            and len(opening) == len(self._opening)
-            and all(map(operator.is_, opening, self._opening))
-        ):
+        first = messages[0] if messages else _ABSENT
+        second = messages[1] if len(messages) > 1 else _ABSENT
+        if first is self._first and second is self._second and scope == self._scope:
             return self._key  # type: ignore[return-value]  # set with `_scope`
         key = self._make(scope, messages)
-        self._scope, self._opening, self._key = scope, opening, key
+        self._scope, self._first, self._second, self._key = scope, first, second, key
         return key
