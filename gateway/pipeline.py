@@ -488,7 +488,8 @@ class Pipeline:
                 payload.setdefault("truncation", "auto")
             body = serialise(payload)
         system = sum(map(counts.__getitem__, counted.roles.system))
-        total = sum(counts) + tools_tokens + PRIMING_TOKENS
+        in_messages = sum(counts)
+        total = in_messages + tools_tokens + PRIMING_TOKENS
         return Prepared(
             route=route,
             body=body,
@@ -500,7 +501,7 @@ class Pipeline:
             tokens_by_region={
                 "system": system,
                 "tools": tools_tokens,
-                "history": sum(counts) - system,
+                "history": in_messages - system,
             },
             messages=request.messages,
             observe=observe,
