@@ -173,6 +173,7 @@ class Pipeline:
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
         self._prefix = PrefixCounts()
+        self._settling: dict[str, asyncio.Task[ExactCount]] = {}  # latest late count per scope
         self._held = HeldResults()  # each conversation's latest compaction event
         self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._memo = Memo()  # per-text results of the steps, reused across requests
@@ -551,12 +552,20 @@ class Pipeline:
                 counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
                 return None
         counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
+        scope = f"{tenant}|{route.name}"
+        after = self._settling.get(scope)
         late = self.counting.later(
-            size, lambda: self._settle(request, route, tenant, known, sizes, window)
+            size, lambda: self._settle(request, route, tenant, known, sizes, window, after)
         )
         if late is None:
             return None
+        self._settling[scope] = late
+        late.add_done_callback(lambda done: self._settled(scope, done))
         return self._unchanged(request, route, counted, counts, tools, budget, observe, late)
+
+    def _settled(self, scope: str, done: asyncio.Task[ExactCount]) -> None:
+        if self._settling.get(scope) is done:
+            del self._settling[scope]
 
     async def _settle(
         self,
@@ -566,13 +575,18 @@ class Pipeline:
         known: list[int],
         sizes: list[int],
         window: int | None,
+        after: asyncio.Task[ExactCount] | None = None,
     ) -> ExactCount:
         """The exact figures of a request forwarded on its bound (`known`: the counts of its
         leading messages; `sizes`: the bounds of the rest), counted in the background thread.
 
-        Requests queue here under load; what the memo has learnt meanwhile (another request of
-        the conversation counted first) is not looked up again.
+        A conversation's late counts run one after the other (`after`: the one before), each
+        taking what the memo has learnt from the ones before it: under load, requests that
+        arrive while the first count is made would otherwise each look up and count the whole
+        conversation again, ahead of that first count in the background thread's queue.
         """
+        if after is not None and not after.done():
+            await asyncio.wait([after])
         scope, tokenizer = f"{tenant}|{route.name}", route.counter.tokenizer.name
         learnt = self._prefix.peek(scope, tokenizer, request.messages)
         if len(learnt) > len(known):
