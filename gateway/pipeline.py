@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import operator
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,7 +49,7 @@ from .errors import ContextLengthExceededError, InvalidRequestError
 from .expansion import offer
 from .held import HeldResults
 from .metrics import Metrics
-from .prefix import Counted, PrefixCounts
+from .prefix import SYSTEM_ROLES, Counted, PrefixCounts
 from .routing import Route
 from .summaries import SummaryAsk, SummaryService
 from .tokenizers import CharsTokenizer, UpstreamTokenizer
@@ -67,7 +66,6 @@ OUTPUT_RESERVE_SHARE = 0.2  # of the window, for the output when nothing says (d
 # Messages not counted yet smaller than this (by their bound, ~bytes) are counted at once: it
 # costs well under a millisecond, less than handing the count to a thread.
 LATE_MIN_BYTES = 16 * 1024
-SYSTEM_ROLES = frozenset({"system", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +173,7 @@ class Pipeline:
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
         self._prefix = PrefixCounts()
+        self._settling: dict[str, asyncio.Task[ExactCount]] = {}  # latest late count per scope
         self._held = HeldResults()  # each conversation's latest compaction event
         self._refs: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._memo = Memo()  # per-text results of the steps, reused across requests
@@ -336,9 +335,7 @@ class Pipeline:
         tools_tokens = self.tools_tokens(request, route)
         budget = self.budget(request, route, tools_tokens, window)
         if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
-            return self._unchanged(
-                request, route, counts, tools_tokens, budget, observe, tuple(counted.uids)
-            )
+            return self._unchanged(request, route, counted, counts, tools_tokens, budget, observe)
         conversation = self.conversation(request, route, counted)
         request, budget, chain = await self._decide(
             request, conversation, route, tenant, budget, tools_tokens, force, headers, remember
@@ -471,15 +468,16 @@ class Pipeline:
         self,
         request: WireRequest,
         route: Route,
+        counted: Counted,
         counts: Sequence[int],
         tools_tokens: int,
         budget: Budget | None,
         observe: bool,
-        uids: tuple[int | None, ...] = (),
         late: asyncio.Future[ExactCount] | None = None,
     ) -> Prepared:
         """The fast path: forward the client's own bytes (or a rename of them). With `late`,
-        `counts` and `tools_tokens` are upper bounds and `late` makes the exact figures."""
+        `counts` and `tools_tokens` are upper bounds and `late` makes the exact figures.
+        `counted` gives the uids and roles (`counts` may differ from its counts: bounds)."""
         rename = route.upstream_model if route.renamed else None
         inject = self._injects(request, observe)
         truncate = request.stateful and route.stateful_truncation and not observe
@@ -490,10 +488,9 @@ class Pipeline:
             if truncate:
                 payload.setdefault("truncation", "auto")
             body = serialise(payload)
-        names = [message.get("role", "") for message in request.messages]
-        roles = dict(Counter(names))  # in the order each role first appears
-        system = sum(map(operator.mul, counts, map(SYSTEM_ROLES.__contains__, names)))
-        total = sum(counts) + tools_tokens + PRIMING_TOKENS
+        system = sum(map(counts.__getitem__, counted.roles.system))
+        in_messages = sum(counts)
+        total = in_messages + tools_tokens + PRIMING_TOKENS
         return Prepared(
             route=route,
             body=body,
@@ -501,18 +498,18 @@ class Pipeline:
             tokens_after=total,
             budget=budget,
             chain=None,
-            counts_by_role=roles,
+            counts_by_role=counted.roles.tally,
             tokens_by_region={
                 "system": system,
                 "tools": tools_tokens,
-                "history": sum(counts) - system,
+                "history": in_messages - system,
             },
             messages=request.messages,
             observe=observe,
             api=request.api,
             correction=_correction(route),
             injected_usage=inject,
-            uids=uids,
+            uids=tuple(counted.uids),
             bounded=late is not None,
             late=late,
         )
@@ -555,13 +552,20 @@ class Pipeline:
                 counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
                 return None
         counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
-        uids = tuple(counted.uids)
+        scope = f"{tenant}|{route.name}"
+        after = self._settling.get(scope)
         late = self.counting.later(
-            size, lambda: self._settle(request, route, tenant, known, sizes, window)
+            size, lambda: self._settle(request, route, tenant, known, sizes, window, after)
         )
         if late is None:
             return None
-        return self._unchanged(request, route, counts, tools, budget, observe, uids, late)
+        self._settling[scope] = late
+        late.add_done_callback(lambda done: self._settled(scope, done))
+        return self._unchanged(request, route, counted, counts, tools, budget, observe, late)
+
+    def _settled(self, scope: str, done: asyncio.Task[ExactCount]) -> None:
+        if self._settling.get(scope) is done:
+            del self._settling[scope]
 
     async def _settle(
         self,
@@ -571,18 +575,30 @@ class Pipeline:
         known: list[int],
         sizes: list[int],
         window: int | None,
+        after: asyncio.Task[ExactCount] | None = None,
     ) -> ExactCount:
         """The exact figures of a request forwarded on its bound (`known`: the counts of its
-        leading messages; `sizes`: the bounds of the rest), counted in the background thread."""
+        leading messages; `sizes`: the bounds of the rest), counted in the background thread.
+
+        A conversation's late counts run one after the other (`after`: the one before), each
+        taking what the memo has learnt from the ones before it: under load, requests that
+        arrive while the first count is made would otherwise each look up and count the whole
+        conversation again, ahead of that first count in the background thread's queue.
+        """
+        if after is not None and not after.done():
+            await asyncio.wait([after])
+        scope, tokenizer = f"{tenant}|{route.name}", route.counter.tokenizer.name
+        learnt = self._prefix.peek(scope, tokenizer, request.messages)
+        if len(learnt) > len(known):
+            sizes = sizes[len(learnt) - len(known) :]
+            known = learnt
         rest = request.messages[len(known) :]
         made = await self.counting.exact(route.counter, tenant, rest, sizes, background=True)
         tools = await self.counting.run(True, lambda: self.tools_tokens(request, route))
         exact = known + made
-        self._prefix.fill(f"{tenant}|{route.name}", request.messages, exact)
+        self._prefix.fill(scope, tokenizer, request.messages, exact)
         system = sum(
-            n
-            for m, n in zip(request.messages, exact, strict=True)
-            if m.get("role") in ("system", "developer")
+            n for m, n in zip(request.messages, exact, strict=True) if m.get("role") in SYSTEM_ROLES
         )
         budget = self.budget(request, route, tools, window)
         return ExactCount(sum(exact) + tools + PRIMING_TOKENS, system, tools, budget)

@@ -7,6 +7,11 @@ string compares), so only the messages after the first difference are counted at
 dicts give equal counts, so a wrong match is impossible: two conversations that share a key
 only cost each other a recount.
 
+With the counts it keeps the roles (`Roles`): how many messages have each role and which are the
+system prompt's, so the figures reported for a request forwarded as it came (messages by role,
+tokens by region) are updated from the previous request's by the messages that differ, not
+tallied again over the whole history.
+
 It also gives every message a uid (`Message.uid`): a message equal to the previous request's
 message at the same place keeps that message's uid, any other gets a new one. Equal uids
 therefore mean equal data (equality is transitive), which lets the policies memoise work on a
@@ -21,6 +26,7 @@ per-process memo; the count cache below it is what workers could share).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import operator
@@ -30,10 +36,12 @@ from typing import Any
 
 import orjson
 
+from .opening import OpeningKey
 from .sized_lru import SizedLru
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 128 * 1024 * 1024
+SYSTEM_ROLES = frozenset({"system", "developer"})  # the system prompt's messages
 
 
 @dataclass(slots=True)
@@ -42,14 +50,48 @@ class _Entry:
     messages: Sequence[Mapping[str, Any]]
     counts: list[int]
     uids: list[int]
+    roles: Roles
+
+
+@dataclass(frozen=True, slots=True)
+class Roles:
+    """The roles of one request's messages (`role`, "" when absent), never changed once made."""
+
+    names: list[str]
+    tally: dict[str, int]  # messages per role, in the order each role first appears
+    system: list[int]  # the positions of the system prompt's messages (`SYSTEM_ROLES`)
+
+    def then(self, same: int, messages: Sequence[Mapping[str, Any]]) -> Roles:
+        """The roles of `messages`, whose first `same` messages are equal to this request's:
+        this tally less the messages after them, plus the new ones."""
+        tally = dict(self.tally)
+        for role in itertools.islice(self.names, same, None):
+            left = tally[role] - 1
+            if left:
+                tally[role] = left
+            else:
+                del tally[role]  # a role seen again later first appears there
+        names = self.names[:same]
+        system = self.system[: bisect.bisect_left(self.system, same)]
+        new = [message.get("role", "") for message in messages[same:]]
+        for at, role in enumerate(new, same):
+            tally[role] = tally.get(role, 0) + 1
+            if role in SYSTEM_ROLES:
+                system.append(at)
+        names.extend(new)
+        return Roles(names, tally, system)
+
+
+NO_ROLES = Roles([], {}, [])
 
 
 @dataclass(frozen=True, slots=True)
 class Counted:
-    """Per-message token counts and uids of one request."""
+    """Per-message token counts and uids of one request, and its roles."""
 
     counts: list[int]
     uids: list[int]
+    roles: Roles
 
 
 class PrefixCounts:
@@ -58,6 +100,7 @@ class PrefixCounts:
     ) -> None:
         self._entries: SizedLru[bytes, _Entry] = SizedLru(max_conversations, max_bytes)
         self._uids = itertools.count(1)
+        self._key = OpeningKey(_key)
         self.reused = 0  # messages whose count came from the previous request
 
     def measure(
@@ -86,38 +129,65 @@ class PrefixCounts:
         `messages` become the conversation's latest request, and `counts` is the memo's own list:
         a caller that counts the rest extends it, and the next request reuses them.
         """
-        key = _key(scope, messages)
+        key = self._key(scope, messages)
         entry = self._entries.get(key)
         same = 0
         if entry is not None:
             same = equal_prefix(messages, entry.messages)
-            uids = entry.uids[:same]
+            uids, roles = entry.uids[:same], entry.roles.then(same, messages)
         else:
-            uids = []
+            uids, roles = [], NO_ROLES.then(0, messages)
         if entry is not None and entry.tokenizer == tokenizer:
             counts = entry.counts[:same]
             self.reused += len(counts)
         else:
             counts = []
         uids.extend(itertools.islice(self._uids, len(messages) - same))
-        self._entries.put(key, _Entry(tokenizer, messages, counts, uids), size)
-        return Counted(counts, uids)
+        self._entries.put(key, _Entry(tokenizer, messages, counts, uids, roles), size)
+        return Counted(counts, uids, roles)
+
+    def peek(self, scope: str, tokenizer: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The counts the memo knows now for the leading messages of `messages` (a copy),
+        without making `messages` the conversation's latest request."""
+        entry = self._entries.get(self._key(scope, messages))
+        if entry is None or entry.tokenizer != tokenizer:
+            return []
+        return entry.counts[: equal_prefix(messages, entry.messages)]
 
     def fill(
-        self, scope: str, messages: Sequence[Mapping[str, Any]], counts: Sequence[int]
+        self,
+        scope: str,
+        tokenizer: str,
+        messages: Sequence[Mapping[str, Any]],
+        counts: Sequence[int],
     ) -> None:
-        """Counts of `messages` made later (off the request path), kept if `messages` are still
-        their conversation's latest request here."""
-        entry = self._entries.get(_key(scope, messages))
-        if entry is not None and entry.messages is messages and len(entry.counts) < len(counts):
-            entry.counts[:] = counts
+        """Exact counts of `messages` made later (off the request path), kept for the leading
+        messages the conversation's latest request here shares with `messages`.
+
+        Under load a newer request of the conversation has usually arrived by then; the counts
+        still hold for the prefix they share (equal messages have equal counts). The entry gets
+        a new list: a request still counting the rest of the old one extends only its own.
+        """
+        entry = self._entries.get(self._key(scope, messages))
+        if entry is None or entry.tokenizer != tokenizer:
+            return
+        same = len(counts) if entry.messages is messages else equal_prefix(entry.messages, messages)
+        if len(entry.counts) < same:
+            entry.counts = list(counts[:same])
 
 
 def equal_prefix(messages: Sequence[Any], old: Sequence[Any]) -> int:
     """How many leading messages are equal (`==`) to `old`'s, compared in C loops that stop at
     the first difference (a resend usually differs only in its last message). The very same
     objects (a parse taken over from the previous request: `wire.resumed`) are equal without
-    looking inside them."""
+    looking inside them; such a request is tried first as the whole of `old`, or all of it but
+    its last message (a resend with its last message replaced), each one list compare."""
+    shared = min(len(messages), len(old))
+    if shared and messages[0] is old[0]:
+        if messages[:shared] == old[:shared]:
+            return shared
+        if messages[: shared - 1] == old[: shared - 1]:
+            return shared - 1
     same = len(list(itertools.takewhile(bool, map(operator.is_, messages, old))))
     rest = map(
         operator.eq, itertools.islice(messages, same, None), itertools.islice(old, same, None)

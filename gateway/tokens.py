@@ -231,6 +231,7 @@ class CountCache:
             self._entries.clear()
 
 
+MAX_NEWLINE_TAILS: Final = 4096  # system-prompt tails whose newline cost is remembered
 _dumps: Final = orjson.dumps
 _SORT_KEYS: Final = orjson.OPT_SORT_KEYS
 _MIN_DESCRIBED_BYTES: Final = CountCache.MIN_DESCRIBED_BYTES
@@ -262,6 +263,7 @@ class MessageCounter:
         self._person = _personalisation(tokenizer.name)
         self._keyed = hashlib.sha256(self._person)  # copied per key: personalised sha256
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+        self._newlines: dict[str, int] = {}  # `_newline_cost` by tail (exact tokenizers only)
         # An upper bound of this counter's counts, cheap to compute; None when none is proven.
         self.bound: MessageCounter | None = (
             BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
@@ -280,6 +282,7 @@ class MessageCounter:
         self._person = _personalisation(tokenizer.name)
         self._keyed = hashlib.sha256(self._person)
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
+        self._newlines = {}
         self.bound = BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
 
     def recorded(self, work: Callable[[], object]) -> list[str]:
@@ -408,8 +411,20 @@ class MessageCounter:
         )
 
     def _newline_cost(self, tail: str) -> int:
-        """Tokens the newline after `tail` adds (0 or 1 in practice: it may join a token)."""
-        return self._count(tail + "\n") - self._count(tail)
+        """Tokens the newline after `tail` adds (0 or 1 in practice: it may join a token).
+
+        Remembered per tail for an exact tokenizer: the same system prompt comes with every
+        request of a conversation, and two tokenizer calls are most of a warm `tools` count.
+        """
+        if not self._use_cache:
+            return self._count(tail + "\n") - self._count(tail)
+        cost = self._newlines.get(tail)
+        if cost is None:
+            cost = self._count(tail + "\n") - self._count(tail)
+            if len(self._newlines) >= MAX_NEWLINE_TAILS:
+                self._newlines.clear()
+            self._newlines[tail] = cost
+        return cost
 
     def _key(self, value: object) -> bytes | None:
         """The cache key of `value`: sha256 (first 16 bytes) of its canonical JSON, personalised

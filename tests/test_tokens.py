@@ -640,3 +640,24 @@ def test_disabled_cache_and_text(o200k: Tokenizer) -> None:
     assert counter.text("hello world") == 2
     with pytest.raises(ValueError):
         CountCache(-1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.text(st.sampled_from("ab \n.:{}é漢😀"), max_size=80).filter(bool), min_size=1, max_size=6
+    ),
+    st.sampled_from(["", " ", "\n", "x", " x"]),
+)
+def test_remembered_newline_costs_equal_a_fresh_count(
+    o200k: Tokenizer, prompts: list[str], suffix: str
+) -> None:
+    """The tools' count with a system prompt (its newline cost is remembered per tail) is the
+    count a counter that remembers nothing makes, however tails repeat or share their ends."""
+    tools = [{"type": "function", "function": {"name": "f", "description": "d"}}]
+    remembering = MessageCounter(o200k, CountCache())
+    for prompt in [*prompts, *(p + suffix for p in prompts), *prompts]:
+        fresh = MessageCounter(o200k, CountCache(0))
+        assert remembering.tools(tools, system_text=prompt) == fresh.tools(
+            tools, system_text=prompt
+        )

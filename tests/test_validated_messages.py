@@ -45,8 +45,15 @@ _valid = st.one_of(
         lambda t: {"role": "user", "content": [{"type": "text", "text": t}]},
         _text,
     ),
+    st.builds(  # the gateway's own field, read into marks and stripped
+        lambda c, pin: {"role": "user", "content": c, "compactgate": {"pin": pin}},
+        _text,
+        st.booleans(),
+    ),
 )
-_field = st.sampled_from(["role", "content", "name", "tool_call_id", "tool_calls", "x"])
+_field = st.sampled_from(
+    ["role", "content", "name", "tool_call_id", "tool_calls", "x", "compactgate"]
+)
 
 
 @st.composite
@@ -70,7 +77,7 @@ def _outcome(wire: ChatWire, body: dict[str, Any], tenant: str | None) -> Any:
         request = wire.parse(orjson.dumps(body), MAX, scope)
     except InvalidRequestError as error:
         return ("400", error.status, error.message, error.param)
-    return ("ok", request.messages, request.marks)
+    return ("ok", request.messages, request.marks, request.has_extension)
 
 
 @settings(max_examples=300, deadline=None)
@@ -109,10 +116,10 @@ def test_a_prefix_message_made_invalid_is_rejected(history: list[dict[str, Any]]
 def test_memory_is_per_caller_and_bounded() -> None:
     memo = ValidatedMessages(max_conversations=2)
     history = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
-    memo.remember(memo.known("a", history), history, 10)
+    memo.remember(memo.known("a", history), history, 10, False)
     assert memo.known("a", history).count == 2
     assert memo.known("b", history).count == 0  # another caller checks its own
     for n in range(2):
         other = [{"role": "user", "content": str(n)}]
-        memo.remember(memo.known("a", other), other, 10)
+        memo.remember(memo.known("a", other), other, 10, False)
     assert memo.known("a", history).count == 0  # the oldest conversation was dropped

@@ -6,10 +6,13 @@ real request compute before anything is sent.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.app import Gateway
 from gateway.config import parse_config
@@ -112,3 +115,72 @@ async def test_a_conversation_held_upstream_is_forwarded_as_sent_or_truncated_on
     assert prepared.changed_steps == []
     opted_in = await prepare(gateway(stateful_truncation=True), "responses", body)
     assert orjson.loads(opted_in.body) == {**body, "truncation": "auto"}
+
+
+turns = st.lists(
+    st.tuples(
+        st.integers(0, 10),  # how many of the previous request's messages are kept
+        st.lists(
+            st.tuples(
+                st.sampled_from(["system", "developer", "user", "assistant"]),
+                st.sampled_from(["a", "bb " * 9, "ccc " * 40]),
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(turns)
+async def test_a_resent_conversation_reports_what_a_first_sight_of_it_does(
+    plan: list[tuple[int, list[tuple[str, str]]]],
+) -> None:
+    """The figures of a request forwarded as it came (tokens by role and by region, before and
+    after) are the same whether the gateway has seen the conversation's earlier requests (and
+    reads only what is new) or sees this request first."""
+    seen = gateway(context_window=1_000_000)
+    messages: list[dict[str, Any]] = []
+    for keep, added in plan:
+        messages = [*messages[:keep], *({"role": r, "content": c} for r, c in added)]
+        body = {"model": "m", "messages": messages}
+        warm = await prepare(seen, "chat", body)
+        cold = await prepare(gateway(context_window=1_000_000), "chat", body)
+        assert warm.chain is None and cold.chain is None  # both forwarded as they came
+        assert dict(warm.counts_by_role) == dict(cold.counts_by_role)
+        assert list(warm.counts_by_role) == list(cold.counts_by_role)  # first-appearance order
+        assert dict(warm.tokens_by_region) == dict(cold.tokens_by_region)
+        assert (warm.tokens_before, warm.tokens_after) == (cold.tokens_before, cold.tokens_after)
+        assert warm.body == cold.body
+
+
+async def test_a_conversations_late_counts_run_in_turn_and_count_only_what_is_new() -> None:
+    """Requests of one conversation forwarded on their upper bound before the first one's exact
+    count is made: each exact figure is what a fresh count gives, and the later counts take
+    the earlier one's work instead of looking the whole conversation up again (under load they
+    used to queue ahead of the first count and keep the memo from ever catching up)."""
+    history: list[dict[str, Any]] = [{"role": "system", "content": "Be brief. " * 50}]
+    history += [
+        {"role": "user" if i % 2 else "assistant", "content": f"turn {i} " + "word " * 300}
+        for i in range(30)
+    ]
+    gw = gateway(tokenizer="tiktoken:o200k_base", context_window=1_000_000)
+    route = gw.router.resolve("m")
+    assert route is not None
+    prepared = []
+    for turn in range(4):
+        body = {"model": "m", "messages": [*history, {"role": "user", "content": f"now {turn}"}]}
+        request = CHAT.parse(orjson.dumps(body), 10_000)
+        p = await gw.pipeline.prepare(request, route, "t", window=1_000_000, count_late=True)
+        assert p.bounded and p.late is not None
+        prepared.append((body, p))
+    cache = route.counter.cache
+    before = cache.hits + cache.misses
+    await asyncio.wait([p.late for _, p in prepared if p.late is not None])
+    for body, p in prepared:
+        fresh = await prepare(gateway(tokenizer="tiktoken:o200k_base"), "chat", body)
+        assert p.settled().tokens_before == fresh.tokens_before
+    assert cache.hits + cache.misses - before < 2 * len(history)  # not 4 x the conversation

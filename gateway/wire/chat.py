@@ -81,7 +81,10 @@ class ChatWire(Wire):
         except InvalidRequestError:
             _read_messages(raw_messages, checked_from)  # the first problem in the body's order
             raise
-        has_extension = any(map(operator.contains, raw_messages, itertools.repeat(EXTENSION)))
+        # Messages equal to a remembered request none of whose messages carried it: not looked at.
+        unmarked = checked_from if known is not None and not known.marked else 0
+        fresh = itertools.islice(raw_messages, unmarked, None)
+        has_extension = any(map(operator.contains, fresh, itertools.repeat(EXTENSION)))
         if has_extension:
             messages, marks = _read_messages(raw_messages, len(raw_messages))
         else:  # nothing to read or strip
@@ -91,7 +94,7 @@ class ChatWire(Wire):
         options = payload.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         if validated is not None and known is not None:
-            validated.remember(known, raw_messages, len(body))
+            validated.remember(known, raw_messages, len(body), has_extension)
         return WireRequest(
             wire=self,
             body=body,

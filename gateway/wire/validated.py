@@ -8,6 +8,9 @@ equal only to a value of its own type. So a message equal to the one at the same
 caller's previous valid request of the same conversation needs no check; every other message is
 checked as before, in order, so the first invalid message gives the same 400 as it always did.
 
+Whether any remembered message carries the gateway's own field is kept too: when none did, only
+the messages after the known prefix are looked at for it.
+
 Only requests whose every message passed are remembered. Keyed by the caller (tenant) and a
 digest of the opening two messages; bounded by conversations and by the bytes of the requests
 held. A key two conversations share costs them only the checks they would have made anyway.
@@ -22,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from ..opening import OpeningKey
 from ..prefix import equal_prefix
 from ..sized_lru import SizedLru
 
@@ -35,6 +39,13 @@ class Known:
 
     key: bytes | None
     count: int
+    marked: bool = True  # whether those messages may carry the gateway's field (`EXTENSION`)
+
+
+@dataclass(frozen=True, slots=True)
+class _Valid:
+    messages: Sequence[Any]
+    marked: bool
 
 
 class ValidatedMessages:
@@ -43,21 +54,23 @@ class ValidatedMessages:
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: SizedLru[bytes, Sequence[Any]] = SizedLru(max_conversations, max_bytes)
+        self._entries: SizedLru[bytes, _Valid] = SizedLru(max_conversations, max_bytes)
+        self._key = OpeningKey(_key)
 
     def known(self, scope: str, messages: Sequence[Any]) -> Known:
         """The leading messages equal to those the conversation's previous valid request had."""
-        key = _key(scope, messages)
+        key = self._key(scope, messages)
         previous = self._entries.get(key) if key is not None else None
         if previous is None:
             return Known(key, 0)
-        return Known(key, equal_prefix(messages, previous))
+        return Known(key, equal_prefix(messages, previous.messages), previous.marked)
 
-    def remember(self, known: Known, messages: Sequence[Any], size: int) -> None:
-        """Keep `messages`, all of which passed their checks (`size`: the request's bytes)."""
+    def remember(self, known: Known, messages: Sequence[Any], size: int, marked: bool) -> None:
+        """Keep `messages`, all of which passed their checks (`size`: the request's bytes;
+        `marked`: whether any of them carries the gateway's field)."""
         if known.key is None:
             return
-        self._entries.put(known.key, messages, size)
+        self._entries.put(known.key, _Valid(messages, marked), size)
 
 
 def _key(scope: str, messages: Sequence[Any]) -> bytes | None:
