@@ -177,6 +177,25 @@ def test_nothing_is_carried_that_a_kept_message_still_holds() -> None:
     assert ledger_of(result.conversation) == []  # nothing dropped: no ledger message at all
 
 
+def test_an_entry_split_across_two_kept_messages_is_not_taken_for_present() -> None:
+    """The kept texts an entry is looked for in are kept apart: the end of one and the start of
+    the next do not make a statement nobody made."""
+    rule = "Never touch the production database without asking me."
+    data = early_rule_session()[:-1]
+    data += [
+        msg("user", "Careful, never touch the production database with"),
+        msg("assistant", "Yes?"),
+        msg("user", "out asking me. Continue with the plan."),
+    ]
+    conversation = conv(data)
+    kept = run_chain(conversation, budget(conversation.tokens // 2), DEFAULT, env()).conversation
+    texts = [m.text for m in kept.messages if m.kind != KIND]
+    assert texts[-3] == "Careful, never touch the production database with"  # both kept
+    assert texts[-1] == "out asking me. Continue with the plan."
+    assert not any(rule in text for text in texts)  # the early message went
+    assert f"- {rule}" in ledger_of(kept)
+
+
 def test_a_summary_that_kept_the_rule_replaces_its_entry_and_one_that_lost_it_does_not() -> None:
     conversation = conv(early_rule_session())
     rule = "Never touch the production database without asking me."
