@@ -39,7 +39,12 @@ class InProcessTransport(HttpTransport):
 
 
 class _Connector(aiohttp.BaseConnector):
-    """Connects to a named in-process server through a socket pair instead of the network."""
+    """Connects to a named in-process server through a socket pair instead of the network.
+
+    It overrides `_create_connection`, the hook aiohttp's own Unix-socket and named-pipe
+    connectors override; not public API, so an aiohttp upgrade is checked by this module's
+    tests (tests/test_in_process_upstream.py) before the lock moves.
+    """
 
     def __init__(self, servers: Mapping[str, ServerFactory]) -> None:
         super().__init__(limit=0)
