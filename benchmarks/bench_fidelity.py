@@ -20,7 +20,6 @@ plus a quarter of the ASCII characters and one per CJK character.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 from collections import defaultdict
@@ -31,6 +30,9 @@ from typing import Any
 import orjson
 import yaml
 
+# The token estimate and the policy environment are the chain worker's, so bench_chain_ab's
+# chain times and these measure the same thing.
+from benchmarks.chain_worker import count, env
 from benchmarks.fidelity_sessions import (
     LANGUAGES,
     SHAPES,
@@ -41,8 +43,7 @@ from benchmarks.fidelity_sessions import (
     survived,
 )
 from gateway.prefix import PrefixCounts
-from policies import Budget, Conversation, Env, Message, build_policy, check, run_chain
-from policies.conversation import content_text
+from policies import Budget, Conversation, Message, build_policy, check, run_chain
 from policies.registry import DEFAULT_STEPS
 from policies.steps.ledger import KIND as LEDGER_KIND
 
@@ -50,26 +51,6 @@ CONFIG = Path(__file__).resolve().parent.parent / "config.example.yaml"
 FRACTIONS = (0.5, 0.25)
 TARGET_RATIO = 0.6
 TRIGGER_RATIO = 0.8
-
-
-_CJK = re.compile("[\u2e80-\U0010ffff]")
-
-
-def count_text(text: str) -> int:
-    cjk = len(_CJK.findall(text))
-    return (len(text) - cjk + 3) // 4 + cjk
-
-
-def count(data: Mapping[str, Any]) -> int:
-    calls = data.get("tool_calls")
-    extra = sum(len(str(c)) for c in calls) // 4 if calls else 0
-    return 4 + count_text(content_text(data.get("content"))) + extra
-
-
-def env() -> Env:
-    return Env(
-        count=count, ref_for=lambda text: f"ref_{abs(hash(text)) % 10**12}", count_text=count_text
-    )
 
 
 def conversation(
