@@ -1,16 +1,25 @@
-"""The check the resumed-parse tests share: a request parsed by resuming the conversation's
+"""The checks the resumed-parse tests share: a request parsed by resuming the conversation's
 previous parse is the request a parse from scratch gives, and is forwarded alike."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import orjson
 import pytest
 
 from gateway.app import Gateway
 from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.wire import Wire
 from gateway.wire.request import WireRequest
+
+
+def same_messages(resumed: WireRequest, fresh: WireRequest) -> None:
+    """The two parses give the same canonical messages (key order and number types included),
+    marks and extension flag; each API's test compares its own layout besides."""
+    assert orjson.dumps(resumed.messages) == orjson.dumps(fresh.messages)
+    assert resumed.marks == fresh.marks
+    assert resumed.has_extension == fresh.has_extension
 
 
 async def resumed_as_fresh(

@@ -16,7 +16,7 @@ from gateway.config import parse_config
 from gateway.wire import RESPONSES
 from gateway.wire.request import WireRequest
 from tests.configs import compacting
-from tests.resume_checks import resumed_as_fresh
+from tests.resume_checks import resumed_as_fresh, same_messages
 from tests.wire_strategies import responses_bodies
 
 EDITS = ("text", "keys", "extension", "reorder", "drop", "unknown")
@@ -44,9 +44,7 @@ def _edited(items: list[Any], edit: str, at: int, other: int) -> list[Any]:
 
 
 def _same_request(resumed: WireRequest, fresh: WireRequest) -> None:
-    assert orjson.dumps(resumed.messages) == orjson.dumps(fresh.messages)
-    assert resumed.marks == fresh.marks
-    assert resumed.has_extension == fresh.has_extension
+    same_messages(resumed, fresh)
     old, new = resumed.layout, fresh.layout
     assert orjson.dumps(old.items) == orjson.dumps(new.items)
     assert (old.spans, old.string_input) == (new.spans, new.string_input)

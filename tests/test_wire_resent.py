@@ -23,7 +23,7 @@ from gateway.wire import MESSAGES
 from gateway.wire.request import WireRequest
 from policies import Message
 from tests.configs import compacting
-from tests.resume_checks import resumed_as_fresh
+from tests.resume_checks import resumed_as_fresh, same_messages
 from tests.wire_strategies import messages_bodies
 
 WINDOWS = (600, 1_200, 100_000)  # compacted (a held result on later turns), and as sent
@@ -66,9 +66,7 @@ def _edited(messages: list[Any], edit: str, at: int, other: int) -> list[Any]:
 
 def _same_request(resumed: WireRequest, fresh: WireRequest) -> None:
     """The two parses are the same data, key order and number types included."""
-    assert orjson.dumps(resumed.messages) == orjson.dumps(fresh.messages)
-    assert resumed.marks == fresh.marks
-    assert resumed.has_extension == fresh.has_extension
+    same_messages(resumed, fresh)
     old, new = resumed.layout, fresh.layout
     assert orjson.dumps(old.messages) == orjson.dumps(new.messages)
     assert (old.spans, old.parts, old.marked, old.markers) == (
