@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from .deadlines import within
 from .errors import BodyTooLargeError, GatewayError, RequestTimeoutError
 
 Scope = MutableMapping[str, Any]
@@ -39,7 +40,7 @@ async def read_body(receive: Receive, scope: Scope, limit: int, timeout: float) 
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(timeout):
+        with within(timeout):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":

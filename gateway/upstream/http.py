@@ -11,12 +11,12 @@ each configurable; the whole of a non-streaming call is bounded by `upstream_tim
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 
 import aiohttp
 
+from ..deadlines import within
 from ..errors import GatewayError, UpstreamError, UpstreamTimeoutError, UpstreamUnreachableError
 from .headers import HOP_BY_HOP, connection_listed
 from .transport import Timeouts
@@ -52,7 +52,7 @@ class HttpResponse:
     async def read(self) -> bytes:
         """The whole body (non-streaming), bounded by the total timeout."""
         with _mapped():
-            async with asyncio.timeout(self._timeouts.total):
+            with within(self._timeouts.total):
                 return await self._response.read()
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -61,7 +61,7 @@ class HttpResponse:
         idle = self._timeouts.idle
         while True:
             with _mapped():
-                async with asyncio.timeout(idle):
+                with within(idle):
                     chunk = await content.readany()
             if not chunk:
                 return
@@ -107,7 +107,7 @@ class HttpTransport:
             await self.start()
         assert self._session is not None
         with _mapped():
-            async with asyncio.timeout(self.timeouts.first_byte):
+            with within(self.timeouts.first_byte):
                 response = await self._session.request(
                     method, url, headers=headers, data=body, allow_redirects=False
                 )
