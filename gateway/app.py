@@ -29,7 +29,6 @@ import contextlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +80,7 @@ from .events import EventLog
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
 from .limits import ConcurrencyLimits, register_gauges
-from .logs import access_logged, clip, log_request, request_fields
+from .logs import access_logged, clip, log_request, new_request_id, request_fields
 from .memory import freeze_startup_objects
 from .metrics import Metrics
 from .models_endpoint import get_model, list_models
@@ -430,7 +429,7 @@ class Endpoint:
         gw = self.gw
         incoming_id = header(scope, b"x-request-id")
         exchange = Exchange(
-            request_id=incoming_id.decode("latin-1") if incoming_id else uuid.uuid4().hex,
+            request_id=incoming_id.decode("latin-1") if incoming_id else new_request_id(),
             started=time.perf_counter(),
             api=self.api,
         )
@@ -1158,7 +1157,7 @@ def logged(api: str, handler: Handler) -> Callable[[Request], Awaitable[Response
 
 def _request_id(request: Request) -> str:
     incoming = request.headers.get("x-request-id")
-    return incoming if incoming else uuid.uuid4().hex
+    return incoming if incoming else new_request_id()
 
 
 # -- wiring ----------------------------------------------------------------------------------

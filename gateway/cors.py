@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
 
 from .asgi import Receive, Scope, Send, header, send_error
 from .errors import OriginNotAllowedError
-from .logs import clip, log_request, request_fields
+from .logs import clip, log_request, new_request_id, request_fields
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
@@ -85,7 +84,7 @@ class BrowserAccess:
     async def refuse(self, scope: Scope, send: Send, origin: str) -> None:
         started = time.perf_counter()
         incoming = header(scope, b"x-request-id")
-        request_id = incoming.decode("latin-1") if incoming else uuid.uuid4().hex
+        request_id = incoming.decode("latin-1") if incoming else new_request_id()
         error = OriginNotAllowedError(
             f"Pages from {origin} may not call this gateway; add the origin to "
             "server.cors_origins to allow it."

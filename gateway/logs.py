@@ -17,6 +17,7 @@ import functools
 import hashlib
 import logging
 import logging.config
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -96,6 +97,12 @@ def log_request(fields: Mapping[str, Any]) -> None:
     """Write one request's line (INFO on `compactgate.access`)."""
     if access_log.isEnabledFor(logging.INFO):
         access_log.info("%s", RequestLine(fields), extra={"fields": fields})
+
+
+def new_request_id() -> str:
+    """A request id for a request that brought none: 32 random hex digits, as a uuid4's hex
+    reads, taken from the OS's random source without building a UUID (a few µs a request)."""
+    return os.urandom(16).hex()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -213,6 +213,24 @@ def test_a_client_gets_one_date_and_one_server_header(
         assert response.headers.get_list("server") == ["uvicorn"], response.url
 
 
+def test_a_request_without_an_id_gets_a_new_one_in_its_header_and_its_line(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    """The gateway names a request that brought no `x-request-id`: 32 hex digits, new for each
+    request, in the response header and on the request's log line."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {KEY}"}
+    answers = [
+        httpx.post(f"{gateway.base_url}/chat/completions", json=body, headers=headers, timeout=20)
+        for _ in range(3)
+    ]
+    ids = {answer.headers["x-compactgate-request-id"] for answer in answers}
+    assert len(ids) == 3
+    assert all(len(i) == 32 and all(c in "0123456789abcdef" for c in i) for i in ids), ids
+    lines = request_lines(gateway, ids)
+    assert {line["status"] for line in lines.values()} == {200}
+
+
 @pytest.mark.slow
 def test_every_worker_writes_request_lines(start_gateway: GatewayStarter) -> None:
     """Workers are separate processes that set up their own logging: each must use the
