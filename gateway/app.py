@@ -60,7 +60,7 @@ from .config import Config, ConfigError, ServerConfig
 from .context_errors import ContextError, classify
 from .context_management import Applied, apply_to, reported_in_stream, with_report
 from .cors import BrowserAccess
-from .costs import Accountant, Priced
+from .costs import Accountant, Priced, price_map
 from .counting import Counting
 from .destinations import destinations, upstream_headers
 from .errors import (
@@ -144,7 +144,7 @@ class Exchange:
     api: str = "chat"
     model: str = "-"
     status: int = 0
-    reason: str = ""  # why it failed: the gateway's error code, or the upstream's status
+    reason: str = ""  # the failure kind, when the request failed (errors.ERROR_TABLE, upstream_*)
     stream: bool = False
     upstream_seconds: float = 0.0
     retries: int = 0
@@ -167,8 +167,6 @@ class Exchange:
     agent_reason: str = ""  # why: ready, not_ready, stale, unanswerable (a transcript), shadow
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
-    stream: bool = False
-    reason: str = ""  # the failure kind, when the request failed (errors.ERROR_TABLE, upstream_*)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
 
     @property
@@ -305,6 +303,9 @@ class Gateway:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()  # and litellm imported now, if a model uses it
         self.pipeline.ref_secret = await self.shared_secret()
+        # The price map (litellm's, about half a second to read) is read now rather than by the
+        # first answered request, and frozen with the rest of start-up.
+        await asyncio.to_thread(price_map)
         freeze_startup_objects()  # last: everything start-up made stays out of collections
         try:
             yield

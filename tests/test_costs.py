@@ -197,6 +197,16 @@ def priced_config(
     return {**one_model(upstream.base_url, steps, **model), "events": {"path": events}}
 
 
+async def test_the_price_map_is_read_while_the_gateway_starts(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Reading litellm's price map takes about half a second: start-up pays it, not the first
+    answered request after every start."""
+    price_map.cache_clear()
+    await start_app(priced_config(local_upstream))
+    assert price_map.cache_info().currsize == 1
+
+
 async def test_a_compacted_answer_says_what_it_cost_and_what_it_saved(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
