@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from gateway.app import Gateway
 from gateway.config import parse_config
 from gateway.counting import OFFLOAD_MIN_BYTES
-from gateway.pipeline import Prepared
+from gateway.pipeline import LATE_MIN_BYTES, Prepared
 from gateway.tokenizers import load_tokenizer
-from gateway.tokens import CountCache, MessageCounter
+from gateway.tokens import PRIMING_TOKENS, CountCache, MessageCounter
 from gateway.wire import CHAT
 
 COUNTER = MessageCounter(load_tokenizer("tiktoken:o200k_base"), CountCache(0))
@@ -121,7 +121,8 @@ async def test_a_request_decided_on_its_bound_is_sent_as_its_exact_count_decides
     assert bound is not None
     exact = COUNTER.messages(messages)
     narrow = sum(map(bound.narrow, messages))
-    loose = bound.messages(messages)
+    loose = bound.messages(messages)  # priming included
+    tighter = sum(min(bound.message(m), bound.narrow(m)) for m in messages) + PRIMING_TOKENS
     marks = (int(exact * 0.6), exact, narrow, loose, loose * 2)
     low = REGIONS.index(region)
     trigger = marks[low] + where * (marks[low + 1] - marks[low])
@@ -140,3 +141,10 @@ async def test_a_request_decided_on_its_bound_is_sent_as_its_exact_count_decides
     )
     if narrow >= OFFLOAD_MIN_BYTES and plain.tokens_before < 0.7 * (window - MAX_OUTPUT):
         assert late.bounded  # a request that plainly fits went before all of it was counted
+    # A bound that fits is not narrowed by counting: what the response reports is that bound.
+    room = late.budget.trigger + PRIMING_TOKENS
+    measured = loose - PRIMING_TOKENS >= LATE_MIN_BYTES  # else too small to leave uncounted
+    if measured and loose <= room:
+        assert late.tokens_before == loose
+    elif measured and tighter <= room:
+        assert late.tokens_before == tighter
