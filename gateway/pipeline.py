@@ -548,8 +548,8 @@ class Pipeline:
 
         made: list[int | None] = [None] * len(rest)
         if not fits(size):
-            # Before counting, the tighter bound: every byte it takes off is about a byte less
-            # to count (the lower of two upper bounds is one).
+            # Before counting, the tighter bound: every byte it takes off is a byte less
+            # to count, roughly (the lower of two upper bounds is one).
             sizes = [min(s, bound.narrow(m)) for s, m in zip(sizes, rest, strict=True)]
             if not fits(sum(sizes)):
                 made = await self.counting.until(route.counter, tenant, rest, sizes, fits)

@@ -585,10 +585,10 @@ class BoundCounter(MessageCounter):
         self._role_tokens = dict(exact._role_tokens)  # a role's own count is known exactly
 
     def narrow(self, message: Mapping[str, Any]) -> int:
-        """A tighter bound of `message` than `message()`, at about twice its cost: `exact`'s
+        """A tighter bound of `message` than `message()`, at up to twice its cost: `exact`'s
         counting with each text's UTF-8 length and the roles' exact counts, so the JSON's keys,
         quotes and escapes are left out (about 9 % lower on an agent's history). For a request
-        the cheap bound does not settle: each byte taken off it is about a byte less to count."""
+        the cheap bound does not settle: each byte taken off it is roughly a byte less to count."""
         return self._count_message(message)
 
     def message(self, message: Mapping[str, Any]) -> int:
