@@ -527,7 +527,8 @@ class Pipeline:
         counted yet are worth counting later; None: the caller counts them (all counted here
         already when only their exact counts fit, or the request does not fit at all).
 
-        A bound over the trigger is narrowed by counting messages exactly (in the counting
+        A bound over the trigger is first taken again without the JSON's syntax
+        (`BoundCounter.narrow`), then narrowed by counting messages exactly (in the counting
         threads) until it fits; what is left is counted later.
         """
         bound = route.counter.bound
@@ -547,10 +548,14 @@ class Pipeline:
 
         made: list[int | None] = [None] * len(rest)
         if not fits(size):
-            made = await self.counting.until(route.counter, tenant, rest, sizes, fits)
-            if None not in made:
-                counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
-                return None
+            # Before counting, the tighter bound: every byte it takes off is a byte less
+            # to count, roughly (the lower of two upper bounds is one).
+            sizes = [min(s, bound.narrow(m)) for s, m in zip(sizes, rest, strict=True)]
+            if not fits(sum(sizes)):
+                made = await self.counting.until(route.counter, tenant, rest, sizes, fits)
+                if None not in made:
+                    counted.counts.extend(made)  # type: ignore[arg-type]  # all exact, none None
+                    return None
         counts = known + [s if c is None else c for c, s in zip(made, sizes, strict=True)]
         scope = f"{tenant}|{route.name}"
         after = self._settling.get(scope)

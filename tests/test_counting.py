@@ -138,6 +138,7 @@ def test_the_bound_of_a_message_is_never_below_its_count(message: dict[str, Any]
     for counter in COUNTERS.values():
         assert counter.bound is not None
         assert counter.bound.message(message) >= counter.message(message)
+        assert counter.bound.narrow(message) >= counter.message(message)
 
 
 PROPERTY = st.fixed_dictionaries(
