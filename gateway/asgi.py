@@ -100,7 +100,7 @@ class DisconnectWatcher:
         self._task: asyncio.Task[None] | None = None
         self.disconnected = False
         self.started = False  # the response head has been sent
-        self.event_stream = False  # ... as text/event-stream
+        self._head: Iterable[tuple[bytes, bytes]] = ()  # its headers
         self.finished = False  # the last body chunk is being sent: a disconnect now is normal
 
     async def send(self, message: Message) -> None:
@@ -108,10 +108,7 @@ class DisconnectWatcher:
         last chunk."""
         if message["type"] == "http.response.start":
             self.started = True
-            self.event_stream = any(
-                k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                for k, v in message.get("headers", ())
-            )
+            self._head = message.get("headers", ())
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
         await self._send(message)
@@ -125,6 +122,15 @@ class DisconnectWatcher:
         if self.event_stream:
             await self.send({"type": "http.response.body", "body": event, "more_body": True})
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @property
+    def event_stream(self) -> bool:
+        """The response head sent says text/event-stream (read only when an error must be told;
+        most responses end without one)."""
+        return any(
+            k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+            for k, v in self._head
+        )
 
     def start(self) -> None:
         owner = asyncio.current_task()
