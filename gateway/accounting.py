@@ -31,6 +31,14 @@ class Accounting:
         self.gw = gateway
         self.api = api
         self.saves = saves
+        metrics = gateway.metrics
+        by = metrics.children  # each by (model, api): held here, looked up once per request
+        self._request_seconds = by(metrics.request_seconds)
+        self._upstream_seconds = by(metrics.upstream_seconds)
+        self._overhead_seconds = by(metrics.overhead_seconds)
+        self._tokens_before = by(metrics.tokens_before)
+        self._tokens_after = by(metrics.tokens_after)
+        self._tokens_saved = by(metrics.tokens_saved)
 
     def calibrate(
         self, route: Route, prepared: Prepared, exchange: Exchange, usage: Usage | None
@@ -106,18 +114,17 @@ class Accounting:
 
     def recorded(self, exchange: Exchange, total: float) -> None:
         metrics = self.gw.metrics
-        child, model, api = metrics.child, exchange.model, self.api
-        child(metrics.request_seconds, model, api).observe(total)
-        if exchange.upstream_seconds:
-            child(metrics.upstream_seconds, model, api).observe(exchange.upstream_seconds)
-        child(metrics.overhead_seconds, model, api).observe(
-            max(0.0, total - exchange.upstream_seconds)
-        )
+        key = (exchange.model, self.api)
+        upstream = exchange.upstream_seconds
+        self._request_seconds[key].observe(total)
+        if upstream:
+            self._upstream_seconds[key].observe(upstream)
+        self._overhead_seconds[key].observe(max(0.0, total - upstream))
         if exchange.tokens_before and not exchange.tokens_bound:  # a bound is not a count
-            child(metrics.tokens_before, model, api).inc(exchange.tokens_before)
-            child(metrics.tokens_after, model, api).inc(exchange.tokens_after)
+            self._tokens_before[key].inc(exchange.tokens_before)
+            self._tokens_after[key].inc(exchange.tokens_after)
             if saved := self.tokens_saved(exchange):
-                child(metrics.tokens_saved, model, api).inc(saved)
+                self._tokens_saved[key].inc(saved)
             if not exchange.observe and exchange.steps != "none":
                 for step in exchange.steps.split(","):
                     metrics.compactions.labels(step).inc()
