@@ -82,20 +82,26 @@ class Accounting:
 
     def headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
         prefix = b"x-compactgate-would-" if exchange.observe else b"x-compactgate-"
-        return [
+        headers = [
             (b"x-compactgate-request-id", exchange.request_id.encode("latin-1", "replace")),
             (prefix + b"tokens-before", str(exchange.tokens_before).encode()),
             (prefix + b"tokens-after", str(exchange.tokens_after).encode()),
             (prefix + b"steps", exchange.steps.encode()),
             (prefix + b"retries", str(exchange.retries).encode()),
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
-            *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
-            *((b"x-compactgate-tokens-counted", b"upper-bound"),) * exchange.tokens_bound,
-            *_cost_headers(exchange.priced),
-            *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
-            *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
-            * (exchange.compacted is not None),
         ]
+        # The rest, in this order, only when they apply (most answers carry none of them).
+        if exchange.stateful:
+            headers.append((b"x-compactgate-history", b"upstream"))
+        if exchange.tokens_bound:
+            headers.append((b"x-compactgate-tokens-counted", b"upper-bound"))
+        if exchange.priced is not None:
+            headers += _cost_headers(exchange.priced)
+        if exchange.agent_compaction is not None:
+            headers += _agent_headers(exchange.agent_compaction, exchange.agent_outcome)
+        if exchange.compacted is not None:
+            headers.append((b"x-compactgate-compaction", exchange.compacted.encode()))
+        return headers
 
     def record(self, exchange: Exchange) -> None:
         """Metrics, the log line and `/ui`'s sample of a finished request; for a request
