@@ -316,7 +316,8 @@ class Metrics:
 
     def child(self, metric: Any, *values: str) -> Any:
         """`metric.labels(*values)`, looked up once per label set (`children`)."""
-        return self.children(metric)[values]
+        family = self._families.get(metric)
+        return (family if family is not None else self.children(metric))[values]
 
     def estimate(self, model: str, estimated: int, reported: int) -> None:
         """One answer's token estimate against the upstream's count (`reported` > 0): the size of
