@@ -11,11 +11,12 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.costs import (
@@ -183,6 +184,67 @@ def test_the_counterfactual_cache_hits_when_the_client_only_appended() -> None:
     small = CounterfactualCache()
     small.cached("t|m", (1,), CACHE_MIN_TOKENS - 1, now=0)
     assert small.cached("t|m", (1, 2), CACHE_MIN_TOKENS + 5, now=1) == 0  # too short to cache
+
+
+def plain_cached(
+    seen: OrderedDict[tuple[str, int], tuple[tuple[int | None, ...], int, float]],
+    most: int,
+    request: tuple[str, tuple[int | None, ...], int, float],
+) -> int:
+    """The cache's rule, stated plainly: the conversation's previous request is read from the
+    cache when it was recent, long enough and a prefix of this one; every request replaces the
+    conversation's entry, which becomes the newest; the oldest conversations are dropped."""
+    scope, uids, prompt, now = request
+    if not uids or uids[0] is None:
+        return 0
+    key = (scope, uids[0])
+    previous = seen.get(key)
+    hit = 0
+    if (
+        previous is not None
+        and now - previous[2] <= CACHE_TTL_S
+        and previous[1] >= CACHE_MIN_TOKENS
+        and uids[: len(previous[0])] == previous[0]
+    ):
+        hit = min(previous[1], prompt)
+    seen[key] = (uids, prompt, now)
+    seen.move_to_end(key)
+    while len(seen) > most:
+        seen.popitem(last=False)
+    return hit
+
+
+cache_requests = st.lists(
+    st.tuples(
+        st.sampled_from(["t|m", "t|n"]),
+        st.one_of(  # mostly one of three conversations, grown or cut back; now and then none
+            st.tuples(st.sampled_from([1, 2, 3]), st.integers(1, 4)).map(
+                lambda c: tuple(c[0] * 10 + i for i in range(c[1]))
+            ),
+            st.sampled_from([(), (None, 5)]),
+        ),
+        st.sampled_from([CACHE_MIN_TOKENS - 1, CACHE_MIN_TOKENS, CACHE_MIN_TOKENS * 3]),
+        st.sampled_from([0.0, 1.0, CACHE_TTL_S + 1]),  # time since the previous request
+    ),
+    max_size=30,
+)
+
+
+LRU = [("t|m", (10,)), ("t|m", (20,)), ("t|m", (10, 11)), ("t|m", (30,)), ("t|m", (10, 11, 12))]
+
+
+@given(cache_requests, st.integers(1, 4))
+@example([(scope, uids, CACHE_MIN_TOKENS * 3, 1.0) for scope, uids in LRU], 2)  # the LRU order
+@settings(max_examples=300)
+def test_the_counterfactual_cache_keeps_its_rule_over_any_sequence(
+    requests: list[tuple[str, tuple[int | None, ...], int, float]], most: int
+) -> None:
+    cache, seen = CounterfactualCache(most), OrderedDict()  # type: ignore[var-annotated]
+    now = 0.0
+    for scope, uids, prompt, wait in requests:
+        now += wait
+        expected = plain_cached(seen, most, (scope, uids, prompt, now))
+        assert cache.cached(scope, uids, prompt, now=now) == expected
 
 
 # -- through the app ----------------------------------------------------------------------------
