@@ -13,28 +13,35 @@ import subprocess
 import sys
 from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gateway.config import PricingConfig
 from gateway.costs import (
     CACHE_MIN_TOKENS,
     CACHE_TTL_S,
+    Accountant,
     CounterfactualCache,
+    Priced,
     Prices,
     bill,
     billed_tokens,
+    counterfactual_usage,
     map_prices,
     price_map,
     prices_for,
 )
+from gateway.metrics import Metrics
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from gateway.wire.base import Usage
 from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 from tests.test_fuzz import _summary_call
+from tests.test_metrics import series
 from tests.test_summaries_e2e import app_metric, chat_history
 
 PER_M = 1 / 1_000_000
@@ -245,6 +252,61 @@ def test_the_counterfactual_cache_keeps_its_rule_over_any_sequence(
         now += wait
         expected = plain_cached(seen, most, (scope, uids, prompt, now))
         assert cache.cached(scope, uids, prompt, now=now) == expected
+
+
+per_million = st.one_of(st.none(), st.floats(0, 100))
+pricings = st.builds(
+    PricingConfig,
+    model=st.just("no-such-model-anywhere"),  # the config's prices only
+    input=per_million,
+    output=per_million,
+    cache_read=per_million,
+    cache_write_5m=per_million,
+    cache_write_1h=per_million,
+    reasoning=per_million,
+)
+answered = st.tuples(usages, st.integers(1, 50_000), st.integers(1, 50_000), st.booleans())
+
+
+@given(st.lists(answered, max_size=8), pricings)
+@settings(max_examples=60, deadline=None)
+def test_the_accountant_counts_exactly_what_the_bills_say(
+    requests: list[tuple[Usage, int, int, bool]], pricing: PricingConfig
+) -> None:
+    """`Accountant.request` against the plain path: each arm billed with `bill`, each amount
+    counted through `labels()` in the same order (so even float sums agree to the bit)."""
+    route = SimpleNamespace(name="m", pricing=pricing, upstream_model="m")
+    held, plain = Metrics(), Metrics()
+    accountant, cache = Accountant(held), CounterfactualCache()
+    prices = prices_for("no-such-model-anywhere", pricing.per_million())
+    for usage, before, after, compacted in requests:
+        priced = accountant.request(route, "t", usage, before, after, (1,), compacted)
+        for tier, count in billed_tokens(usage).items():
+            if count:
+                plain.billed_tokens.labels(tier).inc(count)
+        prompt = round(usage.input * before / (after if compacted else before))
+        cached = cache.cached("t|m", (1,), prompt)
+        if prices is None:
+            plain.cost_partial.labels("actual").inc()
+            assert priced is None
+            continue
+        actual = bill(usage, prices)
+        writes = usage.cache_write_5m + usage.cache_write_1h > 0
+        counterfactual = (
+            bill(counterfactual_usage(usage, before, after, cached, writes), prices)
+            if compacted
+            else actual
+        )
+        assert priced == Priced(actual, counterfactual)
+        for arm, result in (("actual", actual), ("counterfactual", counterfactual)):
+            if result.partial:
+                plain.cost_partial.labels(arm).inc()
+                continue
+            for component, usd in result.usd.items():
+                plain.cost_usd.labels(arm, component).inc(usd)
+        if priced.saved is not None:
+            plain.net_saved_usd.inc(priced.saved)
+    assert series(held) == series(plain)
 
 
 # -- through the app ----------------------------------------------------------------------------
