@@ -132,12 +132,12 @@ class Accounting:
             if saved := self.tokens_saved(exchange):
                 self._tokens_saved[key].inc(saved)
             if not exchange.observe and exchange.steps != "none":
-                for step in exchange.steps.split(","):
-                    metrics.compactions.labels(step).inc()
+                for step in exchange.steps.split(","):  # step types: a fixed few
+                    metrics.child(metrics.compactions, step).inc()
         if exchange.recovered:
-            metrics.context_errors_avoided.labels(exchange.model).inc()
+            metrics.child(metrics.context_errors_avoided, exchange.model).inc()
         if self.over_window(exchange):
-            metrics.over_window_answered.labels(exchange.model).inc()
+            metrics.child(metrics.over_window_answered, exchange.model).inc()
         seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
             seq = self.log_event(exchange, total)
