@@ -31,6 +31,14 @@ class Accounting:
         self.gw = gateway
         self.api = api
         self.saves = saves
+        metrics = gateway.metrics
+        by = metrics.children  # each by (model, api): held here, looked up once per request
+        self._request_seconds = by(metrics.request_seconds)
+        self._upstream_seconds = by(metrics.upstream_seconds)
+        self._overhead_seconds = by(metrics.overhead_seconds)
+        self._tokens_before = by(metrics.tokens_before)
+        self._tokens_after = by(metrics.tokens_after)
+        self._tokens_saved = by(metrics.tokens_saved)
 
     def calibrate(
         self, route: Route, prepared: Prepared, exchange: Exchange, usage: Usage | None
@@ -74,20 +82,26 @@ class Accounting:
 
     def headers(self, exchange: Exchange) -> list[tuple[bytes, bytes]]:
         prefix = b"x-compactgate-would-" if exchange.observe else b"x-compactgate-"
-        return [
+        headers = [
             (b"x-compactgate-request-id", exchange.request_id.encode("latin-1", "replace")),
             (prefix + b"tokens-before", str(exchange.tokens_before).encode()),
             (prefix + b"tokens-after", str(exchange.tokens_after).encode()),
             (prefix + b"steps", exchange.steps.encode()),
             (prefix + b"retries", str(exchange.retries).encode()),
             (b"x-compactgate-internal-rounds", str(exchange.internal_rounds).encode()),
-            *((b"x-compactgate-history", b"upstream"),) * exchange.stateful,
-            *((b"x-compactgate-tokens-counted", b"upper-bound"),) * exchange.tokens_bound,
-            *_cost_headers(exchange.priced),
-            *_agent_headers(exchange.agent_compaction, exchange.agent_outcome),
-            *((b"x-compactgate-compaction", (exchange.compacted or "").encode()),)
-            * (exchange.compacted is not None),
         ]
+        # The rest, in this order, only when they apply (most answers carry none of them).
+        if exchange.stateful:
+            headers.append((b"x-compactgate-history", b"upstream"))
+        if exchange.tokens_bound:
+            headers.append((b"x-compactgate-tokens-counted", b"upper-bound"))
+        if exchange.priced is not None:
+            headers += _cost_headers(exchange.priced)
+        if exchange.agent_compaction is not None:
+            headers += _agent_headers(exchange.agent_compaction, exchange.agent_outcome)
+        if exchange.compacted is not None:
+            headers.append((b"x-compactgate-compaction", exchange.compacted.encode()))
+        return headers
 
     def record(self, exchange: Exchange) -> None:
         """Metrics, the log line and `/ui`'s sample of a finished request; for a request
@@ -106,25 +120,24 @@ class Accounting:
 
     def recorded(self, exchange: Exchange, total: float) -> None:
         metrics = self.gw.metrics
-        child, model, api = metrics.child, exchange.model, self.api
-        child(metrics.request_seconds, model, api).observe(total)
-        if exchange.upstream_seconds:
-            child(metrics.upstream_seconds, model, api).observe(exchange.upstream_seconds)
-        child(metrics.overhead_seconds, model, api).observe(
-            max(0.0, total - exchange.upstream_seconds)
-        )
+        key = (exchange.model, self.api)
+        upstream = exchange.upstream_seconds
+        self._request_seconds[key].observe(total)
+        if upstream:
+            self._upstream_seconds[key].observe(upstream)
+        self._overhead_seconds[key].observe(max(0.0, total - upstream))
         if exchange.tokens_before and not exchange.tokens_bound:  # a bound is not a count
-            child(metrics.tokens_before, model, api).inc(exchange.tokens_before)
-            child(metrics.tokens_after, model, api).inc(exchange.tokens_after)
+            self._tokens_before[key].inc(exchange.tokens_before)
+            self._tokens_after[key].inc(exchange.tokens_after)
             if saved := self.tokens_saved(exchange):
-                child(metrics.tokens_saved, model, api).inc(saved)
+                self._tokens_saved[key].inc(saved)
             if not exchange.observe and exchange.steps != "none":
-                for step in exchange.steps.split(","):
-                    metrics.compactions.labels(step).inc()
+                for step in exchange.steps.split(","):  # step types: a fixed few
+                    metrics.child(metrics.compactions, step).inc()
         if exchange.recovered:
-            metrics.context_errors_avoided.labels(exchange.model).inc()
+            metrics.child(metrics.context_errors_avoided, exchange.model).inc()
         if self.over_window(exchange):
-            metrics.over_window_answered.labels(exchange.model).inc()
+            metrics.child(metrics.over_window_answered, exchange.model).inc()
         seq = None
         if exchange.prepared is not None and (exchange.steps != "none" or exchange.retries):
             seq = self.log_event(exchange, total)

@@ -85,33 +85,35 @@ def billed_tokens(usage: Usage) -> dict[str, int]:
 def bill(usage: Usage, prices: Prices) -> Bill:
     """What `usage` costs at `prices`. Reasoning is priced as output unless it has its own price;
     a cache tier without its own price is partial (its discount or premium is unknown)."""
-    tokens = billed_tokens(usage)
-    per_token = {
-        "input": prices.input,
-        "cache_read": prices.cache_read,
-        "cache_write_5m": prices.cache_write_5m,
-        "cache_write_1h": prices.cache_write_1h,
-        "output": prices.output,
-        "reasoning": prices.reasoning if prices.reasoning is not None else prices.output,
-    }
-    component = {
-        "input": "input",
-        "cache_read": "cache_read",
-        "cache_write_5m": "cache_write",
-        "cache_write_1h": "cache_write",
-        "output": "output",
-        "reasoning": "output",
-    }
+    return _bill(billed_tokens(usage), prices)
+
+
+# Each billed tier's component in a `Bill`: cache writes of both lifetimes are one component,
+# reasoning is output.
+COMPONENT = {
+    "input": "input",
+    "cache_read": "cache_read",
+    "cache_write_5m": "cache_write",
+    "cache_write_1h": "cache_write",
+    "output": "output",
+    "reasoning": "output",
+}
+
+
+def _bill(tokens: Mapping[str, int], prices: Prices) -> Bill:
+    """`bill` of tokens already split by tier (`billed_tokens`), in `TIERS` order."""
     usd: dict[str, float] = {}
     partial = False
     for tier, count in tokens.items():
         if not count:
             continue
-        price = per_token[tier]
+        price = getattr(prices, tier)
+        if price is None and tier == "reasoning":
+            price = prices.output
         if price is None:
             partial = True
             continue
-        name = component[tier]
+        name = COMPONENT[tier]
         usd[name] = usd.get(name, 0.0) + count * price
     return Bill(usd, partial)
 
@@ -200,18 +202,20 @@ class CounterfactualCache:
             return 0
         key = (scope, uids[0])
         previous = self._seen.get(key)
+        if previous is None:
+            self._seen[key] = _Seen(uids, prompt, now)
+            while len(self._seen) > self._max:
+                self._seen.popitem(last=False)
+            return 0
         hit = 0
         if (
-            previous is not None
-            and now - previous.at <= CACHE_TTL_S
+            now - previous.at <= CACHE_TTL_S
             and previous.prompt >= CACHE_MIN_TOKENS
             and uids[: len(previous.uids)] == previous.uids
         ):
             hit = min(previous.prompt, prompt)
-        self._seen[key] = _Seen(uids, prompt, now)
+        previous.uids, previous.prompt, previous.at = uids, prompt, now  # this request, now
         self._seen.move_to_end(key)
-        while len(self._seen) > self._max:
-            self._seen.popitem(last=False)
         return hit
 
 
@@ -259,6 +263,9 @@ class Accountant:
         self._metrics = metrics
         self._cache = CounterfactualCache()
         self._prices: dict[str, Prices | None] = {}
+        self._billed = metrics.children(metrics.billed_tokens)  # by (tier,)
+        self._usd = metrics.children(metrics.cost_usd)  # by (arm, component)
+        self._partial = metrics.children(metrics.cost_partial)  # by (arm,)
 
     def prices(self, route: Any) -> Prices | None:
         name = route.name
@@ -284,18 +291,19 @@ class Accountant:
         compacted: bool,
     ) -> Priced | None:
         """Price an answered request (both arms) and count it; None when no price is known."""
-        metrics = self._metrics
-        for tier, count in billed_tokens(usage).items():
+        tokens = billed_tokens(usage)
+        billed = self._billed
+        for tier, count in tokens.items():
             if count:
-                metrics.child(metrics.billed_tokens, tier).inc(count)
+                billed[(tier,)].inc(count)
         prices = self.prices(route)
         scale_after = tokens_after if compacted else tokens_before
         prompt = round(usage.input * tokens_before / scale_after) if scale_after else usage.input
         cached = self._cache.cached(f"{tenant}|{route.name}", uids, prompt)
         if prices is None:
-            metrics.cost_partial.labels("actual").inc()
+            self._partial[("actual",)].inc()
             return None
-        actual = bill(usage, prices)
+        actual = _bill(tokens, prices)
         if compacted:
             writes = usage.cache_write_5m + usage.cache_write_1h > 0
             counterfactual = bill(
@@ -304,14 +312,16 @@ class Accountant:
         else:
             counterfactual = actual  # forwarded as it came: the same request, the same bill
         priced = Priced(actual, counterfactual)
+        spent = self._usd
         for arm, result in (("actual", actual), ("counterfactual", counterfactual)):
             if result.partial:
-                metrics.cost_partial.labels(arm).inc()
+                self._partial[(arm,)].inc()
                 continue
             for component, usd in result.usd.items():
-                metrics.child(metrics.cost_usd, arm, component).inc(usd)
-        if priced.saved is not None:
-            metrics.net_saved_usd.inc(priced.saved)
+                spent[(arm, component)].inc(usd)
+        saved = priced.saved
+        if saved is not None:
+            self._metrics.net_saved_usd.inc(saved)
         return priced
 
     def own(self, route: Any, usage: Usage) -> Bill | None:

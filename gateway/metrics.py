@@ -64,6 +64,25 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0
 RATIO_BUCKETS = (0.01, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2)
 
 
+class Children(dict[tuple[str, ...], Any]):
+    """One metric's children by their label values: `metric.labels(*values)` made on the first
+    use of a label set and held, because `labels()` builds a tuple, checks it and takes a lock
+    on every call, and every served request makes a dozen. A child is made only when asked for
+    (a series appears on `/metrics` once it has been counted, as with `labels()`). Only for
+    bounded label sets: model labels are capped (`model_label`); APIs, statuses, tiers and arms
+    are few."""
+
+    __slots__ = ("metric",)
+
+    def __init__(self, metric: Any) -> None:
+        super().__init__()
+        self.metric = metric
+
+    def __missing__(self, values: tuple[str, ...]) -> Any:
+        found = self[values] = self.metric.labels(*values)
+        return found
+
+
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
@@ -273,7 +292,7 @@ class Metrics:
         )
         self._models: set[str] = set()
         # Bounded: model labels are capped (`model_label`), APIs and statuses are few.
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._families: dict[Any, Children] = {}
         # Label sets known up front exist from the start, at 0, so a dashboard shows 0, not
         # "No data", before the first lookup.
         for result in ("hit", "miss"):
@@ -287,24 +306,28 @@ class Metrics:
         self._models.add(name)
         return name
 
-    def child(self, metric: Any, *values: str) -> Any:
-        """`metric.labels(*values)`, looked up once per label set: `labels()` builds a tuple,
-        checks it and takes a lock on every call, and every served request makes several.
-        Only for label sets that are bounded (model labels, APIs, statuses)."""
-        key = (metric, values)
-        found = self._children.get(key)
+    def children(self, metric: Any) -> Children:
+        """`metric`'s children by label values, each looked up once (`Children`); the same
+        mapping on every call, so a caller may hold it."""
+        found = self._families.get(metric)
         if found is None:
-            found = self._children[key] = metric.labels(*values)
+            found = self._families[metric] = Children(metric)
         return found
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, looked up once per label set (`children`)."""
+        family = self._families.get(metric)
+        return (family if family is not None else self.children(metric))[values]
 
     def estimate(self, model: str, estimated: int, reported: int) -> None:
         """One answer's token estimate against the upstream's count (`reported` > 0): the size of
         the error in the histogram, its direction in the under/over counters."""
-        self.estimate_error.labels(model).observe(abs(estimated - reported) / reported)
+        key = (model,)
+        self.children(self.estimate_error)[key].observe(abs(estimated - reported) / reported)
         if estimated < reported:
-            self.estimate_under.labels(model).inc()
+            self.children(self.estimate_under)[key].inc()
         elif estimated > reported:
-            self.estimate_over.labels(model).inc()
+            self.children(self.estimate_over)[key].inc()
 
     def render(self) -> bytes:
         if self.multiprocess:

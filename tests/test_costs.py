@@ -11,29 +11,37 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from gateway.config import PricingConfig
 from gateway.costs import (
     CACHE_MIN_TOKENS,
     CACHE_TTL_S,
+    Accountant,
     CounterfactualCache,
+    Priced,
     Prices,
     bill,
     billed_tokens,
+    counterfactual_usage,
     map_prices,
     price_map,
     prices_for,
 )
+from gateway.metrics import Metrics
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from gateway.wire.base import Usage
 from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 from tests.test_fuzz import _summary_call
+from tests.test_metrics import series
 from tests.test_summaries_e2e import app_metric, chat_history
 
 PER_M = 1 / 1_000_000
@@ -183,6 +191,122 @@ def test_the_counterfactual_cache_hits_when_the_client_only_appended() -> None:
     small = CounterfactualCache()
     small.cached("t|m", (1,), CACHE_MIN_TOKENS - 1, now=0)
     assert small.cached("t|m", (1, 2), CACHE_MIN_TOKENS + 5, now=1) == 0  # too short to cache
+
+
+def plain_cached(
+    seen: OrderedDict[tuple[str, int], tuple[tuple[int | None, ...], int, float]],
+    most: int,
+    request: tuple[str, tuple[int | None, ...], int, float],
+) -> int:
+    """The cache's rule, stated plainly: the conversation's previous request is read from the
+    cache when it was recent, long enough and a prefix of this one; every request replaces the
+    conversation's entry, which becomes the newest; the oldest conversations are dropped."""
+    scope, uids, prompt, now = request
+    if not uids or uids[0] is None:
+        return 0
+    key = (scope, uids[0])
+    previous = seen.get(key)
+    hit = 0
+    if (
+        previous is not None
+        and now - previous[2] <= CACHE_TTL_S
+        and previous[1] >= CACHE_MIN_TOKENS
+        and uids[: len(previous[0])] == previous[0]
+    ):
+        hit = min(previous[1], prompt)
+    seen[key] = (uids, prompt, now)
+    seen.move_to_end(key)
+    while len(seen) > most:
+        seen.popitem(last=False)
+    return hit
+
+
+cache_requests = st.lists(
+    st.tuples(
+        st.sampled_from(["t|m", "t|n"]),
+        st.one_of(  # mostly one of three conversations, grown or cut back; now and then none
+            st.tuples(st.sampled_from([1, 2, 3]), st.integers(1, 4)).map(
+                lambda c: tuple(c[0] * 10 + i for i in range(c[1]))
+            ),
+            st.sampled_from([(), (None, 5)]),
+        ),
+        st.sampled_from([CACHE_MIN_TOKENS - 1, CACHE_MIN_TOKENS, CACHE_MIN_TOKENS * 3]),
+        st.sampled_from([0.0, 1.0, CACHE_TTL_S + 1]),  # time since the previous request
+    ),
+    max_size=30,
+)
+
+
+LRU = [("t|m", (10,)), ("t|m", (20,)), ("t|m", (10, 11)), ("t|m", (30,)), ("t|m", (10, 11, 12))]
+
+
+@given(cache_requests, st.integers(1, 4))
+@example([(scope, uids, CACHE_MIN_TOKENS * 3, 1.0) for scope, uids in LRU], 2)  # the LRU order
+@settings(max_examples=300)
+def test_the_counterfactual_cache_keeps_its_rule_over_any_sequence(
+    requests: list[tuple[str, tuple[int | None, ...], int, float]], most: int
+) -> None:
+    cache, seen = CounterfactualCache(most), OrderedDict()  # type: ignore[var-annotated]
+    now = 0.0
+    for scope, uids, prompt, wait in requests:
+        now += wait
+        expected = plain_cached(seen, most, (scope, uids, prompt, now))
+        assert cache.cached(scope, uids, prompt, now=now) == expected
+
+
+per_million = st.one_of(st.none(), st.floats(0, 100))
+pricings = st.builds(
+    PricingConfig,
+    model=st.just("no-such-model-anywhere"),  # the config's prices only
+    input=per_million,
+    output=per_million,
+    cache_read=per_million,
+    cache_write_5m=per_million,
+    cache_write_1h=per_million,
+    reasoning=per_million,
+)
+answered = st.tuples(usages, st.integers(1, 50_000), st.integers(1, 50_000), st.booleans())
+
+
+@given(st.lists(answered, max_size=8), pricings)
+@settings(max_examples=60, deadline=None)
+def test_the_accountant_counts_exactly_what_the_bills_say(
+    requests: list[tuple[Usage, int, int, bool]], pricing: PricingConfig
+) -> None:
+    """`Accountant.request` against the plain path: each arm billed with `bill`, each amount
+    counted through `labels()` in the same order (so even float sums agree to the bit)."""
+    route = SimpleNamespace(name="m", pricing=pricing, upstream_model="m")
+    held, plain = Metrics(), Metrics()
+    accountant, cache = Accountant(held), CounterfactualCache()
+    prices = prices_for("no-such-model-anywhere", pricing.per_million())
+    for usage, before, after, compacted in requests:
+        priced = accountant.request(route, "t", usage, before, after, (1,), compacted)
+        for tier, count in billed_tokens(usage).items():
+            if count:
+                plain.billed_tokens.labels(tier).inc(count)
+        prompt = round(usage.input * before / (after if compacted else before))
+        cached = cache.cached("t|m", (1,), prompt)
+        if prices is None:
+            plain.cost_partial.labels("actual").inc()
+            assert priced is None
+            continue
+        actual = bill(usage, prices)
+        writes = usage.cache_write_5m + usage.cache_write_1h > 0
+        counterfactual = (
+            bill(counterfactual_usage(usage, before, after, cached, writes), prices)
+            if compacted
+            else actual
+        )
+        assert priced == Priced(actual, counterfactual)
+        for arm, result in (("actual", actual), ("counterfactual", counterfactual)):
+            if result.partial:
+                plain.cost_partial.labels(arm).inc()
+                continue
+            for component, usd in result.usd.items():
+                plain.cost_usd.labels(arm, component).inc(usd)
+        if priced.saved is not None:
+            plain.net_saved_usd.inc(priced.saved)
+    assert series(held) == series(plain)
 
 
 # -- through the app ----------------------------------------------------------------------------

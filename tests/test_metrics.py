@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.metrics import Metrics
 from policies.conversation import Conversation, Message
 from policies.invariants import check
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
@@ -186,3 +190,51 @@ async def test_latency_and_token_metrics_are_split_by_api(
         ):
             assert metric(text, name, model="m", api=api) == 1, (name, api)
         assert metric(text, "compactgate_tokens_before_total", model="m", api=api) > 0
+
+
+# The request path updates its series through children held per label set (`Metrics.children`),
+# not through `labels()`; the exposition must not tell the two apart.
+HELD = {  # metric attribute -> how many labels it takes
+    "requests": 3,
+    "request_seconds": 2,
+    "overhead_seconds": 2,
+    "tokens_saved": 2,
+    "cost_usd": 2,
+    "billed_tokens": 1,
+    "estimate_error": 1,
+}
+updates = st.lists(
+    st.tuples(
+        st.sampled_from(sorted(HELD)),
+        st.lists(st.sampled_from(["a", "b", "chat", "200"]), min_size=3, max_size=3),
+        st.floats(0, 50, allow_nan=False),
+        st.booleans(),
+    ),
+    max_size=40,
+)
+
+
+def series(metrics: Metrics) -> list[str]:
+    """The gateway's own lines of an exposition (not the process's, which change by the call)."""
+    return [line for line in metrics.render().decode().splitlines() if "compactgate_" in line]
+
+
+@given(updates)
+@settings(max_examples=60, deadline=None)
+def test_held_children_count_exactly_what_labels_counts(
+    steps: list[tuple[str, list[str], float, bool]],
+) -> None:
+    held, plain = Metrics(), Metrics()
+    for name, values, amount, through_child in steps:
+        labels = tuple(values[: HELD[name]])
+        if through_child:
+            via = held.child(getattr(held, name), *labels)
+        else:
+            via = held.children(getattr(held, name))[labels]
+        reference = getattr(plain, name).labels(*labels)
+        for child in (via, reference):
+            if hasattr(child, "observe"):
+                child.observe(amount)
+            else:
+                child.inc(amount)
+    assert series(held) == series(plain)
