@@ -31,8 +31,8 @@ class Deadline:
 
     __slots__ = ("_cancelling", "_clock", "_task", "expired", "when")
 
-    def __init__(self, clock: _Clock, seconds: float | None) -> None:
-        self._clock = clock
+    def __init__(self, seconds: float | None) -> None:
+        self._clock: _Clock | None = None
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
         self.when = math.inf if seconds is None else seconds
@@ -46,8 +46,9 @@ class Deadline:
             raise RuntimeError("a deadline must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self.when += self._clock.loop.time()
-        self._clock.add(self)
+        self._clock = clock = _clock(task.get_loop())
+        self.when += clock.loop.time()
+        clock.add(self)
         return self
 
     def __exit__(
@@ -56,10 +57,11 @@ class Deadline:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._task is None:
-            return
-        self._clock.remove(self)
-        if self.expired and self._task.uncancel() <= self._cancelling:
+        clock, task = self._clock, self._task
+        if clock is None or task is None:
+            return  # no limit
+        clock.remove(self)
+        if self.expired and task.uncancel() <= self._cancelling:
             if kind is asyncio.CancelledError:
                 raise TimeoutError from error
 
@@ -114,12 +116,16 @@ _last: _Clock | None = None  # the clock of the loop asked for last (a serving p
 def within(seconds: float | None) -> Deadline:
     """A deadline `seconds` from when the block is entered (None: none), as `asyncio.timeout`;
     used as `with within(seconds):` inside a task."""
+    return Deadline(seconds)
+
+
+def _clock(loop: asyncio.AbstractEventLoop) -> _Clock:
+    # The loop comes from the task: asking asyncio for the running loop costs a getpid() call.
     global _last
-    loop = asyncio.get_running_loop()
     clock = _last
     if clock is None or clock.loop is not loop:
         clock = _CLOCKS.get(loop)
         if clock is None:
             clock = _CLOCKS[loop] = _Clock(loop)
         _last = clock
-    return Deadline(clock, seconds)
+    return clock
