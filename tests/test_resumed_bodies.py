@@ -24,7 +24,7 @@ from gateway.errors import InvalidRequestError
 from gateway.wire.chat import ChatWire
 from gateway.wire.request import load_object
 from gateway.wire.resent import ResentMessages
-from gateway.wire.resumed import ResumedBodies
+from gateway.wire.resumed import KEY_BYTES, ResumedBodies, _closest
 from gateway.wire.validated import ValidatedMessages
 from tests.configs import compacting
 
@@ -231,3 +231,64 @@ async def test_a_resumed_chat_request_is_forwarded_as_the_request_parsed_whole()
         assert forwarded.body == expected.body
         changed += forwarded.body != body
     assert changed and memo.resent.bodies.reused > 0
+
+
+@st.composite
+def shared_openings(draw: st.DrawFn) -> list[bytes]:
+    """Bodies of several sessions that open with the same bytes (one agent's instructions),
+    each session appending to, cutting or changing its own history, sent interleaved."""
+    head = {"model": "m", "instructions": "Be brief. " * 30}
+    histories = [draw(st.lists(messages, max_size=4)) for _ in range(draw(st.integers(2, 6)))]
+    bodies = []
+    for _ in range(draw(st.integers(1, 16))):
+        at = draw(st.integers(0, len(histories) - 1))
+        _, items, _, edited = _edit(draw, head, histories[at], {})
+        histories[at] = items
+        bodies.append(edited or _written(head, items, {}, "orjson"))
+    return bodies
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shared_openings())
+def test_among_bodies_that_open_alike_the_one_sharing_most_is_resumed(bodies: list[bytes]) -> None:
+    """Bodies that open alike share a key: each is still exactly the body parsed whole, and
+    it resumes from the kept body that shares the most whole messages with it, found among
+    the two it sorts between as well as by comparing it with every kept body."""
+    memo = ResumedBodies(min_bytes=0)
+    for body in bodies:
+        kept = memo._entries.get(("t", "messages", body[:KEY_BYTES]))
+        if kept is not None:
+            assert kept.bodies == sorted(kept.bodies)
+            _, most = _closest(kept.layouts, body)  # every kept body, one by one
+            assert kept.closest(body)[1] == most
+        try:
+            expected = load_object(body)
+        except InvalidRequestError:
+            continue
+        assert _shape(memo.load("t", body, "messages")) == _shape(expected)
+
+
+def _session_body(session: int, turns: int) -> bytes:
+    """A turn of one session of an agent: the agent's system prompt, the session's history."""
+    return _agent_body(turns, "Go on.").replace(b"read the file", b"read file %d" % session)
+
+
+def test_many_sessions_of_one_agent_each_resume_their_own() -> None:
+    """Forty sessions of one agent and tenant (the same system prompt, so the same opening
+    bytes) taking turns: each turn takes over its own session's previous parse. A key keeps
+    to half of the memo's bytes, the bodies stored longest ago leaving first."""
+    memo = ResumedBodies(min_bytes=0)
+    sessions = 40
+    for turns in (10, 11, 12):
+        for session in range(sessions):
+            memo.load("a", _session_body(session, turns), "messages")
+    # The first turn of each session shares only the system prompt with another session's;
+    # later turns share all their session's previous messages (2 * turns + 1) but the last.
+    assert memo.reused == (sessions - 1) * 1 + sessions * 21 + sessions * 23
+    body = _session_body(0, 12)
+    small = ResumedBodies(min_bytes=0, max_bytes=3 * len(body))
+    for session in range(3):
+        small.load("a", _session_body(session, 12), "messages")
+    kept = small._entries.get(("a", "messages", body[:KEY_BYTES]))
+    assert kept is not None and len(kept.bodies) == 1
+    assert kept.bodies[0] == _session_body(2, 12)

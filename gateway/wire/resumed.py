@@ -13,10 +13,14 @@ is exactly `orjson.loads(body)`, whatever the edit (a changed earlier message, o
 or whitespace, a duplicate key, fields after the array). Anything else (a body written with
 spaces, escapes orjson does not make, invalid JSON) is parsed whole, as before.
 
-Keyed by tenant, the array's field and the body's opening bytes; a few bodies per key, so
-conversations that open alike (one agent's system prompt) keep their own. Bounded by keys and
-by the bytes of the bodies held; event-loop only (not thread-safe). Parsed values are shared
-with the next request's parse: nothing on the request path changes a parsed body in place.
+Keyed by tenant, the array's field and the body's opening bytes. Conversations that open alike
+(every session of one agent: the same instructions and tools, tens of kilobytes) share a key,
+so a key keeps many bodies, sorted by their bytes: the kept body that shares the longest prefix
+with a new one is next to where the new one would be inserted (a body sharing more with the new
+one sorts between them), so finding it is a binary search of memcmp calls, however many
+sessions run at once. Bounded by keys, bodies per key and the bytes of the bodies held;
+event-loop only (not thread-safe). Parsed values are shared with the next request's parse:
+nothing on the request path changes a parsed body in place.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from .request import load_object
 
 MAX_KEYS = 512
 MAX_BYTES = 64 * 1024 * 1024
-PER_KEY = 4  # bodies kept per key: conversations that open with the same bytes
+# Bodies kept per key: concurrent sessions of one agent and tenant (their bodies open alike).
+# A key also keeps to half of the memo's bytes, so that one key never pushes out all the others
+# (or, grown past the bound, is dropped whole).
+PER_KEY = 256
 KEY_BYTES = 256  # the opening bytes that pick the candidates
 # A body smaller than this is parsed whole: orjson reads it in about the time a resume takes.
 MIN_BYTES = 16 * 1024
@@ -57,9 +64,8 @@ class ResumedBodies:
         self, max_keys: int = MAX_KEYS, max_bytes: int = MAX_BYTES, min_bytes: int = MIN_BYTES
     ) -> None:
         self._min_bytes = min_bytes
-        self._entries: SizedLru[tuple[str, str, bytes], list[_Layout]] = SizedLru(
-            max_keys, max_bytes
-        )
+        self._max_bytes = max_bytes
+        self._entries: SizedLru[tuple[str, str, bytes], _Kept] = SizedLru(max_keys, max_bytes)
         self.reused = 0  # array elements taken over from a previous parse
 
     def load(self, tenant: str, body: bytes, array: str) -> dict[str, Any]:
@@ -69,8 +75,8 @@ class ResumedBodies:
         if len(body) < self._min_bytes:
             return load_object(body)
         key = (tenant, array, body[:KEY_BYTES])
-        kept = self._entries.get(key) or []
-        best, reused = _closest(kept, body)
+        kept = self._entries.get(key)
+        best, reused = kept.closest(body) if kept is not None else (None, 0)
         found = _resume(best, reused, body, array) if best is not None else None
         if found is None:
             payload = load_object(body)
@@ -82,14 +88,57 @@ class ResumedBodies:
             # The body replaces the one it continued; one that shares less is a conversation
             # of its own, kept beside the others.
             same = best is not None and 2 * reused >= len(best.items)
-            rest = [entry for entry in kept if not (same and entry is best)]
-            bodies = [layout, *rest[: PER_KEY - 1]]
-            self._entries.put(key, bodies, sum(len(entry.body) for entry in bodies))
+            kept = kept if kept is not None else _Kept()
+            kept.keep(layout, best if same else None, self._max_bytes // 2)
+            self._entries.put(key, kept, kept.size)
         return payload
 
 
+class _Kept:
+    """The bodies kept under one key, in the order of their bytes, and when each was stored."""
+
+    __slots__ = ("_clock", "bodies", "layouts", "size", "stamps")
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []  # sorted
+        self.layouts: list[_Layout] = []  # `bodies`' layouts, in the same order
+        self.stamps: list[int] = []  # when each was stored: the oldest leaves first
+        self.size = 0  # the bodies' bytes
+        self._clock = 0
+
+    def closest(self, body: bytes) -> tuple[_Layout | None, int]:
+        """The kept body sharing the most whole array elements with `body`, and how many: one
+        of the two that `body` sorts between shares the longest prefix with it."""
+        at = bisect.bisect_left(self.bodies, body)
+        return _closest(self.layouts[max(at - 1, 0) : at + 1], body)
+
+    def keep(self, layout: _Layout, replaced: _Layout | None, max_bytes: int) -> None:
+        """Store `layout` in its place (instead of `replaced`, the body it continued); past
+        `PER_KEY` bodies or `max_bytes` the ones stored longest ago leave."""
+        if replaced is not None:
+            at = bisect.bisect_left(self.bodies, replaced.body)
+            while self.layouts[at] is not replaced:  # bodies kept twice sort together
+                at += 1
+            self._drop(at)
+        while self.layouts and (
+            len(self.layouts) >= PER_KEY or self.size + len(layout.body) > max_bytes
+        ):
+            self._drop(self.stamps.index(min(self.stamps)))
+        at = bisect.bisect_left(self.bodies, layout.body)
+        self._clock += 1
+        self.bodies.insert(at, layout.body)
+        self.layouts.insert(at, layout)
+        self.stamps.insert(at, self._clock)
+        self.size += len(layout.body)
+
+    def _drop(self, at: int) -> None:
+        self.size -= len(self.bodies.pop(at))
+        del self.layouts[at], self.stamps[at]
+
+
 def _closest(kept: list[_Layout], body: bytes) -> tuple[_Layout | None, int]:
-    """The kept body that shares the most whole array elements with `body`, and how many."""
+    """Of `kept`, the body that shares the most whole array elements with `body`, and how
+    many."""
     best: _Layout | None = None
     most = -1
     for layout in kept:
