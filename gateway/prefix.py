@@ -21,7 +21,9 @@ between conversations, tenants or routes.
 
 Bounded by conversations and by the bytes of the requests they hold; keyed by tenant, route and
 the opening messages, never by Python's `hash()` of content across processes (this is a
-per-process memo; the count cache below it is what workers could share).
+per-process memo; the count cache below it is what workers could share). Conversations that
+open alike (every session of one agent) each keep their own latest request under that key
+(`opening_sessions`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 import orjson
 
 from .opening import OpeningKey
-from .sized_lru import SizedLru
+from .opening_sessions import OpeningSessions, continues
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 128 * 1024 * 1024
@@ -98,7 +100,9 @@ class PrefixCounts:
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: SizedLru[bytes, _Entry] = SizedLru(max_conversations, max_bytes)
+        self._entries: OpeningSessions[bytes, _Entry] = OpeningSessions(
+            max_conversations, max_bytes
+        )
         self._uids = itertools.count(1)
         self._key = OpeningKey(_key)
         self.reused = 0  # messages whose count came from the previous request
@@ -130,7 +134,7 @@ class PrefixCounts:
         a caller that counts the rest extends it, and the next request reuses them.
         """
         key = self._key(scope, messages)
-        entry = self._entries.get(key)
+        entry = self._entries.get(key, messages)
         same = 0
         if entry is not None:
             same = equal_prefix(messages, entry.messages)
@@ -143,13 +147,14 @@ class PrefixCounts:
         else:
             counts = []
         uids.extend(itertools.islice(self._uids, len(messages) - same))
-        self._entries.put(key, _Entry(tokenizer, messages, counts, uids, roles), size)
+        continued = entry if entry is not None and continues(same, entry.messages) else None
+        self._entries.put(key, _Entry(tokenizer, messages, counts, uids, roles), size, continued)
         return Counted(counts, uids, roles)
 
     def peek(self, scope: str, tokenizer: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The counts the memo knows now for the leading messages of `messages` (a copy),
         without making `messages` the conversation's latest request."""
-        entry = self._entries.get(self._key(scope, messages))
+        entry = self._entries.get(self._key(scope, messages), messages)
         if entry is None or entry.tokenizer != tokenizer:
             return []
         return entry.counts[: equal_prefix(messages, entry.messages)]
@@ -168,7 +173,7 @@ class PrefixCounts:
         still hold for the prefix they share (equal messages have equal counts). The entry gets
         a new list: a request still counting the rest of the old one extends only its own.
         """
-        entry = self._entries.get(self._key(scope, messages))
+        entry = self._entries.get(self._key(scope, messages), messages)
         if entry is None or entry.tokenizer != tokenizer:
             return
         same = len(counts) if entry.messages is messages else equal_prefix(entry.messages, messages)

@@ -13,23 +13,22 @@ those is different JSON, and the forwarded body is built from what was parsed. I
 parse to identical objects, so a resumed parse is exactly a parse from scratch, and the
 previous objects can stand for the new ones (an equal run then compares by identity later on).
 
-Keyed by tenant, `system` and the first message: an entry is never read for another tenant, and
-conversations that share an opening only cost each other a longer parse. Bounded by
-conversations and by the bytes they hold; event-loop only (not thread-safe).
+Keyed by tenant, `system` and the first message: an entry is never read for another tenant.
+Conversations that share an opening (every session of one agent) each keep their own previous
+request under it (`opening_sessions`). Bounded by conversations and by the bytes they hold;
+event-loop only (not thread-safe).
 """
 
 from __future__ import annotations
 
-import itertools
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ..opening_sessions import OpeningSessions, continues, same_objects
 from ..prefix import equal_prefix
-from ..sized_lru import SizedLru
 from .resumed import ResumedBodies
 
 MAX_CONVERSATIONS = 512
@@ -52,6 +51,7 @@ class Seen:
     same: int  # leading messages byte-identical to the previous request's (0 without one)
     state: Any  # the previous request's parse (None: no previous request)
     messages: Sequence[Any] = ()
+    previous: _Entry | None = None  # the conversation's previous request, as kept
 
 
 class ResentMessages:
@@ -60,7 +60,7 @@ class ResentMessages:
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: SizedLru[tuple[str, bytes, bytes], _Entry] = SizedLru(
+        self._entries: OpeningSessions[tuple[str, bytes, bytes], _Entry] = OpeningSessions(
             max_conversations, max_bytes
         )
         self.reused = 0  # messages whose parse was taken over
@@ -78,10 +78,10 @@ class ResentMessages:
         except orjson.JSONEncodeError:
             return None
         key = (tenant, head, first)
-        entry = self._entries.get(key)
+        entry = self._entries.get(key, messages)
         # The very objects of the previous request (a body parse taken over: `resumed`) are
         # written as they were then.
-        kept = _same_objects(messages, entry.messages) if entry is not None else 0
+        kept = same_objects(messages, entry.messages) if entry is not None else 0
         try:
             items = entry.items[:kept] if entry is not None else []
             items.extend(orjson.dumps(m) for m in messages[kept:])
@@ -91,17 +91,16 @@ class ResentMessages:
             return Seen(key, items, 0, None, messages)
         same = equal_prefix(items, entry.items)
         self.reused += same
-        return Seen(key, items, same, entry.state, messages)
+        return Seen(key, items, same, entry.state, messages, entry)
 
     def keep(self, seen: Seen, state: Any) -> None:
-        """Remember `state`, the adapter's parse of the request `seen` describes."""
+        """Remember `state`, the adapter's parse of the request `seen` describes, in place of
+        the conversation's previous request when it continues that one (`continues`)."""
         size = len(seen.key[1]) + sum(map(len, seen.items))
-        self._entries.put(seen.key, _Entry(seen.items, state, seen.messages), size)
-
-
-def _same_objects(messages: Sequence[Any], old: Sequence[Any]) -> int:
-    """How many leading messages are the very objects of `old` (not merely equal ones)."""
-    return len(list(itertools.takewhile(bool, map(operator.is_, messages, old))))
+        previous = seen.previous
+        continued = previous is not None and continues(seen.same, previous.items)
+        entry = _Entry(seen.items, state, seen.messages)
+        self._entries.put(seen.key, entry, size, previous if continued else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ Whether any remembered message carries the gateway's own field is kept too: when
 the messages after the known prefix are looked at for it.
 
 Only requests whose every message passed are remembered. Keyed by the caller (tenant) and a
-digest of the opening two messages; bounded by conversations and by the bytes of the requests
-held. A key two conversations share costs them only the checks they would have made anyway.
+digest of the opening two messages; conversations that share them (every session of one agent)
+each keep their own last valid request under it (`opening_sessions`). Bounded by conversations
+and by the bytes of the requests held.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from typing import Any
 import orjson
 
 from ..opening import OpeningKey
+from ..opening_sessions import OpeningSessions, continues
 from ..prefix import equal_prefix
-from ..sized_lru import SizedLru
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024
@@ -40,6 +41,7 @@ class Known:
     key: bytes | None
     count: int
     marked: bool = True  # whether those messages may carry the gateway's field (`EXTENSION`)
+    previous: _Valid | None = None  # the conversation's previous valid request
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,23 +56,31 @@ class ValidatedMessages:
     def __init__(
         self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
     ) -> None:
-        self._entries: SizedLru[bytes, _Valid] = SizedLru(max_conversations, max_bytes)
+        self._entries: OpeningSessions[bytes, _Valid] = OpeningSessions(
+            max_conversations, max_bytes
+        )
         self._key = OpeningKey(_key)
 
     def known(self, scope: str, messages: Sequence[Any]) -> Known:
         """The leading messages equal to those the conversation's previous valid request had."""
         key = self._key(scope, messages)
-        previous = self._entries.get(key) if key is not None else None
+        previous = self._entries.get(key, messages) if key is not None else None
         if previous is None:
             return Known(key, 0)
-        return Known(key, equal_prefix(messages, previous.messages), previous.marked)
+        count = equal_prefix(messages, previous.messages)
+        return Known(key, count, previous.marked, previous)
 
     def remember(self, known: Known, messages: Sequence[Any], size: int, marked: bool) -> None:
         """Keep `messages`, all of which passed their checks (`size`: the request's bytes;
-        `marked`: whether any of them carries the gateway's field)."""
+        `marked`: whether any of them carries the gateway's field), in place of the previous
+        request they continue (`continues`)."""
         if known.key is None:
             return
-        self._entries.put(known.key, _Valid(messages, marked), size)
+        previous = known.previous
+        continued = previous is not None and continues(known.count, previous.messages)
+        self._entries.put(
+            known.key, _Valid(messages, marked), size, previous if continued else None
+        )
 
 
 def _key(scope: str, messages: Sequence[Any]) -> bytes | None:
