@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -40,28 +39,48 @@ class ConcurrencyLimits:
         """How many tenants have a request in flight."""
         return len(self._active)
 
-    @contextlib.contextmanager
-    def hold(self, tenant: str) -> Iterator[None]:
-        """A slot for the duration of the block; TooManyRequestsError (429) when none is free."""
-        if self.limit is None:
-            yield
-            return
+    def hold(self, tenant: str) -> contextlib.AbstractContextManager[None]:
+        """A slot for the duration of the block; TooManyRequestsError (429) on entering it when
+        none is free. Without a limit, a context manager that does nothing (one for all)."""
+        return _UNLIMITED if self.limit is None else _Slot(self, tenant)
+
+    def _take(self, tenant: str, limit: int) -> None:
         count = self._active.get(tenant, 0)
-        if count >= self.limit:
+        if count >= limit:
             raise TooManyRequestsError(
-                f"Too many concurrent requests for this API key: the limit is {self.limit}. "
+                f"Too many concurrent requests for this API key: the limit is {limit}. "
                 "Retry when one of them has finished.",
                 headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
             )
         self._active[tenant] = count + 1
-        try:
-            yield
-        finally:
-            remaining = self._active[tenant] - 1
-            if remaining:
-                self._active[tenant] = remaining
-            else:
-                del self._active[tenant]
+
+    def _give_back(self, tenant: str) -> None:
+        remaining = self._active[tenant] - 1
+        if remaining:
+            self._active[tenant] = remaining
+        else:
+            del self._active[tenant]
+
+
+_UNLIMITED: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+class _Slot:
+    """One request's slot: taken on entering the block, given back once on leaving it."""
+
+    __slots__ = ("_limits", "_tenant")
+
+    def __init__(self, limits: ConcurrencyLimits, tenant: str) -> None:
+        self._limits = limits
+        self._tenant = tenant
+
+    def __enter__(self) -> None:
+        limit = self._limits.limit
+        assert limit is not None  # `hold` makes a slot only under a limit
+        self._limits._take(self._tenant, limit)
+
+    def __exit__(self, *_: object) -> None:
+        self._limits._give_back(self._tenant)
 
 
 def register_gauges(registry: CollectorRegistry, limits: ConcurrencyLimits) -> None:

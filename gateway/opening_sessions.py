@@ -40,7 +40,8 @@ class OpeningSessions(Generic[K, E]):
     """Per opening key, the latest requests of the conversations that open with it."""
 
     def __init__(self, max_keys: int, max_bytes: int) -> None:
-        self._entries: SizedLru[K, _Kept[E]] = SizedLru(max_keys, max_bytes)
+        # A key's one conversation is held as it is; a key with more holds them in a `_Kept`.
+        self._entries: SizedLru[K, E | _Kept[E]] = SizedLru(max_keys, max_bytes)
         self._key_bytes = max_bytes // 2
 
     def __len__(self) -> int:
@@ -53,14 +54,23 @@ class OpeningSessions(Generic[K, E]):
     def get(self, key: K, messages: Sequence[Any]) -> E | None:
         """The kept request of the conversation `messages` continue (see the module
         docstring); None when nothing is kept under `key`."""
-        kept = self._entries.get(key)
-        return kept.match(messages) if kept is not None else None
+        found = self._entries.get(key)
+        if type(found) is _Kept:
+            return found.match(messages)
+        return found  # type: ignore[return-value]  # E or None: not a `_Kept`
 
     def put(self, key: K, entry: E, size: int, replaces: E | None = None) -> None:
         """Keep `entry` (`size` bytes) as the latest request of its conversation, in place of
         `replaces` (the request it continues) when that is still kept."""
-        kept = self._entries.get(key)
-        kept = kept if kept is not None else _Kept()
+        found = self._entries.get(key)
+        if found is None or (found is replaces and replaces is not None):
+            self._entries.put(key, entry, size)  # the key's one conversation, continued
+            return
+        if type(found) is _Kept:
+            kept: _Kept[E] = found
+        else:  # a second conversation under the key
+            kept = _Kept()
+            kept.store(found, self._entries.size_of(key), None, self._key_bytes)  # type: ignore[arg-type]
         kept.store(entry, size, replaces, self._key_bytes)
         self._entries.put(key, kept, kept.size)
 
@@ -85,6 +95,14 @@ class _Kept(Generic[E]):
         return best
 
     def store(self, entry: E, size: int, replaces: E | None, max_bytes: int) -> None:
+        entries = self.entries
+        if replaces is not None and entries and entries[-1] is replaces:
+            grown = self.size - self.sizes[-1] + size
+            if grown <= max_bytes:  # the latest request continued: the usual case
+                entries[-1] = entry
+                self.sizes[-1] = size
+                self.size = grown
+                return
         if replaces is not None:
             for at, kept in enumerate(self.entries):
                 if kept is replaces:

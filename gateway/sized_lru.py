@@ -38,6 +38,11 @@ class SizedLru(Generic[K, V]):
             self._entries.move_to_end(key)
         return kept[0]
 
+    def size_of(self, key: K) -> int:
+        """The size `key`'s value was stored with (0 when none is)."""
+        kept = self._entries.get(key)
+        return 0 if kept is None else kept[1]
+
     def put(self, key: K, value: V, size: int) -> None:
         """Store `value` under `key` (dropping what was there), then evict the oldest."""
         old = self._entries.pop(key, None)

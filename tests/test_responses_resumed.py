@@ -88,6 +88,39 @@ async def test_a_resumed_responses_parse_is_a_parse_from_scratch(
         await resumed_as_fresh(memo, scratch, RESPONSES, sent, "a", window, _same_request)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    responses_bodies(),
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # which session sends it
+            st.floats(0, 1),  # how much of that session the request holds
+            st.one_of(st.just("none"), st.sampled_from(EDITS)),
+            st.integers(0, 80),
+            st.integers(0, 80),
+        ),
+        min_size=2,
+        max_size=12,
+    ),
+    st.sampled_from((600, 100_000)),
+)
+async def test_sessions_that_open_alike_each_parse_as_from_scratch(
+    body: dict[str, Any], requests: list[tuple[int, float, str, int, int]], window: int
+) -> None:
+    """Sessions of one agent and tenant open with the same items (Codex's developer messages)
+    and go on with their own, sent in any order: whichever kept request each one is matched
+    with, the parse and the forwarded body are those of a parse from scratch."""
+    memo, scratch = Gateway(parse_config(compacting())), Gateway(parse_config(compacting()))
+    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    opening, rest = body["input"][:2], body["input"][2:]
+    for session, share, edit, at, other in requests:
+        own = {"type": "message", "role": "user", "content": f"Session {session}."}
+        items = [*opening, own, *rest]
+        end = max(1, round(share * len(items)))
+        sent = orjson.dumps({**body, "input": _edited(items[:end], edit, at, other)})
+        await resumed_as_fresh(memo, scratch, RESPONSES, sent, "a", window, _same_request)
+
+
 def test_a_codex_turn_reuses_the_parse_of_the_items_it_resends() -> None:
     """Each turn appends the model's calls, their outputs and a new user message: the messages
     made from the resent items are the very objects of the previous turn's parse."""

@@ -1,6 +1,6 @@
 """The transport to OpenAI-compatible upstreams: one pooled aiohttp client, bytes in, bytes out.
 
-This is the only module that imports aiohttp's client, and `_mapped` is the only place its
+This is the only module that imports aiohttp's client, and `MAPPED` is the only place its
 exceptions become ours (`UpstreamUnreachableError`, `UpstreamTimeoutError`, `UpstreamError`).
 Bodies are forwarded as bytes and responses relayed as the chunks arrive, never re-encoded:
 `auto_decompress=False` keeps a gzip body gzip, so the client gets exactly what the upstream sent.
@@ -11,8 +11,7 @@ each configurable; the whole of a non-streaming call is bounded by `upstream_tim
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 
@@ -51,7 +50,7 @@ class HttpResponse:
 
     async def read(self) -> bytes:
         """The whole body (non-streaming), bounded by the total timeout."""
-        with _mapped():
+        with MAPPED:
             with within(self._timeouts.total):
                 return await self._response.read()
 
@@ -60,7 +59,7 @@ class HttpResponse:
         content = self._response.content
         idle = self._timeouts.idle
         while True:
-            with _mapped():
+            with MAPPED:
                 with within(idle):
                     chunk = await content.readany()
             if not chunk:
@@ -106,7 +105,7 @@ class HttpTransport:
         if self._session is None:
             await self.start()
         assert self._session is not None
-        with _mapped():
+        with MAPPED:
             with within(self.timeouts.first_byte):
                 response = await self._session.request(
                     method, url, headers=headers, data=body, allow_redirects=False
@@ -114,18 +113,29 @@ class HttpTransport:
         return HttpResponse(response, self.timeouts)
 
 
-@contextlib.contextmanager
-def _mapped() -> Iterator[None]:
-    """Translate aiohttp/asyncio failures into the gateway's error types."""
-    try:
-        yield
-    except GatewayError:
-        raise
-    except TimeoutError:
-        raise UpstreamTimeoutError("The upstream did not answer in time.") from None
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-        raise UpstreamUnreachableError(f"The upstream could not be reached: {exc}") from None
-    except aiohttp.ClientPayloadError as exc:
-        raise UpstreamError(f"The upstream broke off its response: {exc}") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnreachableError(f"The upstream connection failed: {exc}") from None
+class _Mapped:
+    """Translate aiohttp/asyncio failures into the gateway's error types, as `with MAPPED:`.
+    A class, not a generator-based context manager: it wraps every chunk of every stream."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: object
+    ) -> bool:
+        if error is None or isinstance(error, GatewayError):
+            return False
+        if isinstance(error, TimeoutError):
+            raise UpstreamTimeoutError("The upstream did not answer in time.") from None
+        if isinstance(error, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError):
+            raise UpstreamUnreachableError(f"The upstream could not be reached: {error}") from None
+        if isinstance(error, aiohttp.ClientPayloadError):
+            raise UpstreamError(f"The upstream broke off its response: {error}") from None
+        if isinstance(error, aiohttp.ClientError | OSError):
+            raise UpstreamUnreachableError(f"The upstream connection failed: {error}") from None
+        return False
+
+
+MAPPED = _Mapped()
