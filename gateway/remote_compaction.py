@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -92,7 +93,7 @@ class RemoteCompaction:
         """The body of a parsed request with each of our compaction items replaced by its
         summary as a user message; None when it has none (nearly every request)."""
         items = payload.get("input")
-        if not isinstance(items, list):
+        if not isinstance(items, list) or not has_type(items, "compaction"):
             return None
         ours = {
             index: item["encrypted_content"]
@@ -283,11 +284,21 @@ def summary_item(text: str) -> dict[str, Any]:
     }
 
 
+def has_type(items: list[Any], kind: str) -> bool:
+    """Whether an input item has type `kind`: every Responses request asks twice, for its whole
+    history, so the common answer (no) comes from one scan in C; items that are not all
+    objects take the plain loop."""
+    try:
+        return kind in map(dict.get, items, itertools.repeat("type"))
+    except TypeError:  # an item that is not a dict
+        return any(isinstance(item, dict) and item.get("type") == kind for item in items)
+
+
 def ends_with_trigger(request: WireRequest) -> bool:
     """Whether the request's last input item is a `compaction_trigger`; one anywhere else is a
     400, as on OpenAI's API (it must be the final input item)."""
     items = request.payload.get("input")
-    if not isinstance(items, list):
+    if not isinstance(items, list) or not has_type(items, TRIGGER):
         return False
     triggers = [
         i for i, item in enumerate(items) if isinstance(item, dict) and item.get("type") == TRIGGER

@@ -20,8 +20,11 @@ import httpx
 import openai
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.config import parse_config
+from gateway.remote_compaction import has_type
 from gateway.routing import Router
 from gateway.summaries.summarizer import SYSTEM_PROMPT
 from tests.conftest import GatewayStarter, Starter
@@ -519,3 +522,26 @@ async def test_the_next_compaction_is_made_ahead_of_need_and_answered_at_once(
     assert raw.headers["x-compactgate-compaction"] == "ready"
     assert len(local_upstream.requests()) == calls
     assert [item.type for item in raw.parse().output].count("compaction") == 1
+
+
+_ITEMS = st.lists(
+    st.one_of(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "type": st.sampled_from(("message", "compaction", "compaction_trigger", 1, None)),
+                "role": st.just("user"),
+            },
+        ),
+        st.sampled_from(("compaction", 0, None, ["compaction"])),
+    ),
+    max_size=8,
+)
+
+
+@given(_ITEMS, st.sampled_from(("compaction", "compaction_trigger")))
+def test_the_quick_look_for_an_item_type_is_the_plain_one(items: list[Any], kind: str) -> None:
+    """Every Responses request is asked twice whether it holds a compaction item or a trigger;
+    the quick look answers as the plain loop does, items that are not objects included."""
+    plain = any(isinstance(item, dict) and item.get("type") == kind for item in items)
+    assert has_type(items, kind) is plain
