@@ -47,11 +47,14 @@ class Builder:
         self._open: _Turn | None = None  # the assistant message being folded
         self._leading: list[int] = []  # unknown items before any message
         self._calls: set[str] = set()
+        self._call_ids: list[str] = []  # `_calls` in the order the calls came
         # Where a parse may resume: after `ends[k]` items nothing is being folded; `lasts[k]`
         # is then (the latest message's index, that message and its span, has_extension); a
-        # later unknown item may replace that message, never one before it.
+        # later unknown item may replace that message, never one before it. `called[k]`: how
+        # many of `_call_ids` had come by then.
         self.ends: list[int] = []
         self.lasts: list[tuple[int, dict[str, Any], tuple[int, ...], bool]] = []
+        self.called: list[int] = []
 
     @classmethod
     def resumed(cls, previous: Builder, count: int, stateful: bool) -> Builder | None:
@@ -68,10 +71,10 @@ class Builder:
         builder.spans = [*previous.spans[:at], span]
         builder.items = previous.items[:end]
         builder.has_extension = extension
-        builder._calls = {
-            call["id"] for message in builder.messages for call in message.get("tool_calls", ())
-        }
+        builder._call_ids = previous._call_ids[: previous.called[k]]
+        builder._calls = set(builder._call_ids)
         builder.ends, builder.lasts = previous.ends[: k + 1], previous.lasts[: k + 1]
+        builder.called = previous.called[: k + 1]
         return builder
 
     def instructions(self, text: str) -> None:
@@ -117,6 +120,7 @@ class Builder:
             call = _call(item, kind, where)
             if call is not None:
                 self._calls.add(call["id"])
+                self._call_ids.append(call["id"])
             self._turn().add_call(at, call, item)
         elif kind == "compaction":
             self._close()
@@ -128,6 +132,7 @@ class Builder:
             self.ends.append(len(self.items))
             last = len(self.messages) - 1
             self.lasts.append((last, self.messages[last], self.spans[last], self.has_extension))
+            self.called.append(len(self._call_ids))
 
     def finish(self) -> None:
         self._close()
