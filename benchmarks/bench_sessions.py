@@ -29,9 +29,8 @@ from gateway.wire import CHAT, MESSAGES, RESPONSES, Wire
 from . import agent_bodies, targets, workloads
 from .workloads import CONV_MARK
 
-# The benchmark's bodies resent in turn; the gateway only parses them (no upstream is called).
-
 JSON = dict[str, Any]
+# One model, for the gateway to be built: it only parses the bodies, no upstream is called.
 CONFIG = {"models": [{"name": "m", "upstream": {"base_url": "http://127.0.0.1:9/v1"}}]}
 
 

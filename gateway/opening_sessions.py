@@ -63,7 +63,7 @@ class OpeningSessions(Generic[K, E]):
         """Keep `entry` (`size` bytes) as the latest request of its conversation, in place of
         `replaces` (the request it continues) when that is still kept."""
         found = self._entries.get(key)
-        if found is None or (found is replaces and replaces is not None):
+        if found is None or found is replaces:
             self._entries.put(key, entry, size)  # the key's one conversation, continued
             return
         if type(found) is _Kept:

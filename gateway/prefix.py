@@ -31,7 +31,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import orjson
 
 from .opening import OpeningKey
-from .opening_sessions import OpeningSessions, continues
+from .opening_sessions import OpeningSessions, continues, shared_prefix
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 128 * 1024 * 1024
@@ -193,11 +192,7 @@ def equal_prefix(messages: Sequence[Any], old: Sequence[Any]) -> int:
             return shared
         if messages[: shared - 1] == old[: shared - 1]:
             return shared - 1
-    same = len(list(itertools.takewhile(bool, map(operator.is_, messages, old))))
-    rest = map(
-        operator.eq, itertools.islice(messages, same, None), itertools.islice(old, same, None)
-    )
-    return same + len(list(itertools.takewhile(bool, rest)))
+    return shared_prefix(messages, old)
 
 
 def _key(scope: str, messages: Sequence[Mapping[str, Any]]) -> bytes:
