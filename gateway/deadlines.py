@@ -12,6 +12,8 @@ and the timer is set again for the earliest left.
 `within(seconds)` keeps `asyncio.timeout`'s contract: a deadline that passes cancels the task,
 and the block then raises `TimeoutError` instead of the `CancelledError`; a cancellation from
 elsewhere (a client that went away, the server's shutdown) stays a `CancelledError`.
+`later(seconds, callback)` puts a call on the same timer: work that only a request outliving
+`seconds` needs (watching for the client to hang up) costs the rest of them nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import weakref
+from collections.abc import Callable
 from types import TracebackType
 
 # A timer of the loop may fire up to its clock resolution early (uvloop counts in
@@ -71,6 +74,24 @@ class Deadline:
         self._task.cancel()
 
 
+class Later:
+    """A call due `seconds` after it was made, unless cancelled first (`later`)."""
+
+    __slots__ = ("_callback", "_clock", "when")
+
+    def __init__(self, clock: _Clock, seconds: float, callback: Callable[[], object]) -> None:
+        self._clock = clock
+        self._callback = callback
+        self.when = clock.loop.time() + seconds
+        clock.add(self)
+
+    def cancel(self) -> None:
+        self._clock.remove(self)
+
+    def expire(self) -> None:
+        self._callback()
+
+
 class _Clock:
     """The deadlines of one event loop and the one timer that watches them."""
 
@@ -78,16 +99,16 @@ class _Clock:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._live: dict[int, Deadline] = {}
+        self._live: dict[int, Deadline | Later] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf  # when the timer fires
 
-    def add(self, deadline: Deadline) -> None:
+    def add(self, deadline: Deadline | Later) -> None:
         self._live[id(deadline)] = deadline
         if deadline.when < self._at:
             self._arm(deadline.when)
 
-    def remove(self, deadline: Deadline) -> None:
+    def remove(self, deadline: Deadline | Later) -> None:
         self._live.pop(id(deadline), None)
 
     def _arm(self, when: float) -> None:
@@ -117,6 +138,11 @@ def within(seconds: float | None) -> Deadline:
     """A deadline `seconds` from when the block is entered (None: none), as `asyncio.timeout`;
     used as `with within(seconds):` inside a task."""
     return Deadline(seconds)
+
+
+def later(seconds: float, callback: Callable[[], object]) -> Later:
+    """Call `callback` on the running loop `seconds` from now, unless `.cancel()` comes first."""
+    return Later(_clock(asyncio.get_running_loop()), seconds, callback)
 
 
 def _clock(loop: asyncio.AbstractEventLoop) -> _Clock:

@@ -17,7 +17,7 @@ import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.deadlines import within
+from gateway.deadlines import later, within
 
 UNIT = 0.04  # seconds
 
@@ -131,3 +131,52 @@ def test_an_outer_deadline_passing_inside_an_inner_one_is_the_outer_ones(
         return seen
 
     assert run(nested()) == ["outer", "innermost", "cancelling=0"]
+
+
+@dataclass(frozen=True)
+class Call:
+    due: int  # units after the scenario starts
+    cancel_at: int | None  # units after the scenario starts that it is cancelled; None: never
+
+
+calls = st.builds(Call, due=st.integers(1, 6), cancel_at=st.none() | st.integers(0, 6)).filter(
+    lambda call: call.cancel_at != call.due
+)
+
+
+async def _calls(batch: list[Call], ours: bool) -> list[int]:
+    """Which calls ran, in the order they ran: by `later` or by the loop's own `call_later`,
+    with a deadline on the shared timer entered and left meanwhile."""
+    ran: list[int] = []
+    loop = asyncio.get_running_loop()
+    handles = []
+    for index, call in enumerate(batch):
+        callback = (lambda i: lambda: ran.append(i))(index)
+        handle = (
+            later(call.due * UNIT, callback) if ours else loop.call_later(call.due * UNIT, callback)
+        )
+        handles.append(handle)
+        if call.cancel_at is not None:
+            loop.call_later(call.cancel_at * UNIT, handle.cancel)
+    with within(3.5 * UNIT):  # a deadline that ends by its work, sharing the timer
+        await asyncio.sleep(0.5 * UNIT)
+    await asyncio.sleep(7 * UNIT)
+    return ran
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(calls, min_size=1, max_size=5))
+def test_later_runs_exactly_the_calls_not_cancelled_in_time_as_call_later_does(
+    batch: list[Call],
+) -> None:
+    """A call put on the shared timer runs once when it is due unless it was cancelled first,
+    in the order of their due times, exactly as the loop's own timers would run them."""
+    ours = uvloop.run(_calls(batch, ours=True))
+    expected = [
+        i
+        for i, call in sorted(enumerate(batch), key=lambda pair: pair[1].due)
+        if call.cancel_at is None or call.cancel_at > call.due
+    ]
+    assert sorted(ours) == sorted(expected)
+    assert [batch[i].due for i in ours] == sorted(batch[i].due for i in ours)
+    assert sorted(uvloop.run(_calls(batch, ours=False))) == sorted(ours)

@@ -20,6 +20,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.asgi import WATCH_AFTER_S
 from tests.conftest import GatewayProcess, free_port
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
@@ -326,6 +327,24 @@ def test_client_disconnect_mid_stream_cancels_the_upstream_request(
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and fake_upstream.inflight()["cancelled"] < 1:
         time.sleep(0.05)
+    counters = fake_upstream.inflight()
+    assert counters["cancelled"] == 1
+    assert counters["inflight"] == 0
+    assert client(gateway.base_url).chat.completions.create(model="m", messages=SMALL).choices
+
+
+def test_a_client_hanging_up_before_the_watch_begins_still_cancels_the_upstream_request(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    """The gateway listens for a hang-up only once an answer has run `WATCH_AFTER_S`; a client
+    gone well before that is still seen then, and its upstream call dropped (not left to run)."""
+    fake_upstream.script([{"kind": "hang_before_headers", "seconds": 30}])
+    body = {"model": "m", "messages": SMALL}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=WATCH_AFTER_S / 5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and fake_upstream.inflight()["cancelled"] < 1:
+        time.sleep(0.02)
     counters = fake_upstream.inflight()
     assert counters["cancelled"] == 1
     assert counters["inflight"] == 0
