@@ -37,6 +37,7 @@ from .config import Config
 from .errors import AuthenticationError, PermissionDeniedError
 
 CREDENTIAL_HEADERS = (b"authorization", b"api-key", b"x-api-key")
+MAX_ANONYMOUS = 4096  # identities of credentials remembered (all forgotten when full)
 _ANY_MODEL = ("*",)
 
 
@@ -48,6 +49,8 @@ class Identity:
     models: tuple[str, ...] = _ANY_MODEL
 
     def may_use(self, model: str) -> bool:
+        if self.models == _ANY_MODEL:  # the usual case: `*` matches every name
+            return True
         return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
 
 
@@ -68,6 +71,11 @@ class Authenticator:
         )
         header_name = config.tenant_header if not self._keys else None
         self._tenant_header = header_name.lower().encode() if header_name else None
+        # Without keys: the identity of each credential or tenant header value seen lately (a
+        # client sends the same one with every request; hashing it each time is wasted).
+        self._anonymous: dict[bytes, Identity] = {}
+        named = {self._tenant_header} if self._tenant_header else set()
+        self._wanted = frozenset(CREDENTIAL_HEADERS) | named
 
     @property
     def enabled(self) -> bool:
@@ -77,7 +85,7 @@ class Authenticator:
     def identify(self, scope: Scope) -> Identity:
         """The caller's identity; AuthenticationError (401) when keys are required and missing."""
         if not self._keys:
-            return Identity(self._anonymous_tenant(scope))
+            return self._anonymous_identity(scope)
         presented = presented_key(scope)
         if presented is None:
             raise AuthenticationError(
@@ -105,17 +113,31 @@ class Authenticator:
             return headers
         return [(k, v) for k, v in headers if k.lower() not in CREDENTIAL_HEADERS]
 
-    def _anonymous_tenant(self, scope: Scope) -> str:
-        if self._tenant_header is not None:
-            value = header(scope, self._tenant_header)
-            if value:
-                return "h:" + value.decode("latin-1")
-        credential = b""
-        for name in CREDENTIAL_HEADERS:
-            credential = header(scope, name) or b""
-            if credential:
-                break
-        return "k:" + hashlib.sha256(credential).hexdigest()[:32]
+    def _anonymous_identity(self, scope: Scope) -> Identity:
+        """The tenant header's value when configured and sent, else a hash of the first
+        credential header sent (the empty credential's when none is); each header as its first
+        occurrence says. One pass over the headers, and a credential seen lately is not hashed
+        again."""
+        wanted, first = self._wanted, {}
+        for name, value in scope["headers"]:
+            if name in wanted and name not in first:
+                first[name] = value
+        named = first.get(self._tenant_header) if self._tenant_header else None
+        if named:
+            key = b"h" + named
+        else:
+            credential = next((v for n in CREDENTIAL_HEADERS if (v := first.get(n))), b"")
+            key = b"k" + credential
+        identity = self._anonymous.get(key)
+        if identity is None:
+            if named:
+                tenant = "h:" + named.decode("latin-1")
+            else:
+                tenant = "k:" + hashlib.sha256(key[1:]).hexdigest()[:32]
+            if len(self._anonymous) >= MAX_ANONYMOUS:
+                self._anonymous.clear()
+            identity = self._anonymous[key] = Identity(tenant)
+        return identity
 
 
 def key_sha256(key: bytes) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import auth as auth_module
 from gateway.auth import Authenticator, Identity, open_relay_warning, presented_key
@@ -310,6 +312,45 @@ def test_tenant_header_is_honoured_only_without_keys() -> None:
         ]
     )
     assert stripped == [(b"x-ok", b"1")]
+
+
+def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes:
+    return next((value for key, value in headers if key == name), b"")
+
+
+def _tenant_by_the_rule(headers: list[tuple[bytes, bytes]], tenant_header: bytes | None) -> str:
+    """The rule as the module's docstring states it, header by header."""
+    if tenant_header is not None and (named := _first(headers, tenant_header)):
+        return "h:" + named.decode("latin-1")
+    credential = b""
+    for name in auth_module.CREDENTIAL_HEADERS:
+        if credential := _first(headers, name):
+            break
+    return "k:" + hashlib.sha256(credential).hexdigest()[:32]
+
+
+_header_lists = st.lists(
+    st.tuples(
+        st.sampled_from([b"authorization", b"api-key", b"x-api-key", b"x-tenant", b"x-other"]),
+        st.sampled_from([b"", b"Bearer a", b"b", b"acme", b"\xe9t\xe9"]),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_header_lists, min_size=1, max_size=8), st.booleans())
+def test_an_open_gateway_names_every_request_s_tenant_by_the_rule(
+    requests: list[list[tuple[bytes, bytes]]], with_header: bool
+) -> None:
+    """Without keys, the tenant is the tenant header's first value when it is set and not empty,
+    else the hash of the first credential header (in the list's order) whose first value is not
+    empty: for any headers, repeats and empty values, however many requests came before."""
+    config = parse_config({"tenant_header": "X-Tenant"} if with_header else {})
+    authenticator = Authenticator(config)
+    for headers in requests:
+        expected = _tenant_by_the_rule(headers, b"x-tenant" if with_header else None)
+        assert authenticator.identify({"headers": headers}).tenant == expected
 
 
 @pytest.mark.parametrize(
