@@ -232,6 +232,7 @@ class CountCache:
 
 
 MAX_NEWLINE_TAILS: Final = 4096  # system-prompt tails whose newline cost is remembered
+MAX_HELD_DEFINITIONS: Final = 256  # tool definitions whose count is held by their identity
 _dumps: Final = orjson.dumps
 _SORT_KEYS: Final = orjson.OPT_SORT_KEYS
 _MIN_DESCRIBED_BYTES: Final = CountCache.MIN_DESCRIBED_BYTES
@@ -264,6 +265,7 @@ class MessageCounter:
         self._keyed = hashlib.sha256(self._person)  # copied per key: personalised sha256
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
         self._newlines: dict[str, int] = {}  # `_newline_cost` by tail (exact tokenizers only)
+        self._held: dict[tuple[int, int], tuple[object, object, int]] = {}  # see `_definitions`
         # An upper bound of this counter's counts, cheap to compute; None when none is proven.
         self.bound: BoundCounter | None = (
             BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
@@ -283,6 +285,7 @@ class MessageCounter:
         self._keyed = hashlib.sha256(self._person)
         self._role_tokens = {role: tokenizer.count(role) for role in _COMMON_ROLES}
         self._newlines = {}
+        self._held = {}
         self.bound = BoundCounter(self) if tokenizer.exact and tokenizer.bytes_bound else None
 
     def recorded(self, work: Callable[[], object]) -> list[str]:
@@ -398,6 +401,8 @@ class MessageCounter:
         functions: Sequence[Mapping[str, Any]] | None,
     ) -> int | None:
         """The cached count of these tool definitions, None when not counted yet (or not cached)."""
+        if (held := self._held_count(tools, functions)) is not None:
+            return held
         key = self._key([tools or [], functions or []]) if self._use_cache else None
         return None if key is None else self.cache.get(key)
 
@@ -406,9 +411,25 @@ class MessageCounter:
         tools: Sequence[Mapping[str, Any]] | None,
         functions: Sequence[Mapping[str, Any]] | None,
     ) -> int:
-        return self._cached(
+        """The definitions' count, by their key in the cache; the very objects counted lately
+        are known without a key (a resumed parse hands an agent's tools on from its previous
+        request, and nothing changes a parsed body in place)."""
+        if (held := self._held_count(tools, functions)) is not None:
+            return held
+        count = self._cached(
             [tools or [], functions or []], lambda: self._count_tools(tools, functions)
         )
+        if self._use_cache:
+            if len(self._held) >= MAX_HELD_DEFINITIONS:
+                self._held.clear()
+            self._held[id(tools), id(functions)] = (tools, functions, count)
+        return count
+
+    def _held_count(self, tools: object, functions: object) -> int | None:
+        held = self._held.get((id(tools), id(functions)))
+        if held is not None and held[0] is tools and held[1] is functions:
+            return held[2]
+        return None
 
     def _newline_cost(self, tail: str) -> int:
         """Tokens the newline after `tail` adds (0 or 1 in practice: it may join a token).

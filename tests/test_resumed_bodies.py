@@ -292,3 +292,25 @@ def test_many_sessions_of_one_agent_each_resume_their_own() -> None:
     kept = small._entries.get(("a", "messages", body[:KEY_BYTES]))
     assert kept is not None and len(kept.bodies) == 1
     assert kept.bodies[0] == _session_body(2, 12)
+
+
+def test_the_fields_after_a_resent_history_are_taken_over_when_their_bytes_are_the_same() -> None:
+    """An agent's tools and instructions follow its history in every body: when they are the
+    same bytes as last time they are the same objects (not parsed again), and when they change
+    they are the new body's."""
+    tools = [
+        {"type": "function", "function": {"name": f"tool{i}", "parameters": {}}} for i in range(40)
+    ]
+
+    def body(turns: int, tools: list[Any]) -> bytes:
+        payload = orjson.loads(_agent_body(turns))
+        return orjson.dumps({**payload, "tools": tools, "stream": True})
+
+    memo = ResumedBodies()
+    first = memo.load("t", body(3, tools), "messages")
+    second = memo.load("t", body(4, tools), "messages")
+    assert second == load_object(body(4, tools))
+    assert second["tools"] is first["tools"]
+    changed = tools[:-1]
+    third = memo.load("t", body(5, changed), "messages")
+    assert third == load_object(body(5, changed)) and third["tools"] == changed

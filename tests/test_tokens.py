@@ -525,8 +525,48 @@ def test_tools_count_is_cached(o200k: Tokenizer) -> None:
     counter = MessageCounter(o200k, CountCache())
     first = counter.tools(COOKBOOK_TOOLS)
     hits = counter.cache.hits
-    assert counter.tools(COOKBOOK_TOOLS) == first
+    assert counter.tools(orjson.loads(orjson.dumps(COOKBOOK_TOOLS))) == first  # equal: by key
     assert counter.cache.hits == hits + 1
+    assert counter.tools(COOKBOOK_TOOLS) == first  # the same objects: held, no key made
+    assert counter.cache.hits == hits + 1
+
+
+_TOOL_SETS = [
+    COOKBOOK_TOOLS,
+    COOKBOOK_TOOLS[:1],
+    [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}],
+    [{"type": "web_search"}],
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(range(len(_TOOL_SETS))), st.sampled_from([None, 0, 2]), st.booleans()
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_tools_count_is_the_uncached_count_whichever_objects_come_again(
+    o200k: Tokenizer, picks: list[tuple[int, int | None, bool]]
+) -> None:
+    """Tool definitions come again as the very objects (a resumed parse hands them on) or as
+    equal copies, with or without legacy `functions`, and with or without a system message:
+    each count is the one a counter without any cache gives."""
+    cached = MessageCounter(o200k, CountCache())
+    plain = MessageCounter(o200k, CountCache(0))
+    functions = [[t["function"] for t in s if "function" in t] for s in _TOOL_SETS]
+    for tools_at, functions_at, system in picks:
+        tools = _TOOL_SETS[tools_at]
+        legacy = None if functions_at is None else functions[functions_at]
+        text = "You are terse." if system else None
+        expected = plain.tools(tools, legacy, system_text=text)
+        assert cached.tools(tools, legacy, system_text=text) == expected
+        assert cached.bound is None or cached.bound.tools(tools, legacy) >= cached.tools(
+            tools, legacy
+        )
 
 
 # ------------------------------------------------------------------- the sum rule

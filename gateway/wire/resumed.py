@@ -55,6 +55,8 @@ class _Layout:
     start: int
     items: list[Any]
     ends: list[int]
+    rest: dict[str, Any]  # the fields after the array
+    tail: bytes  # how the body ends after the array's `]`: `rest` as orjson writes it
 
 
 class ResumedBodies:
@@ -169,13 +171,17 @@ def _resume(
     old: _Layout, reused: int, body: bytes, array: str
 ) -> tuple[dict[str, Any], _Layout] | None:
     """`body` parsed from after its first `reused` elements (shared with `old`), or None when
-    the result is not proven to be `orjson.loads(body)`."""
+    the result is not proven to be `orjson.loads(body)`. When `body` ends as `old` did (the
+    fields after the array, an agent's tools and instructions, are the same bytes), those
+    fields are taken over too, and only the new elements are parsed."""
     at = old.ends[reused - 1] if reused else old.start
     # A placeholder element leaves the parser where it was after the last element taken over:
     # a `,` or `]` must follow, as in the body itself.
     opening = b'{"' + array.encode() + (b'":[0' if reused else b'":[')
+    same_tail = len(body) - len(old.tail) > at and body.endswith(old.tail)
+    end = len(body) - len(old.tail) if same_tail else len(body)
     try:
-        rest = orjson.loads(opening + body[at:])
+        rest = orjson.loads(opening + body[at:end] + (b"}" if same_tail else b""))
     except orjson.JSONDecodeError:
         return None
     if not isinstance(rest, dict) or not rest.keys().isdisjoint(old.head):
@@ -183,14 +189,19 @@ def _resume(
     added = rest.pop(array, None)
     if not isinstance(added, list) or (reused and (not added or added[0] != 0)):
         return None
+    if same_tail:  # the same bytes, the same fields (more, ending alike, fail the check below)
+        rest, tail = old.rest, old.tail
     added = added[1:] if reused else added
     try:
         written = [orjson.dumps(item) for item in added]
-        tail = _tail(rest)
+        if not same_tail:
+            tail = _tail(rest)
     except orjson.JSONEncodeError:
         return None
     separator = b"," if reused and written else b""
-    if body[at:] != separator + b",".join(written) + b"]" + tail:
+    # The body from the first new element on is exactly what orjson writes for the new
+    # elements and the fields after them (the kept tail is known to be orjson's writing).
+    if body[at:end] != separator + b",".join(written) + b"]" + (b"" if same_tail else tail):
         return None
     items = old.items[:reused] + added
     ends = old.ends[:reused]
@@ -200,7 +211,7 @@ def _resume(
         ends.append(offset)
         offset += 1
     payload = {**old.head, array: items, **rest}
-    return payload, _Layout(body, old.head, old.start, items, ends)
+    return payload, _Layout(body, old.head, old.start, items, ends, rest, tail)
 
 
 def _layout(body: bytes, payload: dict[str, Any], array: str) -> _Layout | None:
@@ -236,7 +247,7 @@ def _layout(body: bytes, payload: dict[str, Any], array: str) -> _Layout | None:
         offset += 1
     if (offset if items else offset + 1) + len(tail) != len(body):
         return None
-    return _Layout(body, head, len(opening), list(items), ends)
+    return _Layout(body, head, len(opening), list(items), ends, rest, tail)
 
 
 def _tail(fields: dict[str, Any]) -> bytes:
