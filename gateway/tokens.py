@@ -360,6 +360,7 @@ class MessageCounter:
         functions: Sequence[Mapping[str, Any]] | None = None,
         *,
         system_text: str | None = None,
+        source: object = None,
     ) -> int:
         """Tokens that tool definitions add to the prompt: an approximation, OpenAI publishes none.
 
@@ -386,10 +387,13 @@ class MessageCounter:
         (`$ref`, `allOf`, formats, defaults) get an estimate. Non-function tools (hosted or
         custom tools) count as their compact JSON. Returns 0 when there are no tools. The
         definitions' count is cached like a message's (the same tools come with every request).
+        `source`: the request's own definitions, when `tools` was converted from them to the chat
+        shape (another API's); the count is then held for that object (see `_definitions`).
         """
         if not tools and not functions:
             return 0
-        total = self._definitions(tools, functions)
+        holder = (tools, functions) if source is None else (source, None)
+        total = self._definitions(tools, functions, holder)
         if system_text is not None:
             # token boundaries near the end of the text decide the newline's cost
             total += self._newline_cost(system_text[-64:]) - TOOLS_SYSTEM_MESSAGE_SAVING
@@ -399,9 +403,10 @@ class MessageCounter:
         self,
         tools: Sequence[Mapping[str, Any]] | None,
         functions: Sequence[Mapping[str, Any]] | None,
+        holder: tuple[object, object] = (None, None),
     ) -> int | None:
         """The cached count of these tool definitions, None when not counted yet (or not cached)."""
-        if (held := self._held_count(tools, functions)) is not None:
+        if (held := self._held_count(holder)) is not None:
             return held
         key = self._key([tools or [], functions or []]) if self._use_cache else None
         return None if key is None else self.cache.get(key)
@@ -410,11 +415,13 @@ class MessageCounter:
         self,
         tools: Sequence[Mapping[str, Any]] | None,
         functions: Sequence[Mapping[str, Any]] | None,
+        holder: tuple[object, object],
     ) -> int:
-        """The definitions' count, by their key in the cache; the very objects counted lately
-        are known without a key (a resumed parse hands an agent's tools on from its previous
-        request, and nothing changes a parsed body in place)."""
-        if (held := self._held_count(tools, functions)) is not None:
+        """The definitions' count, by their key in the cache; the count is also held by the
+        objects they came from (`holder`: the request's own), so the very objects counted lately
+        need no key (a resumed parse hands an agent's tools on from its previous request, and
+        nothing changes a parsed body in place)."""
+        if (held := self._held_count(holder)) is not None:
             return held
         count = self._cached(
             [tools or [], functions or []], lambda: self._count_tools(tools, functions)
@@ -422,12 +429,13 @@ class MessageCounter:
         if self._use_cache:
             if len(self._held) >= MAX_HELD_DEFINITIONS:
                 self._held.clear()
-            self._held[id(tools), id(functions)] = (tools, functions, count)
+            self._held[id(holder[0]), id(holder[1])] = (*holder, count)
         return count
 
-    def _held_count(self, tools: object, functions: object) -> int | None:
-        held = self._held.get((id(tools), id(functions)))
-        if held is not None and held[0] is tools and held[1] is functions:
+    def _held_count(self, holder: tuple[object, object]) -> int | None:
+        first, second = holder
+        held = self._held.get((id(first), id(second)))
+        if held is not None and held[0] is first and held[1] is second:
             return held[2]
         return None
 
@@ -639,8 +647,9 @@ class BoundCounter(MessageCounter):
         self,
         tools: Sequence[Mapping[str, Any]] | None,
         functions: Sequence[Mapping[str, Any]] | None,
+        holder: tuple[object, object],
     ) -> int:
-        known = self._exact.known_definitions(tools, functions)
+        known = self._exact.known_definitions(tools, functions, holder)
         return known if known is not None else self._count_tools(tools, functions)
 
     def _newline_cost(self, tail: str) -> int:

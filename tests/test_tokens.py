@@ -543,30 +543,38 @@ _TOOL_SETS = [
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(range(len(_TOOL_SETS))), st.sampled_from([None, 0, 2]), st.booleans()
+            st.sampled_from(range(len(_TOOL_SETS))),
+            st.sampled_from([None, 0, 2]),
+            st.booleans(),
+            st.booleans(),
         ),
         min_size=1,
         max_size=12,
     )
 )
 def test_a_tools_count_is_the_uncached_count_whichever_objects_come_again(
-    o200k: Tokenizer, picks: list[tuple[int, int | None, bool]]
+    o200k: Tokenizer, picks: list[tuple[int, int | None, bool, bool]]
 ) -> None:
     """Tool definitions come again as the very objects (a resumed parse hands them on) or as
-    equal copies, with or without legacy `functions`, and with or without a system message:
+    equal copies, with or without legacy `functions`, with or without a system message, or
+    converted from another API's definitions (new objects each time, held by their source):
     each count is the one a counter without any cache gives."""
     cached = MessageCounter(o200k, CountCache())
     plain = MessageCounter(o200k, CountCache(0))
     functions = [[t["function"] for t in s if "function" in t] for s in _TOOL_SETS]
-    for tools_at, functions_at, system in picks:
+    for tools_at, functions_at, system, converted in picks:
         tools = _TOOL_SETS[tools_at]
         legacy = None if functions_at is None else functions[functions_at]
         text = "You are terse." if system else None
+        if converted:  # as the Responses and Messages adapters count their own definitions
+            copy = orjson.loads(orjson.dumps(tools))
+            expected = plain.tools(copy, system_text=text)
+            assert cached.tools(copy, system_text=text, source=tools) == expected
+            continue
         expected = plain.tools(tools, legacy, system_text=text)
         assert cached.tools(tools, legacy, system_text=text) == expected
-        assert cached.bound is None or cached.bound.tools(tools, legacy) >= cached.tools(
-            tools, legacy
-        )
+        if cached.bound is not None:
+            assert cached.bound.tools(tools, legacy) >= cached.tools(tools, legacy)
 
 
 # ------------------------------------------------------------------- the sum rule

@@ -158,6 +158,7 @@ class MessagesWire(Wire):
         return counter.tools(
             [_chat_tool(t) for t in tools],
             system_text=_system_text(request.payload.get("system")),
+            source=tools,
         )
 
     # -- errors ------------------------------------------------------------------------------

@@ -162,6 +162,7 @@ class ResponsesWire(Wire):
         return counter.tools(
             [_chat_tool(t) for t in tools],
             system_text=instructions if isinstance(instructions, str) else None,
+            source=tools,
         )
 
     # -- errors and usage --------------------------------------------------------------------
