@@ -535,7 +535,7 @@ class Pipeline:
         assert bound is not None
         known = list(counted.counts)  # exact: the unchanged prefix of the conversation
         rest = request.messages[len(known) :]
-        sizes = [bound.message(m) for m in rest]
+        sizes = counted.rest_bounds(request.messages, bound.message)
         size = sum(sizes)
         if size < LATE_MIN_BYTES:
             return None

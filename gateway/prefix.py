@@ -52,6 +52,7 @@ class _Entry:
     counts: list[int]
     uids: list[int]
     roles: Roles
+    bounds: list[int]  # upper bounds of the leading messages, made while counts were unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +89,26 @@ NO_ROLES = Roles([], {}, [])
 
 @dataclass(frozen=True, slots=True)
 class Counted:
-    """Per-message token counts and uids of one request, and its roles."""
+    """Per-message token counts and uids of one request, and its roles. `bounds`: the upper
+    bounds of its leading messages known from the requests before (`Pipeline` extends the
+    list, the memo's own, as it bounds the rest); `counts` may be longer or shorter."""
 
     counts: list[int]
     uids: list[int]
     roles: Roles
+    bounds: list[int]
+
+    def rest_bounds(
+        self, messages: Sequence[Mapping[str, Any]], bound: Callable[[Mapping[str, Any]], int]
+    ) -> list[int]:
+        """Upper bounds (`bound`) of the messages after `counts`: those the requests before
+        made, the others made now and kept for the next request (an exact count bounds itself).
+        Equal messages have equal bounds, so a conversation whose late count has not landed
+        yet bounds only what each request added."""
+        bounds, counts = self.bounds, self.counts
+        bounds.extend(counts[len(bounds) :])
+        bounds.extend(map(bound, messages[len(bounds) :]))
+        return bounds[len(counts) : len(messages)]
 
 
 class PrefixCounts:
@@ -141,14 +157,15 @@ class PrefixCounts:
         else:
             uids, roles = [], NO_ROLES.then(0, messages)
         if entry is not None and entry.tokenizer == tokenizer:
-            counts = entry.counts[:same]
+            counts, bounds = entry.counts[:same], entry.bounds[:same]
             self.reused += len(counts)
         else:
-            counts = []
+            counts, bounds = [], []
         uids.extend(itertools.islice(self._uids, len(messages) - same))
         continued = entry if entry is not None and continues(same, entry.messages) else None
-        self._entries.put(key, _Entry(tokenizer, messages, counts, uids, roles), size, continued)
-        return Counted(counts, uids, roles)
+        entry = _Entry(tokenizer, messages, counts, uids, roles, bounds)
+        self._entries.put(key, entry, size, continued)
+        return Counted(counts, uids, roles, bounds)
 
     def peek(self, scope: str, tokenizer: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """The counts the memo knows now for the leading messages of `messages` (a copy),

@@ -121,7 +121,7 @@ steps = st.lists(
 def test_what_the_memo_knows_is_what_a_fresh_count_gives(plan: list[tuple[Any, ...]]) -> None:
     """Whatever order requests, partial counts and late fills come in (a late fill landing on
     a newer request of the conversation included), every count the memo hands out is the
-    message's own count under the request's tokenizer, and the roles (each message's, their
+    message's own count under the request's tokenizer, so is every upper bound, and the roles (each message's, their
     tally in first-appearance order, the system prompt's positions) are tallied afresh."""
     memo = PrefixCounts()
     sent: list[tuple[str, str, list[dict[str, Any]]]] = []
@@ -137,6 +137,10 @@ def test_what_the_memo_knows_is_what_a_fresh_count_gives(plan: list[tuple[Any, .
         assert list(known.roles.tally.items()) == list(Counter(roles).items())  # order too
         assert known.roles.system == [i for i, r in enumerate(roles) if r in SYSTEM_ROLES]
         assert memo.peek(scope, tokenizer, messages) == known.counts
+        # Forwarded on its bound: the bounds of what is not counted are the messages' own
+        # (never a placeholder, another tokenizer's or another conversation's).
+        bounds = known.rest_bounds(messages, lambda m, t=tokenizer: weight(t, m) + 7)
+        assert bounds == [weight(tokenizer, m) + 7 for m in messages[len(known.counts) :]]
         known.counts.extend(exact[len(known.counts) : counted])  # the caller counts some
         sent.append((scope, tokenizer, messages))
         if late is not None and late < len(sent):
@@ -182,3 +186,23 @@ def test_equal_prefix_is_the_count_of_leading_equal_messages(
     while expected < min(len(old), len(new)) and new[expected] == old[expected]:
         expected += 1
     assert equal_prefix(new, old) == expected
+
+
+def test_a_conversation_waiting_for_its_late_count_bounds_only_what_each_request_adds() -> None:
+    """Requests that arrive before a conversation's late count lands are forwarded on their
+    bounds: each bounds only the messages it added, not the whole history again."""
+    memo = PrefixCounts()
+    bounded: list[object] = []
+
+    def bound(message: object) -> int:
+        bounded.append(message)
+        return len(str(message))
+
+    messages = history(30)
+    for turn in range(4):
+        known = memo.known("t|m", "t1", messages, 100)
+        assert known.counts == []  # nothing counted yet
+        assert known.rest_bounds(messages, bound) == [len(str(m)) for m in messages]
+        assert len(bounded) == (31 if turn == 0 else 1)
+        bounded.clear()
+        messages = [*messages, {"role": "user", "content": f"turn {turn}"}]
