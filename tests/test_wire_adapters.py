@@ -114,9 +114,9 @@ def test_a_removed_blocks_breakpoint_moves_to_the_nearest_kept_block_before_it(
     indices = data.draw(st.sets(st.integers(0, len(conversation) - 1)))
     result, _ = drop(conversation, indices)
     sent = request.forward_payload(result.messages, None)
-    blocks = [
+    blocks = [  # the parsed client's blocks: those sent unchanged are these very objects
         ((i, p), block)
-        for i, message in enumerate(body["messages"])
+        for i, message in enumerate(request.payload["messages"])
         if isinstance(message["content"], list)
         for p, block in enumerate(message["content"])
     ]
@@ -126,7 +126,7 @@ def test_a_removed_blocks_breakpoint_moves_to_the_nearest_kept_block_before_it(
     for message in sent["messages"]:
         for block in message["content"] if isinstance(message["content"], list) else ():
             # drop() removes, never rewrites: a block sent is the client's, or a copy of it
-            # that gained a marker
+            # that gained a marker (found by its contents: the first after the last one found)
             rest = range(at, len(blocks))
             same = next((k for k in rest if blocks[k][1] is block), None)
             at = (
