@@ -11,6 +11,7 @@ the wire and a client hanging up mid-stream need a real `compactgate serve`, sha
 from __future__ import annotations
 
 import base64
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,6 @@ import openai
 import orjson
 import pytest
 
-from gateway.asgi import WATCH_AFTER_S
 from tests.conftest import GatewayProcess, free_port
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
@@ -341,12 +341,21 @@ def test_client_disconnect_mid_stream_cancels_the_upstream_request(
 def test_a_client_hanging_up_before_the_watch_begins_still_cancels_the_upstream_request(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:
-    """The gateway listens for a hang-up only once an answer has run `WATCH_AFTER_S`; a client
-    gone well before that is still seen then, and its upstream call dropped (not left to run)."""
+    """The gateway listens for a hang-up only once an answer has run `WATCH_AFTER_S` (0.1 s); a client
+    gone before that (here as soon as its call reached the upstream) is still seen then, and
+    its upstream call dropped, not left to run."""
     fake_upstream.script([{"kind": "hang_before_headers", "seconds": 30}])
-    body = {"model": "m", "messages": SMALL}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{gateway.base_url}/chat/completions", json=body, timeout=WATCH_AFTER_S / 5)
+    body = orjson.dumps({"model": "m", "messages": SMALL})
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=5) as connection:
+        connection.sendall(head.encode() + body)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and fake_upstream.inflight()["inflight"] < 1:
+            time.sleep(0.005)
     _upstream_call_dropped(gateway, fake_upstream)
 
 
