@@ -140,7 +140,7 @@ class DisconnectWatcher:
 
     def start(self) -> None:
         owner = asyncio.current_task()
-        self._pending = later(WATCH_AFTER_S, lambda: self._begin(owner))
+        self._pending = later(WATCH_AFTER_S, lambda: self._begin(owner), owner)
 
     def _begin(self, owner: asyncio.Task[Any] | None) -> None:
         self._pending = None

@@ -140,9 +140,13 @@ def within(seconds: float | None) -> Deadline:
     return Deadline(seconds)
 
 
-def later(seconds: float, callback: Callable[[], object]) -> Later:
-    """Call `callback` on the running loop `seconds` from now, unless `.cancel()` comes first."""
-    return Later(_clock(asyncio.get_running_loop()), seconds, callback)
+def later(
+    seconds: float, callback: Callable[[], object], task: asyncio.Task[object] | None = None
+) -> Later:
+    """Call `callback` on the running loop `seconds` from now, unless `.cancel()` comes first;
+    `task`, when the caller has it: the loop is taken from it (see `_clock`)."""
+    loop = task.get_loop() if task is not None else asyncio.get_running_loop()
+    return Later(_clock(loop), seconds, callback)
 
 
 def _clock(loop: asyncio.AbstractEventLoop) -> _Clock:

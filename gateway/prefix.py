@@ -52,7 +52,7 @@ class _Entry:
     counts: list[int]
     uids: list[int]
     roles: Roles
-    bounds: list[int]  # upper bounds of the leading messages, made while counts were unknown
+    bounds: list[int]  # upper bounds of the leading messages (a count stands for its own)
 
 
 @dataclass(frozen=True, slots=True)
