@@ -78,6 +78,19 @@ def cpu_over(results: Results, case: str, target: str, floor: str) -> float:
     return mine.cpu_ms - base.cpu_ms
 
 
+def added_over(results: Results, case: str, target: str, floor: str) -> float:
+    """The latency `target` adds beyond what `floor` adds, in ms (p50s of the same case)."""
+    return added(results, case, target) - added(results, case, floor)
+
+
+def cpu_ratio(results: Results, case: str, target: str, floor: str) -> float:
+    """CPU per request of `target` over that of `floor`."""
+    mine, base = figures(results, case, target), figures(results, case, floor)
+    if mine is None or base is None or not base.cpu_ms:
+        return math.nan
+    return mine.cpu_ms / base.cpu_ms
+
+
 def throughput_ratio(results: Results, case: str, a: str, b: str) -> float:
     fa, fb = figures(results, case, a), figures(results, case, b)
     if fa is None or fb is None or not fb.rps:
@@ -134,6 +147,15 @@ def verdicts(results: Results) -> list[Verdict]:
             "gateway",
         ),
         Verdict(
+            "small request: added beyond the relay's, p50",
+            added_over(results, "small", "gateway", "relay"),
+            "ms",
+            0.15,
+            False,
+            "small",
+            "gateway",
+        ),
+        Verdict(
             "small request: overhead lower than LiteLLM's",
             overhead_ratio(results, "small", "litellm", "gateway"),
             "x",
@@ -149,6 +171,33 @@ def verdicts(results: Results) -> list[Verdict]:
             1.0,
             False,
             "agent-seen",
+            "gateway",
+        ),
+        Verdict(
+            "200 messages, seen before: CPU per request / relay's",
+            cpu_ratio(results, "agent-seen", "gateway", "relay"),
+            "x",
+            1.5,
+            False,
+            "agent-seen",
+            "gateway",
+        ),
+        Verdict(
+            "200 messages at c=32: CPU per request / relay's",
+            cpu_ratio(results, "agent-seen-c32", "gateway", "relay"),
+            "x",
+            1.5,
+            False,
+            "agent-seen-c32",
+            "gateway",
+        ),
+        Verdict(
+            "200 messages at c=32: added p50 / relay added",
+            overhead_ratio(results, "agent-seen-c32", "gateway", "relay"),
+            "x",
+            1.5,
+            False,
+            "agent-seen-c32",
             "gateway",
         ),
         Verdict(
@@ -238,8 +287,8 @@ def _fmt(value: float, unit: str = "ms") -> str:
         return "n/a"
     if math.isinf(value):
         return "inf"
-    if unit == "x":
-        return f"{value:.1f}x"
+    if unit == "x":  # two decimals near a limit such as 1.5x, where one would round across it
+        return f"{value:.2f}x" if value < 10 else f"{value:.1f}x"
     if unit == "ms":
         return f"{value:.2f} ms" if abs(value) < 100 else f"{value:.0f} ms"
     return f"{value:.2f}"

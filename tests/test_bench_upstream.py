@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from benchmarks import agent_bodies, report
+from benchmarks.load import Batch
 from tests.conftest import Starter
 
 pytestmark = pytest.mark.e2e
@@ -85,3 +86,23 @@ def test_a_rewritten_report_keeps_the_sections_written_by_hand() -> None:
     rewritten = "# Benchmarks (new run)\n" + report.GENERATED_END + "\n" + report.keep_tail(old)
     assert report.keep_tail(rewritten) == by_hand  # and again on the next run
     assert report.keep_tail("# Benchmarks\n\n## Versions and machine\n\n| a | b |\n") == ""
+
+
+def test_the_report_judges_the_gateway_against_the_relay_of_the_same_case() -> None:
+    def batch(p50_ms: float, cpu_ms: float) -> Batch:
+        return Batch(latencies=[p50_ms / 1000] * 3, elapsed=1.0, cpu_seconds=3 * cpu_ms / 1000)
+
+    def judged(gateway: Batch) -> dict[str, str]:
+        results = {
+            "small": {"direct": batch(0.2, 0.05), "relay": batch(0.5, 0.4), "gateway": gateway},
+            "agent-seen-c32": {"direct": batch(7, 0.1), "relay": batch(15, 0.4)},
+        }
+        results["agent-seen-c32"]["gateway"] = gateway
+        return {v.goal: f"{v.shown()} {v.status}" for v in report.verdicts(results)}
+
+    near = judged(batch(0.64, 0.58))  # 0.14 ms beyond the relay; CPU 1.45x
+    assert near["small request: added beyond the relay's, p50"] == "0.14 ms PASS"
+    assert near["200 messages at c=32: CPU per request / relay's"] == "1.45x PASS"
+    far = judged(batch(19.1, 0.62))  # added 12.1 against the relay's 8: 1.51x
+    assert far["200 messages at c=32: added p50 / relay added"] == "1.51x MISS"
+    assert far["200 messages at c=32: CPU per request / relay's"] == "1.55x MISS"
