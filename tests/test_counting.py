@@ -233,6 +233,110 @@ def test_counting_together_changes_no_count_and_no_decision(
             assert made == exact
 
 
+class _Watched(TiktokenTokenizer):
+    """o200k, noting which thread counts each text and when. A text beginning "slow" takes a
+    millisecond more (without the GIL, as tiktoken's own work); one beginning "fail" raises."""
+
+    def __init__(self) -> None:
+        base = load_tokenizer("tiktoken:o200k_base")
+        assert isinstance(base, TiktokenTokenizer)
+        super().__init__(base.name, base.encoding)
+        self.calls: list[tuple[int, float]] = []
+
+    def count(self, text: str) -> int:
+        self.calls.append((threading.get_ident(), time.perf_counter()))
+        if text.startswith("fail"):
+            raise RuntimeError("the tokenizer failed")
+        if text.startswith("slow"):
+            time.sleep(0.001)
+        return super().count(text)
+
+
+def _tool_results(mark: str, number: int, words: int = 2000) -> list[dict[str, Any]]:
+    return [
+        {"role": "tool", "content": f"{mark} {i} " + "lorem ipsum " * words} for i in range(number)
+    ]
+
+
+def _exact(messages: list[dict[str, Any]]) -> list[int]:
+    return [COUNTERS["tiktoken:o200k_base"].message(m) for m in messages]
+
+
+async def test_a_late_count_gives_way_while_a_request_is_counted() -> None:
+    """The background thread counts nothing new while the event loop counts a request (the
+    message it had begun aside), so the request does not take turns at the GIL with it."""
+    tokenizer, counting = _Watched(), Counting()
+    late_messages = _tool_results("slow late", 60)
+    try:
+        late = asyncio.create_task(
+            counting.exact(
+                MessageCounter(tokenizer, CountCache()), "t", late_messages, background=True
+            )
+        )
+        loop_thread = threading.get_ident()
+        while not any(ident != loop_thread for ident, _ in tokenizer.calls):
+            await asyncio.sleep(0.001)
+        begun = time.perf_counter()
+        await counting.exact(
+            MessageCounter(tokenizer, CountCache()), "t", _tool_results("slow", 30)
+        )
+        ended = time.perf_counter()
+        assert await asyncio.wait_for(late, 30) == _exact(late_messages)
+    finally:
+        await counting.close()
+    meanwhile = [at for ident, at in tokenizer.calls if ident != loop_thread and begun < at < ended]
+    assert len(meanwhile) <= 1  # one it may have been about to begin as the request began
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(("request", "failing request", "late")), st.integers(3, 5)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_late_counts_finish_whatever_requests_were_counted_meanwhile(
+    steps: list[tuple[str, int]],
+) -> None:
+    """Requests counted (or failing half-way) while late counts wait never leave them waiting:
+    every late count ends with the exact counts, and so does one started after them all."""
+
+    async def run() -> None:
+        tokenizer, counting = _Watched(), Counting()
+        lates: list[tuple[asyncio.Task[list[int]], list[dict[str, Any]]]] = []
+
+        def late(messages: list[dict[str, Any]]) -> None:
+            counter = MessageCounter(tokenizer, CountCache())
+            lates.append(
+                (
+                    asyncio.create_task(counting.exact(counter, "t", messages, background=True)),
+                    messages,
+                )
+            )
+
+        try:
+            for number, (kind, size) in enumerate(steps):
+                messages = _tool_results(f"step {number}", size, 1200)
+                if kind == "late":
+                    late(messages)
+                elif kind == "request":
+                    counter = MessageCounter(tokenizer, CountCache())
+                    assert await counting.exact(counter, "t", messages) == _exact(messages)
+                else:
+                    messages[size // 2]["content"] = "fail " + messages[size // 2]["content"]
+                    with pytest.raises(RuntimeError):
+                        await counting.exact(MessageCounter(tokenizer, CountCache()), "t", messages)
+                await asyncio.sleep(0)
+            late(_tool_results("after", 3, 1200))
+            for task, messages in lates:
+                assert await asyncio.wait_for(task, 20) == _exact(messages)
+        finally:
+            await counting.close()
+
+    asyncio.run(run())
+
+
 # -- the gateway -----------------------------------------------------------------------------
 
 
