@@ -22,7 +22,7 @@ Counts that can wait (the request was decided on its upper bound: `Pipeline`) ar
 background thread (`later`), off the event loop. The background work is bounded by the bytes it
 holds (`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request
 path, which slows clients down instead of growing without limit. The background thread also
-gives way to requests (`_RequestsFirst`): while a request's own count runs, it pauses between
+gives way to requests (`RequestsFirst`): while a request's own count runs, it pauses between
 messages. Otherwise the two take turns at the GIL, and a first-seen request counted while the
 previous one's late count ran took 4-12 % longer (in one process, the two ways taking turns).
 """
@@ -34,12 +34,11 @@ import contextlib
 import hashlib
 import logging
 import os
-import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .count_threads import RequestsFirst, SharedCount, Work, yield_to_requests
 from .stores import SafeStore
 from .tokens import MessageCounter
 
@@ -52,7 +51,6 @@ STORE_PREFIX = "count:"
 # tiktoken does (it reads about 15 MB/s of English or code on one core).
 OFFLOAD_MIN_BYTES = 32 * 1024
 MAX_LATE_BYTES = 64 * 1024 * 1024  # message bytes the background counting may hold at once
-BACKGROUND_NICE = 10  # added to the background counting thread's nice value
 DEFAULT_THREADS = 0
 DEFAULT_TTL_S = 86_400.0
 
@@ -75,10 +73,10 @@ class Counting:
             max(1, self._helpers), thread_name_prefix="compactgate-count"
         )
         self._later = ThreadPoolExecutor(
-            1, thread_name_prefix="compactgate-count-later", initializer=_yield_to_requests
+            1, thread_name_prefix="compactgate-count-later", initializer=yield_to_requests
         )
         self._late_bytes = 0
-        self._first = _RequestsFirst()
+        self._first = RequestsFirst()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.shared = 0  # counts found in the store (made by another replica, or before)
 
@@ -142,7 +140,7 @@ class Counting:
             missing = await self._from_store(counter, tenant, keys, counts, missing)
         if not missing:
             return counts
-        work = _Work(counter, tenant, messages, sizes, fits, keys, counts, missing)
+        work = Work(counter, tenant, messages, sizes, fits, keys, counts, missing)
         if fits is not None and fits(work.bound()):
             return counts  # the counts remembered already settle it
         if background:
@@ -153,7 +151,7 @@ class Counting:
             self._inline(work)
         return counts
 
-    def _inline(self, work: _Work) -> None:
+    def _inline(self, work: Work) -> None:
         """Count on the event loop, one message at a time (no thread to hand over to: the
         cheapest in CPU, and it stops at the first message that settles it)."""
         new: list[tuple[bytes, int]] = []
@@ -166,13 +164,13 @@ class Counting:
         work.counter.cache.put_many(new)
         self._share(work.tenant, new)
 
-    async def _together(self, work: _Work) -> None:
+    async def _together(self, work: Work) -> None:
         """Count on the event loop and in the helper threads at once, each taking the next
         message not taken yet, until `work.fits` (or none is left). The event loop never
         waits for a helper to start: a busy helper only leaves it more to count; it waits
         only for the messages the helpers are counting when every count is needed."""
         loop = asyncio.get_running_loop()
-        shared = _Shared(work, lambda late: self._share_from_thread(loop, work.tenant, late))
+        shared = SharedCount(work, lambda late: self._share_from_thread(loop, work.tenant, late))
         helpers = [loop.run_in_executor(self._now, shared.count) for _ in range(self._helpers)]
         try:
             shared.count()
@@ -185,7 +183,7 @@ class Counting:
         work.counter.cache.put_many(new)
         self._share(work.tenant, new)
 
-    async def _background(self, work: _Work) -> None:
+    async def _background(self, work: Work) -> None:
         """Count every missing message in the background thread."""
         chunk = list(work.missing)
         messages = [work.messages[i] for i in chunk]
@@ -278,131 +276,6 @@ class Counting:
         if background:
             return await loop.run_in_executor(self._later, self._first.after, work, *args)
         return await loop.run_in_executor(self._now, work, *args)
-
-
-class _RequestsFirst:
-    """Background counting waits while a request's own count runs on the event loop.
-
-    The two would otherwise take turns at the GIL: the event loop gets it back after each of
-    its tiktoken calls only when the background thread lets go, and that thread holds it for
-    the Python around each of its own messages. The background thread looks before each
-    message (and before any other work) and waits, without the GIL, until no request is
-    counting; a message it has begun it finishes. A request count is always short and ends
-    in `counting`'s `finally`, so the wait ends too; under a steady stream of counted requests
-    the late counts wait, held to `MAX_LATE_BYTES` by `Counting.later`.
-    """
-
-    def __init__(self) -> None:
-        self._calm = threading.Event()  # set: no request is counting
-        self._calm.set()
-        self._counting = 0  # requests counting now (event loop only)
-
-    @contextlib.contextmanager
-    def counting(self) -> Iterator[None]:
-        """Around a request's count, on the event loop."""
-        self._counting += 1
-        self._calm.clear()
-        try:
-            yield
-        finally:
-            self._counting -= 1
-            if not self._counting:
-                self._calm.set()
-
-    def wait(self) -> None:
-        """In the background thread: return once no request is counting."""
-        self._calm.wait()
-
-    def after(self, work: Callable[..., T], *args: Any) -> T:
-        """In the background thread: `work(*args)` once no request is counting."""
-        self._calm.wait()
-        return work(*args)
-
-
-@dataclass(slots=True)
-class _Work:
-    """One `until` call's state: the messages, their bounds and keys, the counts made so far."""
-
-    counter: MessageCounter
-    tenant: str
-    messages: Sequence[Mapping[str, Any]]
-    sizes: Sequence[int]
-    fits: Callable[[int], bool] | None
-    keys: Sequence[bytes | None]
-    counts: list[int | None]
-    missing: Sequence[int]
-
-    def bound(self) -> int:
-        """The counts made plus the bounds of the messages not counted yet."""
-        return sum(self.sizes[i] if c is None else c for i, c in enumerate(self.counts))
-
-    def record(self, index: int, count: int, new: list[tuple[bytes, int]]) -> int:
-        """Keep `count` for message `index` (and in `new` if it has a key); the bound's change."""
-        self.counts[index] = count
-        key = self.keys[index]
-        if key is not None:
-            new.append((key, count))
-        return count - self.sizes[index]
-
-
-class _Shared:
-    """One request's messages handed out one at a time to the threads that count them together.
-
-    Counts are recorded under the lock in the order they are made, and the first that makes
-    `work.fits` hold settles the request: no message is handed out after it. A count made
-    after that (a helper was already counting) no longer belongs to the request, which may
-    have gone; it goes to the cache and to `late` instead.
-    """
-
-    def __init__(self, work: _Work, late: Callable[[list[tuple[bytes, int]]], None]) -> None:
-        self._work = work
-        self._late = late
-        self._lock = threading.Lock()
-        self._next = 0  # position in work.missing of the next message to hand out
-        self._bound = work.bound()
-        self._new: list[tuple[bytes, int]] = []
-        self._closed = False
-        self.settled = False
-
-    def count(self) -> None:
-        """Count messages until none is left to take or the request is settled."""
-        work = self._work
-        uncached, messages = work.counter.uncached, work.messages
-        index = self._take(None, 0)
-        while index is not None:
-            index = self._take(index, uncached(messages[index]))
-
-    def close(self) -> list[tuple[bytes, int]]:
-        """The new (key, count) pairs of the request; later counts go to `late`."""
-        with self._lock:
-            self._closed = True
-            return self._new
-
-    def _take(self, done: int | None, count: int) -> int | None:
-        """Record `count` for message `done` (None: nothing yet); the next message to count."""
-        work = self._work
-        with self._lock:
-            if self._closed:
-                key = None if done is None else work.keys[done]
-                if key is not None:
-                    work.counter.cache.put_many([(key, count)])
-                    self._late([(key, count)])
-                return None
-            if done is not None:
-                self._bound += work.record(done, count, self._new)
-                if work.fits is not None and work.fits(self._bound):
-                    self.settled = True
-            if self.settled or self._next >= len(work.missing):
-                return None
-            self._next += 1
-            return work.missing[self._next - 1]
-
-
-def _yield_to_requests() -> None:
-    """Lower the background counting thread's CPU priority (on Linux a thread has its own nice
-    value), so that on a busy machine the requests being served run first."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 def _lookup(
