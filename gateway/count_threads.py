@@ -38,18 +38,26 @@ class RequestsFirst:
         self._calm = threading.Event()  # set: no request is counting
         self._calm.set()
         self._counting = 0  # requests counting now (event loop only)
+        self._closed = False
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
         """Around a request's count, on the event loop."""
         self._counting += 1
-        self._calm.clear()
+        if not self._closed:
+            self._calm.clear()
         try:
             yield
         finally:
             self._counting -= 1
             if not self._counting:
                 self._calm.set()
+
+    def close(self) -> None:
+        """Let the background thread go for good (shutting down: nothing may keep it waiting,
+        or the interpreter would wait for it at exit)."""
+        self._closed = True
+        self._calm.set()
 
     def wait(self) -> None:
         """In the background thread: return once no request is counting."""

@@ -220,6 +220,7 @@ class Counting:
         """Cancel the background counts (their requests keep their upper bounds) and stop."""
         for task in list(self._tasks):
             task.cancel()
+        self._first.close()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._now.shutdown(wait=False, cancel_futures=True)

@@ -337,6 +337,26 @@ def test_late_counts_finish_whatever_requests_were_counted_meanwhile(
     asyncio.run(run())
 
 
+async def test_closing_lets_a_late_count_waiting_for_requests_go() -> None:
+    """A late count waiting while a request counts is let go when counting closes, even if that
+    request never ends (its task gone with the loop): no thread is left for the interpreter to
+    wait for at exit."""
+    counting = Counting()
+    counter = MessageCounter(_Watched(), CountCache())
+    with counting._first.counting():  # a request counting, never to end here
+        late = asyncio.create_task(
+            counting.exact(counter, "t", _tool_results("late", 5), background=True)
+        )
+        await asyncio.sleep(0.05)
+        assert not late.done()  # it waits for the request
+        await counting.close()
+        threads = list(counting._later._threads)
+        assert threads
+        for thread in threads:  # the request still counts
+            thread.join(10)
+            assert not thread.is_alive()
+
+
 # -- the gateway -----------------------------------------------------------------------------
 
 
