@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> None:
         "with framing  (target < 0.1 ms)"
     )
     print(
-        f"  cache memory             {cache.bytes} B accounted, {measured} B measured, "
-        f"{len(cache)} entries describing {described} B: {cache.bytes / described:.3f}x "
+        f"  cache memory             {cache.held_bytes} B accounted, {measured} B measured, "
+        f"{len(cache)} entries describing {described} B: {cache.held_bytes / described:.3f}x "
         f"accounted, {measured / described:.3f}x measured  (target <= 2x)"
     )
 

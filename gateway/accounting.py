@@ -262,6 +262,7 @@ class Accounting:
     def log_agent_compaction(self, exchange: Exchange, total: float) -> int:
         """One event-log line for an agent's own compaction (or a Responses compaction) that
         was not compacted here: answered by the gateway or forwarded, and why. No content."""
+        agent: str | None
         if exchange.compacted is not None:  # made by the gateway: from a ready summary or now
             agent, outcome, why = AGENT, "answered", exchange.compacted
         else:

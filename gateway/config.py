@@ -25,7 +25,7 @@ import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -584,7 +584,7 @@ def semantic_problems(data: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 

@@ -120,7 +120,7 @@ class _Expiry:
     closed connection's objects alive until the cyclic garbage collector ran.
     """
 
-    def __init__(self, protocol: HttpToolsProtocol | H11Protocol, seconds: float) -> None:
+    def __init__(self, protocol: _Deadlined, seconds: float) -> None:
         self._protocol = weakref.ref(protocol)
         self._seconds = seconds
         self.head_started = False  # a byte of the current request head has arrived
@@ -146,13 +146,16 @@ class _Expiry:
         transport.close()
 
 
-class _Deadlined:
+class _Deadlined(asyncio.Protocol):
     """What both protocols add to uvicorn's: the head deadline started with the connection
     and closed with it, and the idle-memory trim. Listed before the uvicorn protocol in the
     bases, so its methods run first and hand on through `super()`."""
 
+    # uvicorn's protocols set these (declared here for the methods that use them)
     loop: asyncio.AbstractEventLoop
     tasks: Any
+    transport: Any
+    cycle: Any
 
     def __init__(
         self, *args: Any, head_timeout: float, idle_trim: IdleTrim | None = None, **kwargs: Any
@@ -162,7 +165,7 @@ class _Deadlined:
         self.head_deadline = HeadDeadline(self.loop, head_timeout, self._expiry)
         self._idle_trim = idle_trim
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.head_deadline.start()
         if self._idle_trim is not None:
@@ -212,7 +215,7 @@ class H11HeadDeadline(_Deadlined, H11Protocol):
             self._expiry.head_started = False
 
 
-_PROTOCOLS: dict[str, type[asyncio.Protocol]] = {
+_PROTOCOLS: dict[str, type[_Deadlined]] = {
     "httptools": HttpToolsHeadDeadline,
     "h11": H11HeadDeadline,
 }

@@ -79,7 +79,7 @@ def adapt(
     if FIELD not in payload and not blocks:
         return None, Applied()
     forwarded = {k: v for k, v in payload.items() if k != FIELD}
-    if blocks:  # an upstream that is not native must not see them
+    if blocks and isinstance(messages, list):  # a non-native upstream must not see them
         forwarded["messages"] = messages = read_back(messages)
     applied = Applied()
     if mode == "emulate" and FIELD in payload:

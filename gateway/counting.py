@@ -34,7 +34,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -198,13 +198,15 @@ class Counting:
         """`work()` in a counting thread (the background one when `background`)."""
         return await self._run(background, work)
 
-    def later(self, size: int, work: Callable[[], Awaitable[T]]) -> asyncio.Task[T] | None:
+    def later(
+        self, size: int, work: Callable[[], Coroutine[Any, Any, T]]
+    ) -> asyncio.Task[T] | None:
         """Start `work()` (counting `size` bytes) in the background; None when the background
         already holds `MAX_LATE_BYTES` (the caller then counts now)."""
         if self._late_bytes + size > MAX_LATE_BYTES:
             return None
         self._late_bytes += size
-        task = asyncio.get_running_loop().create_task(work(), name="count-later")
+        task: asyncio.Task[T] = asyncio.get_running_loop().create_task(work(), name="count-later")
         self._tasks.add(task)
 
         def finished(done: asyncio.Task[T]) -> None:

@@ -219,7 +219,11 @@ async def _demo(turns: int, llm: bool = False) -> int:
         for turn in range(1, turns + 1):
             path = FILES[(turn - 1) % len(FILES)]
             messages += _agent_turn(turn, path, stage.output_lines)
-            body = {"model": stage.model, "messages": messages, "max_tokens": stage.max_tokens}
+            body: dict[str, Any] = {
+                "model": stage.model,
+                "messages": messages,
+                "max_tokens": stage.max_tokens,
+            }
             direct_fails = await stage.would_refuse(body)
             raw = await client.chat.completions.with_raw_response.create(**body)
             reply = raw.parse().choices[0].message.content or ""

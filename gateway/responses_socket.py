@@ -370,7 +370,7 @@ def _request(frame: str | bytes) -> dict[str, Any] | None:
 async def _prewarmed(relay: FrameRelay, payload: Mapping[str, Any]) -> str:
     """`generate: false`: a completed response with no output, as the warm-up expects."""
     response_id = "resp_" + uuid.uuid4().hex
-    response = {
+    response: dict[str, Any] = {
         "id": response_id,
         "object": "response",
         "created_at": int(time.time()),

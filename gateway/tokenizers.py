@@ -41,18 +41,28 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 import tiktoken
-from tiktoken_ext import openai_public
+from tiktoken_ext import openai_public  # type: ignore[import-untyped]
 
 
 @runtime_checkable
 class Tokenizer(Protocol):
     """What the counting layer needs from a tokenizer."""
 
-    name: str  # the spec it was loaded from, e.g. "tiktoken:o200k_base"
-    exact: bool  # False for heuristics: their counts are estimates to be calibrated
-    # True when every token stands for at least one byte of the text's UTF-8 (a byte-level
-    # BPE): the text's UTF-8 length (`utf8_length`) is then never below its count.
-    bytes_bound: bool
+    @property
+    def name(self) -> str:
+        """The spec it was loaded from, e.g. "tiktoken:o200k_base"."""
+        ...
+
+    @property
+    def exact(self) -> bool:
+        """False for heuristics: their counts are estimates to be calibrated."""
+        ...
+
+    @property
+    def bytes_bound(self) -> bool:
+        """True when every token stands for at least one byte of the text's UTF-8 (a byte-level
+        BPE): the text's UTF-8 length (`utf8_length`) is then never below its count."""
+        ...
 
     def count(self, text: str) -> int:
         """Tokens in `text`, special-token strings counted as ordinary text."""

@@ -155,7 +155,7 @@ class CountCache:
         self._lock = threading.Lock()
 
     @property
-    def bytes(self) -> int:
+    def held_bytes(self) -> int:
         """Approximate memory held by the entries."""
         return len(self._entries) * self.ENTRY_BYTES
 
@@ -164,7 +164,7 @@ class CountCache:
         return CacheStats(
             hits=self.hits,
             misses=self.misses,
-            bytes=self.bytes,
+            bytes=self.held_bytes,
             entries=len(self._entries),
             evictions=self.evictions,
             max_bytes=self.max_bytes,
@@ -669,7 +669,7 @@ def render_function_definitions(functions: Sequence[Mapping[str, Any]]) -> str:
         name = function.get("name", "")
         parameters = function.get("parameters")
         properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-        if isinstance(properties, Mapping) and properties:
+        if isinstance(parameters, Mapping) and isinstance(properties, Mapping) and properties:
             out.append(f"type {name} = (_: {{")
             out.extend(_property_lines(parameters, ""))
             out.append("}) => any;")
@@ -747,6 +747,8 @@ def _literal(value: object) -> str:
 
 def image_tokens(image_url: object) -> int:
     """Tokens of an `image_url` content part's value (`{"url", "detail"}` or a bare URL string)."""
+    url: object
+    detail: object
     if isinstance(image_url, str):
         url, detail = image_url, "auto"
     elif isinstance(image_url, Mapping):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import orjson
 
@@ -60,15 +60,18 @@ class UpstreamCounts:
             self._how[route.name] = "none"
         return None
 
-    async def _all(self, texts: Sequence[str], one: object) -> list[int] | None:
+    async def _all(
+        self, texts: Sequence[str], one: Callable[[str], Awaitable[int | None]]
+    ) -> list[int] | None:
         slots = asyncio.Semaphore(CONCURRENCY)
 
         async def bounded(text: str) -> int | None:
             async with slots:
-                return await one(text)  # type: ignore[operator]
+                return await one(text)
 
         counts = await asyncio.gather(*(bounded(t) for t in texts))
-        return None if any(c is None for c in counts) else list(counts)  # type: ignore[misc]
+        known = [c for c in counts if c is not None]
+        return known if len(known) == len(counts) else None
 
     async def _post(
         self, route: Route, url: str, headers: Mapping[str, str], body: object
