@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.pinning import PinRule
 from policies.registry import STEPS
 
-from .agent_compaction import DEFAULT_SIGNATURES, Signature
+from .agents.signatures import DEFAULT_SIGNATURES, Signature
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

@@ -1,4 +1,4 @@
-"""gateway.tokens: the chat format's counts, images, tool definitions and the count cache."""
+"""gateway.counting.tokens: the chat format's counts, images, tool definitions and the count cache."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.tokenizers import CharsTokenizer, Tokenizer, load_tokenizer
-from gateway.tokens import (
+from gateway.counting.tokenizers import CharsTokenizer, Tokenizer, load_tokenizer
+from gateway.counting.tokens import (
     IMAGE_FLAT_TOKENS,
     MEDIA_FLAT_TOKENS,
     PRIMING_TOKENS,

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from ..metrics import Metrics
-from ..retry import send_with_retries
+from ..ops.metrics import Metrics
+from ..path.retry import send_with_retries
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..upstream import UpstreamClient, UpstreamResponse

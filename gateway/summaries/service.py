@@ -33,7 +33,7 @@ from policies.memo import Memo
 from policies.summaries import FAILED, MISSING, SummaryAnswer, SummaryRequest
 
 from ..config import SummariesConfig
-from ..metrics import Metrics
+from ..ops.metrics import Metrics
 from ..routing import Route
 from ..stores import SafeStore
 from .cache import LocalAnswers, decode, encode, store_key

@@ -44,11 +44,11 @@ from policies.conversation import content_text
 from policies.summaries import SummaryAnswer, SummaryRequest
 
 from ..config import SummariesConfig
-from ..context_errors import classify
 from ..errors import GatewayError
-from ..failover import Balancer, Destination
-from ..metrics import Metrics
-from ..retry import send_balanced
+from ..ops.metrics import Metrics
+from ..path.context_errors import classify
+from ..path.failover import Balancer, Destination
+from ..path.retry import send_balanced
 from ..routing import Route, Router
 from ..upstream import UpstreamClient, forward_headers
 from ..wire import WIRES, Wire
