@@ -52,10 +52,8 @@ from .agents.remote import (
 )
 from .agents.signatures import CompactionPoints, Signature, recognise
 from .config import Config, ConfigError, ServerConfig
-from .counting.calibration import Calibration
 from .counting.runner import Counting
 from .counting.tokens import PRIMING_TOKENS
-from .counting.upstream import UpstreamCounts
 from .engine.pipeline import Pipeline, Prepared, when_settled
 from .errors import (
     ContextLengthExceededError,
@@ -97,10 +95,7 @@ from .ops.memory import freeze_startup_objects
 from .ops.metrics import Metrics
 from .ops.readiness import Readiness
 from .path.accounting import Accounting
-from .path.context_errors import ContextError, classify
-from .path.destinations import destinations, upstream_headers
-from .path.failover import Balancer, Destination
-from .path.retry import send_balanced
+from .path.calibration import Calibration
 from .path.sse import UsageStripper
 from .routing import Route, Router
 from .stores import open_store
@@ -112,7 +107,11 @@ from .upstream import (
     UpstreamClient,
     UpstreamResponse,
 )
+from .upstream.counts import UpstreamCounts
+from .upstream.destinations import destinations, upstream_headers
+from .upstream.failover import Balancer, Destination
 from .upstream.in_process import unserved
+from .upstream.retry import send_balanced
 from .wire import (
     CHAT,
     COUNT_TOKENS,
@@ -124,6 +123,7 @@ from .wire import (
     answers,
 )
 from .wire.chat import ChatWire
+from .wire.context_errors import ContextError, classify
 from .wire.resent import ResentMessages
 from .wire.validated import ValidatedMessages
 

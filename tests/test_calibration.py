@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import parse_config
-from gateway.counting.calibration import BOUNDS, Calibration
 from gateway.counting.tokenizers import CharsTokenizer
 from gateway.ops.metrics import Metrics
+from gateway.path.calibration import BOUNDS, Calibration
 from gateway.routing import Route, Router
 
 SERIES = json.loads(

@@ -26,7 +26,7 @@ import pytest
 
 from gateway.devtools import local_llm
 from gateway.devtools.demo import run_demo
-from gateway.path.context_errors import classify
+from gateway.wire.context_errors import classify
 from tests.conftest import REPO_ROOT, GatewayProcess, Starter
 from tests.gateway_process import gateway_process
 

@@ -21,8 +21,8 @@ import openai
 import pytest
 
 from gateway.config import parse_config
-from gateway.counting.calibration import Calibration
 from gateway.ops.metrics import Metrics
+from gateway.path.calibration import Calibration
 from gateway.routing import Router
 from gateway.version import version
 from tests.conftest import GatewayProcess, GatewayStarter, free_port

@@ -19,9 +19,9 @@ import orjson
 import pytest
 
 from gateway.config import parse_config
-from gateway.counting.calibration import TOLERANCE, Calibration
 from gateway.counting.tokenizers import CharsTokenizer
 from gateway.ops.metrics import Metrics
+from gateway.path.calibration import TOLERANCE, Calibration
 from gateway.routing import Router
 from tests.configs import one_model
 from tests.conftest import REPO_ROOT

@@ -222,8 +222,8 @@ class CompactionAnswers:
         tokens: int,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        from ..path.destinations import destinations
-        from ..path.retry import send_balanced
+        from ..upstream.destinations import destinations
+        from ..upstream.retry import send_balanced
 
         gw = self._gw
         try:

@@ -23,52 +23,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from policies.conversation import content_text
 
+from ..config import DEFAULT_SIGNATURES, Signature
+
 MAX_TENANTS = 4096
-
-
-class Signature(BaseModel):
-    """One agent's compaction request: how its latest user message reads."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1, description="The agent, as metrics and headers name it")
-    api: str | None = Field(None, description="chat | responses | messages; null: any")
-    starts_with: str = Field(min_length=8, description="The latest user text begins with this")
-    contains: str | None = Field(None, description="... and contains this, when set")
-    fixture: str | None = Field(None, description="The captured request it was written from")
-    answerable: bool = Field(
-        True,
-        description="The request carries the history as messages, so a summary made ahead of "
-        "need can answer it; false for an agent that sends its history as one transcript",
-    )
-
-
-DEFAULT_SIGNATURES: tuple[Signature, ...] = (
-    Signature(
-        name="codex",
-        api="responses",
-        starts_with="You are performing a CONTEXT CHECKPOINT COMPACTION",
-        fixture="tests/fixtures/agents/codex_compaction_request.json",
-    ),
-    Signature(
-        name="claude-code",
-        api="messages",
-        starts_with="CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
-        contains="summary of the conversation so far",
-        fixture="tests/fixtures/agents/claude_compact_request.json",
-    ),
-    Signature(
-        name="opencode",  # the same prompt whichever API its provider speaks
-        starts_with="Here is the conversation so far:",
-        contains="Create a new anchored summary from the conversation history",
-        fixture="tests/fixtures/agents/opencode_compaction_request.json",
-        answerable=False,  # its history comes as one transcript inside the prompt
-    ),
-)
 
 
 def latest_user_text(messages: Sequence[Any]) -> str:

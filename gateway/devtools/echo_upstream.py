@@ -5,7 +5,7 @@ and without an API key. It is not a language model: it answers "echo: <the lates
 and says how many messages it saw. What it does faithfully is the wire format and the one thing
 the demo is about, the context window: it estimates the prompt (characters / 4 over the JSON of
 `messages` and `tools`) and, when prompt + `max_tokens` exceeds its window, it refuses exactly as
-OpenAI does (400, `context_length_exceeded`), which `gateway.path.context_errors` recognises.
+OpenAI does (400, `context_length_exceeded`), which `gateway.wire.context_errors` recognises.
 
 Every response names itself: `model` is "compactgate-echo" and `system_fingerprint` is
 "fp_compactgate_echo_demo". The pure helpers (estimate, bodies, SSE frames) are reused by the test

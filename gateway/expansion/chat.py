@@ -29,10 +29,10 @@ from typing import Any
 import orjson
 
 from ..ops.metrics import Metrics
-from ..path.retry import send_with_retries
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..upstream import UpstreamClient, UpstreamResponse
+from ..upstream.retry import send_with_retries
 from .rounds import Call
 from .whole import Whole
 

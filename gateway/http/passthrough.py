@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..errors import NotFoundError, upstream_reason
-from ..path.destinations import destinations
-from ..path.retry import send_balanced
 from ..routing import Route
 from ..upstream import UpstreamResponse, passthrough_path
+from ..upstream.destinations import destinations
+from ..upstream.retry import send_balanced
 from ..wire import CHAT, MESSAGES
 from .asgi import ClientDisconnected, read_body
 

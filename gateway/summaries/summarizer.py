@@ -46,13 +46,13 @@ from policies.summaries import SummaryAnswer, SummaryRequest
 from ..config import SummariesConfig
 from ..errors import GatewayError
 from ..ops.metrics import Metrics
-from ..path.context_errors import classify
-from ..path.failover import Balancer, Destination
-from ..path.retry import send_balanced
 from ..routing import Route, Router
 from ..upstream import UpstreamClient, forward_headers
+from ..upstream.failover import Balancer, Destination
+from ..upstream.retry import send_balanced
 from ..wire import WIRES, Wire
 from ..wire.base import Usage
+from ..wire.context_errors import classify
 
 # What of the client's headers a summary call carries: its credential, nothing else.
 CREDENTIAL_HEADERS = frozenset(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import orjson
 
 from ..errors import GatewayError
-from ..path.context_errors import ContextError, classify
+from .context_errors import ContextError, classify
 from .request import WireRequest
 
 if TYPE_CHECKING:

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from policies import Message
 
     from ..counting.tokens import MessageCounter
-    from ..path.context_errors import ContextError
+    from .context_errors import ContextError
     from .resent import ResentScope
 
 DEFAULT_MAX_TOKENS = 4096  # the gateway's own calls, when no limit is configured

@@ -34,8 +34,8 @@ import orjson
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from ..path.context_errors import ContextError, classify
 from .base import Usage, Wire, json_or_none, openai_usage, sse_events
+from .context_errors import ContextError, classify
 from .request import (
     WireRequest,
     check_count,

@@ -19,7 +19,7 @@ import orjson
 
 from ..errors import GatewayError
 from ..routing import Route
-from ..upstream import UpstreamClient, http_transport
+from . import UpstreamClient, http_transport
 
 log = logging.getLogger("compactgate.tokens")
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from ..counting.tokenizers import CharsTokenizer
 from ..ops.metrics import Metrics
 from ..routing import Route
-from .tokenizers import CharsTokenizer
 
 log = logging.getLogger("compactgate.calibration")
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from ..errors import UpstreamUnreachableError
 from ..ops.metrics import Metrics
 from ..routing import Route
-from ..upstream import UpstreamClient, UpstreamResponse
+from . import UpstreamClient, UpstreamResponse
 from .failover import Balancer, Destination
 
 log = logging.getLogger("compactgate.upstream")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from ..config import UpstreamConfig
 from ..errors import InvalidRequestError, NotFoundError
 from ..routing import Route
-from ..upstream import forward_headers, http_transport
 from ..wire import Wire
+from . import forward_headers, http_transport
 from .failover import Destination
 
 
