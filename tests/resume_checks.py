@@ -11,7 +11,7 @@ import pytest
 from gateway.devtools.parts import Parts
 from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.wire import Wire
-from gateway.wire.request import WireRequest
+from gateway.wire.base import WireRequest
 
 
 def same_messages(resumed: WireRequest, fresh: WireRequest) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.config import parse_config
 from gateway.devtools.parts import parts
 from gateway.wire import RESPONSES
-from gateway.wire.request import WireRequest
+from gateway.wire.base import WireRequest
 from tests.configs import compacting
 from tests.resume_checks import resumed_as_fresh, same_messages
 from tests.wire_strategies import responses_bodies

@@ -22,7 +22,7 @@ from gateway.config import parse_config
 from gateway.devtools.parts import parts
 from gateway.errors import InvalidRequestError
 from gateway.wire.chat import ChatWire
-from gateway.wire.request import load_object
+from gateway.wire.fields import load_object
 from gateway.wire.resent import ResentMessages
 from gateway.wire.resumed import KEY_BYTES, ResumedBodies, _closest
 from gateway.wire.validated import ValidatedMessages

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from gateway.config import parse_config
 from gateway.devtools.parts import Parts, parts
 from gateway.wire import MESSAGES
-from gateway.wire.request import WireRequest
+from gateway.wire.base import WireRequest
 from policies import Message
 from tests.configs import compacting
 from tests.resume_checks import resumed_as_fresh, same_messages

@@ -38,7 +38,7 @@ from typing import Any
 import orjson
 
 from ..errors import InvalidRequestError
-from ..wire.request import EXTENSION
+from ..wire.fields import EXTENSION
 from .remote import SUMMARY_INTRO
 
 COMPACT = "compact_20260112"

@@ -61,7 +61,8 @@ from ..errors import (
 from ..routing import Route
 from ..stores import SafeStore
 from ..summaries import SummaryService
-from ..wire.request import EXTENSION, WireRequest
+from ..wire.base import WireRequest
+from ..wire.fields import EXTENSION
 from . import refs as compaction_refs
 from .answers import CompactionAnswers
 

@@ -49,7 +49,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..asgi import Message, Receive, Scope, Send, header
 from ..config import ServerConfig
 from ..errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
-from ..wire.base import json_or_none, sse_events
+from ..wire.usage import json_or_none, sse_events
 from . import admin
 from .auth import Authenticator
 

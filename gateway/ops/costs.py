@@ -5,7 +5,7 @@ file, offline, without importing litellm), with per-model overrides from the con
 (`models[].pricing`, USD per million tokens). A tier the response used but no price covers
 makes the request's bill partial: it is counted as such, never as zero.
 
-The bill reads every billed tier from the response's usage (`wire.base.Usage`, one convention
+The bill reads every billed tier from the response's usage (`wire.usage.Usage`, one convention
 for all three APIs): fresh input, cache reads, cache writes (5 minutes and 1 hour), output and
 reasoning. The counterfactual is the client's own request at the same prices: its prompt is the
 billed prompt scaled by the gateway's count of the uncompacted request over its count of what it
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..wire.base import Usage
+from ..wire.usage import Usage
 from .events import EventLog
 
 log = logging.getLogger("compactgate.costs")

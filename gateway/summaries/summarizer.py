@@ -48,8 +48,8 @@ from ..upstream import forward_headers
 from ..upstream.failover import Destination
 from ..upstream.retry import Sender
 from ..wire import WIRES, Wire
-from ..wire.base import Usage
 from ..wire.context_errors import classify
+from ..wire.usage import Usage
 from .transcript import (
     APPEND_NOTE,
     APPEND_RETAIN_NOTE,
