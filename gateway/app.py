@@ -38,7 +38,7 @@ from .agents.signatures import CompactionPoints
 from .asgi import Message, Receive, Scope, Send
 from .config import Config, ConfigError
 from .counting.runner import Counting
-from .engine import Engine
+from .engine.engine import Engine
 from .expansion import Expansion
 from .http.admin import AdminViews
 from .http.auth import Authenticator

@@ -48,7 +48,7 @@ from .records import (
 )
 
 if TYPE_CHECKING:
-    from ..engine import Prepared
+    from ..engine.prepared import Prepared
 
 log = logging.getLogger("compactgate.agent_compaction")
 

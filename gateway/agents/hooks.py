@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from ..asgi import Send, send_bytes
 from ..config import Signature
 from ..counting.prefix import Counted
-from ..engine import Prepared, when_settled
+from ..engine.prepared import Prepared, when_settled
 from ..ops.metrics import Metrics
 from ..path.accounting import Accounting
 from ..path.exchange import Exchange

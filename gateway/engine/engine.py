@@ -93,7 +93,9 @@ class Engine:
         `count_late`: a request whose upper bound fits may be forwarded before it is counted
         exactly (`bounded`); without it every figure is exact.
         """
-        measure, decision, render = self.measure, self.decision, self.render
+        measure = self.measure
+        decision = self.decision
+        render = self.render
         await measure.learn_remote(request, route, headers)
         counted = measure.known(request, route, tenant)
         more = len(counted.counts) < len(request.messages)

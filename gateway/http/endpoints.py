@@ -42,7 +42,7 @@ from ..asgi import (
     send_bytes,
 )
 from ..config import ServerConfig
-from ..engine import Engine
+from ..engine.engine import Engine
 from ..errors import (
     GatewayError,
     ModelNotFoundError,
@@ -211,7 +211,8 @@ class Endpoint:
         exchange: Exchange,
         decoration: Decoration,
     ) -> None:
-        serving, tenant = self.serving, exchange.tenant
+        serving = self.serving
+        tenant = exchange.tenant
         observe = route.mode == "observe"
         before = await serving.hooks.before(send, request, route, exchange, self.books)
         if before.answered:

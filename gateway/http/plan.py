@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ..config import ServerConfig
-from ..engine import Engine, Prepared
+from ..engine.engine import Engine
+from ..engine.prepared import Prepared
 from ..errors import ModelNotFoundError
 from ..path.windows import Windows
 from ..routing import Router

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine import Prepared, when_settled
+from ..engine.prepared import Prepared, when_settled
 from ..ops.costs import Accountant, Priced
 from ..ops.events import EventLog, RequestSample, reward
 from ..ops.logs import access_logged, log_request, tenant_label

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Prepared
+from ..engine.prepared import Prepared
 from ..errors import GatewayError, reason_of
 from ..ops.costs import Priced
 from ..ops.logs import clip, request_fields

@@ -26,7 +26,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from ..asgi import Send, send_bytes
-from ..engine import Engine, Prepared
+from ..engine.engine import Engine
+from ..engine.prepared import Prepared
 from ..errors import (
     ContextLengthExceededError,
     GatewayError,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..counting.tokens import PRIMING_TOKENS
-from ..engine import Prepared
+from ..engine.prepared import Prepared
 from ..upstream import UpstreamResponse
 from ..wire.context_errors import ContextError
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..engine import Engine
+from ..engine.engine import Engine
 from ..routing import Route
 from ..upstream.destinations import destinations
 from ..upstream.retry import Sender
