@@ -18,10 +18,10 @@ part:
   this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
   compaction is made in the background (with the gateway's compaction prompt, unless an agent's
   own is known for the tenant), so that compaction is answered at once.
-- **Reading back**: once a `/v1/responses` (or compact) request is parsed, every `compaction`
-  item carrying one of our references becomes a user message with the summary (pinned: the
-  gateway's own compaction never drops it) and the request is parsed again (only then), so the
-  upstream reads plain text. A reference that
+- **Reading back**: before a `/v1/responses` (or compact) request whose body may hold one of
+  our references (`refs.MARK`) is parsed, every `compaction` item carrying one becomes a user
+  message with the summary (pinned: the gateway's own compaction never drops it); the request
+  is then parsed once, and the upstream reads plain text. A reference that
   does not validate for this tenant is a 400 (`invalid_encrypted_content`), one whose summary
   has left the store a 410 (`compaction_expired`: the client must compact again from its own
   transcript), one that cannot be looked up because the store is down a 503; in each case
@@ -106,8 +106,8 @@ class RemoteCompaction:
     # -- reading our items back ---------------------------------------------------------------
 
     async def expand(self, payload: Mapping[str, Any], tenant: str) -> bytes | None:
-        """The body of a parsed request with each of our compaction items replaced by its
-        summary as a user message; None when it has none (nearly every request)."""
+        """The body with each of our compaction items replaced by its summary as a user
+        message; None when it has none."""
         items = payload.get("input")
         if not isinstance(items, list) or not has_type(items, "compaction"):
             return None

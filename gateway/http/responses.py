@@ -13,6 +13,7 @@ import time
 
 import orjson
 
+from ..agents.refs import MARK
 from ..agents.remote import (
     AGENT,
     RemoteCompaction,
@@ -29,6 +30,7 @@ from ..routing import Route
 from ..upstream.destinations import destinations
 from ..upstream.retry import Sender
 from ..wire import Wire, WireRequest, answers
+from ..wire.fields import load_object
 from .endpoints import Doorway, Endpoint, Serving
 
 
@@ -51,9 +53,13 @@ class ResponsesEndpoint(Endpoint):
         self.sender = sender
 
     async def parse(self, body: bytes, tenant: str) -> WireRequest:
-        request = await super().parse(body, tenant)
-        expanded = await self.remote.expand(request.payload, tenant)
-        return request if expanded is None else await super().parse(expanded, tenant)
+        """The body parsed once: our compaction items (when its bytes may hold one) read back
+        into their summaries first."""
+        if MARK in body:
+            expanded = await self.remote.expand(load_object(body), tenant)
+            if expanded is not None:
+                body = expanded
+        return await super().parse(body, tenant)
 
     async def serve(
         self,
