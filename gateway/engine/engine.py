@@ -86,12 +86,11 @@ class Engine:
     ) -> Prepared:
         """Decide what to send for `request` against `window` (the effective context window).
 
-        `headers` are the client's request headers; summaries missing from the store are
-        computed with its credential. Without them only stored summaries are used (plan).
-        `remember`: hold a compaction event's result for the conversation's next requests
-        (`held`); a question about a request (plan, count_tokens) reads what is held only.
-        `count_late`: a request whose upper bound fits may be forwarded before it is counted
-        exactly (`bounded`); without it every figure is exact.
+        `headers`: the client's, whose credential computes missing summaries (without them, as
+        for the plan, only stored summaries are used). `remember`: hold a compaction event's
+        result for the conversation's next requests (a question about a request, plan or
+        count_tokens, reads what is held only). `count_late`: a request whose upper bound fits
+        may be forwarded before it is counted exactly (`bounded`).
         """
         measure = self.measure
         decision = self.decision
