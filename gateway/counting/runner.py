@@ -240,16 +240,16 @@ class Counting:
     ) -> list[int]:
         """Fill `counts` from the shared store; the indices still missing."""
         assert self._store is not None
-        asked = [i for i in missing if keys[i] is not None]
+        asked = [(i, key) for i in missing if (key := keys[i]) is not None]
         if not asked:
             return missing
-        values = await self._store.get_many([_store_key(tenant, keys[i]) for i in asked])  # type: ignore[arg-type]
+        values = await self._store.get_many([_store_key(tenant, key) for _, key in asked])
         found: list[tuple[bytes, int]] = []
-        for i, value in zip(asked, values, strict=True):
+        for (i, key), value in zip(asked, values, strict=True):
             count = _number(value)
             if count is not None:
                 counts[i] = count
-                found.append((keys[i], count))  # type: ignore[arg-type]
+                found.append((key, count))
         if found:
             counter.cache.put_many(found)
             self.shared += len(found)

@@ -334,10 +334,12 @@ def _cost_fields(priced: Priced | None) -> dict[str, Any]:
         return {"cost_usd": None, "counterfactual_usd": None, "saved_usd": None}
     actual = None if priced.actual.partial else round(priced.actual.total, 8)
     counterfactual = priced.counterfactual
-    known = counterfactual is not None and not counterfactual.partial
+    known = None
+    if counterfactual is not None and not counterfactual.partial:
+        known = round(counterfactual.total, 8)
     return {
         "cost_usd": actual,
-        "counterfactual_usd": round(counterfactual.total, 8) if known else None,  # type: ignore[union-attr]
+        "counterfactual_usd": known,
         "saved_usd": None if priced.saved is None else round(priced.saved, 8),
     }
 

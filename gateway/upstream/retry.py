@@ -82,10 +82,10 @@ async def send_balanced(
     the destination that gave it (later rounds of the same answer go there). `retry=False`:
     each destination is tried once, none twice (paths that are not ours to repeat)."""
     policy = route.retry
-    several = balancer is not None and len(destinations) > 1
+    several = balancer if balancer is not None and len(destinations) > 1 else None
     order = (
-        balancer.order([d.upstream for d in destinations])  # type: ignore[union-attr]
-        if several
+        several.order([d.upstream for d in destinations])
+        if several is not None
         else list(range(len(destinations)))
     )
     count = len(order)
@@ -100,19 +100,19 @@ async def send_balanced(
                 method, destination.url, destination.headers, body, destination.provider
             )
         except UpstreamUnreachableError:
-            if several:
-                balancer.rest(destination.upstream, rest)  # type: ignore[union-attr]
+            if several is not None:
+                several.rest(destination.upstream, rest)
             if last:
                 raise
             reason = "connect"
         else:
             if response.status not in RETRY_STATUSES:
-                if several:
-                    balancer.recovered(destination.upstream)  # type: ignore[union-attr]
+                if several is not None:
+                    several.recovered(destination.upstream)
                 return response, destination
             stated = retry_after(response.headers.get("retry-after"), MAX_REST_SECONDS)
-            if several:
-                balancer.rest(destination.upstream, max(rest, stated or 0.0))  # type: ignore[union-attr]
+            if several is not None:
+                several.rest(destination.upstream, max(rest, stated or 0.0))
             if last:
                 return response, destination
             reason = str(response.status)
