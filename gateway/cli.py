@@ -1,6 +1,6 @@
 """The `compactgate` command: run the gateway, check a config, hash a gateway key, convert a
-LiteLLM proxy config, show what the gateway would send for a request, or watch it work in an
-offline demo."""
+LiteLLM proxy config, show what the gateway would send for a request, print an agent's settings
+for a running gateway, or watch it work in an offline demo."""
 
 from __future__ import annotations
 
@@ -76,7 +76,28 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", help=f"config (default: ${CONFIG_ENV}, else built-in)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
+    from .devtools.setup import AGENTS
+
+    setup = commands.add_parser(
+        "setup",
+        help="print (or write) an agent's settings for a running gateway",
+        description="Reads the running gateway's GET /v1/models and prints the settings that "
+        "point the agent at it, with the model names and context windows it serves. "
+        "A gateway with keys needs COMPACTGATE_API_KEY in the environment.",
+    )
+    setup.add_argument("agent", help=f"one of: {', '.join(AGENTS)}")
+    setup.add_argument(
+        "--gateway", default="http://127.0.0.1:8080", help="the running gateway's URL"
+    )
+    setup.add_argument("--model", help="a model the gateway serves (default: its first)")
+    setup.add_argument(
+        "--write", action="store_true", help="write the agent's settings files (paths shown)"
+    )
+    setup.add_argument(
+        "--force", action="store_true", help="with --write: replace existing files (kept as .bak)"
+    )
+
+    demo = commands.add_parser("demo", help="see the gateway work, offline")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
     demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")
     return parser
@@ -114,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .plan_cli import run_plan
 
         return run_plan(args.file, _config_or_exit(args.config), as_json=args.json, api=args.api)
+    if args.command == "setup":
+        from .devtools.setup import run_setup
+
+        return run_setup(
+            args.agent, args.gateway, model=args.model, write=args.write, force=args.force
+        )
     from .demo import run_demo
 
     return run_demo(llm=args.llm, turns=args.turns)
