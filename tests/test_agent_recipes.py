@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.agent_runs import agent
+from gateway.devtools.setup import AGENT_SHARE
+from tests.agent_runs import FINAL, STEPS, agent, bash_steps
 from tests.conftest import GatewayProcess, GatewayStarter
+from tests.fake_agent_apis import asks_for_summary, prompt_tokens
 from tests.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -277,3 +279,38 @@ def test_openai_agents_sdk_recipe(
     )
     assert DONE in out
     assert tool_output_came_back(reached(fake_upstream, "/v1/responses", gateway))
+
+
+def test_claude_code_compacts_itself_near_ninety_percent_of_the_gateways_window(
+    start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
+) -> None:
+    """The settings setup writes move Claude Code's own compaction to about 90 % of a 64 000-token
+    window, although Claude Code reads its window setting as at least 100 000 (see
+    docs/agents/claude-code.md). Measured with Claude Code pointed at the upstream directly:
+    through the gateway, which compacts first, its own compaction would not run."""
+    claude = agent("claude")
+    window = 64_000
+    config = {"models": [{"name": "m", "upstream": {"base_url": fake_upstream.base_url},
+                          "context_window": window, "max_output_tokens": 4000}]}  # fmt: skip
+    setup_write("claude-code", start_gateway(config), tmp_path)
+    # Straight to the upstream, every other value as written (settings outrank the environment).
+    settings = tmp_path / ".claude" / "settings.json"
+    written = json.loads(settings.read_text())
+    written["env"]["ANTHROPIC_BASE_URL"] = fake_upstream.root
+    settings.write_text(json.dumps(written))
+    steps = bash_steps(STEPS + 6)
+    fake_upstream.script([*steps, {"kind": "ok", "content": FINAL}])
+    run_agent(
+        [str(claude), "-p", "Inspect the numbered parts and report.", "--output-format", "json",
+         "--allowedTools", "Bash"],
+        tmp_path,
+        clean_env(tmp_path, ANTHROPIC_API_KEY="sk-recipe", DISABLE_AUTOUPDATER="1",
+                  CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1"),
+    )  # fmt: skip
+    records = [r["json"] for r in fake_upstream.requests() if r["path"] == "/v1/messages"]
+    sizes = [prompt_tokens(body, 4.0) for body in records]
+    summaries = [i for i, body in enumerate(records) if asks_for_summary(body)]
+    assert summaries, sizes  # it compacted itself before the window
+    before = sizes[: summaries[0]]
+    assert max(before) <= window * AGENT_SHARE, before
+    assert max(before) >= window * 0.75, before  # not long before the point it was given
