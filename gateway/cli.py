@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
+from .devtools.setup import add_parser as add_setup_parser
 from .version import version
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
@@ -76,27 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", help=f"config (default: ${CONFIG_ENV}, else built-in)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    from .devtools.setup import AGENTS
-
-    setup = commands.add_parser(
-        "setup",
-        help="print (or write) an agent's settings for a running gateway",
-        description="Reads the running gateway's GET /v1/models and prints the settings that "
-        "point the agent at it, with the model names and context windows it serves. "
-        "A gateway with keys needs COMPACTGATE_API_KEY in the environment.",
-    )
-    setup.add_argument("agent", help=f"one of: {', '.join(AGENTS)}")
-    setup.add_argument(
-        "--gateway", default="http://127.0.0.1:8080", help="the running gateway's URL"
-    )
-    setup.add_argument("--model", help="a model the gateway serves (default: its first)")
-    setup.add_argument(
-        "--write", action="store_true", help="write the agent's settings files (paths shown)"
-    )
-    setup.add_argument(
-        "--force", action="store_true", help="with --write: replace existing files (kept as .bak)"
-    )
-
+    add_setup_parser(commands)
     demo = commands.add_parser("demo", help="see the gateway work, offline")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
     demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gateway.devtools.setup import AGENT_SHARE
+from gateway.devtools.agent_settings import AGENT_SHARE
 from tests.agent_runs import FINAL, STEPS, agent, bash_steps
 from tests.conftest import GatewayProcess, GatewayStarter
 from tests.fake_agent_apis import asks_for_summary, prompt_tokens

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gateway.auth import key_sha256
-from gateway.devtools.setup import AGENT_SHARE, AGENTS, claude_window
+from gateway.devtools.agent_settings import AGENT_SHARE, AGENTS, claude_window
 from tests.gateway_process import gateway_process
 
 pytestmark = [pytest.mark.e2e]
