@@ -197,6 +197,7 @@ def _qwen_code(t: Target) -> Snippet:
         "qwen-code",
         files=(SetupFile(home / "settings.json", json.dumps(settings, indent=2) + "\n"),),
         command='qwen -p "your task"   # or `qwen` for the interactive agent',
+        notes=("OPENAI_API_KEY: the key your upstream expects, or a gateway key (auth.keys)",),
     )
 
 
