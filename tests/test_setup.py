@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.auth import key_sha256
 from gateway.devtools.agent_settings import AGENT_SHARE, AGENTS, claude_window
+from gateway.http.auth import key_sha256
 from tests.gateway_process import gateway_process
 
 pytestmark = [pytest.mark.e2e]

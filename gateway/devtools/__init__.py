@@ -1,2 +1,2 @@
-"""Tools for people setting up or trying the gateway, not part of the request path: today
-`compactgate setup` (setup.py)."""
+"""Tools for people setting up or trying the gateway, beside the request path: the demo and
+its echo model, `compactgate plan`, and `compactgate setup` (setup.py, agent_settings.py)."""
