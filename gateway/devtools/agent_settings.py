@@ -4,8 +4,9 @@ Claude Code, OpenCode, Qwen Code, Aider, mini-swe-agent, the OpenAI Agents SDK o
 The rule it owns: a renderer uses only what it is given (the gateway's URL and the models its
 `/v1/models` lists) and tells an agent that compacts its history itself to do so at
 `AGENT_SHARE` of the window, above the gateway's trigger (0.8 of the budget by default), so the
-gateway compacts first and the agent's own compaction is the backstop. docs/agents/<agent>.md
-explains each setting; tests/test_agent_recipes.py runs each agent on what is rendered here.
+gateway compacts first and the agent's own compaction is the backstop (design D8.6).
+docs/agents/<agent>.md explains each setting; tests/test_agent_recipes.py runs each agent on
+what is rendered here.
 """
 
 from __future__ import annotations
