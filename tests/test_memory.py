@@ -147,10 +147,9 @@ def test_start_up_objects_are_left_out_of_later_collections() -> None:
     from gateway.config import default_config
 
     app = build_app(default_config())
-    gateway = app.state.gateway
 
     async def start_and_stop() -> tuple[int, int, int]:
-        async with gateway.lifespan(app):
+        async with app.lifespan():
             return gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0]
 
     thresholds = gc.get_threshold()

@@ -18,7 +18,7 @@ first-seen 200-message request counted until it fits, on a 2-core machine shared
 (`benchmarks.bench_counting`): 0.81-0.89x the time of the event loop alone for 1.00-1.17x the
 CPU at load averages of 0.4-2.2, 0.72-1.06x the time for 1.12-1.24x the CPU at 3.2-3.8.
 
-Counts that can wait (the request was decided on its upper bound: `Pipeline`) are made by one
+Counts that can wait (the request was decided on its upper bound: `Engine`) are made by one
 background thread (`later`), off the event loop. The background work is bounded by the bytes it
 holds (`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request
 path, which slows clients down instead of growing without limit. The background thread also

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..wire.base import Usage
+from .events import EventLog
 
 log = logging.getLogger("compactgate.costs")
 
@@ -335,3 +336,16 @@ class Accountant:
         self._metrics.cost_usd.labels("actual", "summaries").inc(result.total)
         self._metrics.net_saved_usd.dec(result.total)
         return result
+
+
+class OwnSpend:
+    """A call the gateway made for itself (a summary, or an agent's compaction answered ahead
+    of need): priced as the gateway's own spend, and kept with its time for `/ui`."""
+
+    def __init__(self, costs: Accountant, events: EventLog) -> None:
+        self._costs = costs
+        self._events = events
+
+    def __call__(self, route: Any, usage: Usage) -> None:
+        spent = self._costs.own(route, usage)
+        self._events.own_spend(None if spent is None or spent.partial else spent.total)

@@ -31,6 +31,29 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_REST_SECONDS = 3600.0  # a Retry-After beyond an hour is not believed
 
 
+class Sender:
+    """What every part that calls an upstream uses: the client, the metrics that count retries
+    and failovers, and the balancer that orders a model's upstreams (one per process)."""
+
+    def __init__(self, client: UpstreamClient, metrics: Metrics, balancer: Balancer) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.balancer = balancer
+
+    async def send(
+        self,
+        route: Route,
+        destinations: Sequence[Destination],
+        body: bytes | None,
+        method: str = "POST",
+        retry: bool = True,
+    ) -> tuple[UpstreamResponse, Destination]:
+        """`send_balanced` with this process's client, metrics and balancer."""
+        return await send_balanced(
+            self.client, route, destinations, body, self.metrics, self.balancer, method, retry
+        )
+
+
 async def send_with_retries(
     client: UpstreamClient,
     route: Route,

@@ -90,6 +90,9 @@ class Wire:
     """The base adapter: what differs per API is overridden, the rest is shared."""
 
     name: ClassVar[str]
+    # A stream reports its usage only when the client asks (`stream_options.include_usage`):
+    # the gateway may ask for it on the client's behalf (`server.stream_usage: inject`).
+    asks_stream_usage: ClassVar[bool] = False
     upstream_path: ClassVar[str]  # appended to the upstream's base_url
 
     def parse(

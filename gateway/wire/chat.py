@@ -44,6 +44,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 class ChatWire(Wire):
     name = "chat"
     upstream_path = "/chat/completions"
+    asks_stream_usage = True
 
     def __init__(self, validated: ValidatedMessages | None = None) -> None:
         self._validated = validated  # a resent history's messages are not checked again
