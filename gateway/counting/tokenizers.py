@@ -293,7 +293,13 @@ def _load_hf(path_text: str) -> HuggingFaceTokenizer:
     that is not a tokenizer get a clear message. The Rust binding raises a bare `Exception` for
     deeper schema errors; those are not caught (no broad except) and fail start-up as they are.
     """
-    from tokenizers import Tokenizer as HFTokenizer  # a Rust extension; loaded only when used
+    try:
+        from tokenizers import Tokenizer as HFTokenizer  # a Rust extension; loaded only when used
+    except ImportError:
+        raise TokenizerError(
+            f"tokenizer {'hf:' + path_text!r} needs the `tokenizers` package: "
+            "pip install 'compactgate[hf]'"
+        ) from None
 
     path = Path(path_text).expanduser()
     fix = "give the path of a local tokenizer.json (the gateway never downloads from a model hub)"
