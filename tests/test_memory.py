@@ -3,8 +3,8 @@
 What an operator would notice: after a peak, a worker with nothing in flight gives the heap
 memory it freed back to the system within a few seconds, never while a request is being served,
 and does nothing on a C library other than glibc. The RSS figures (before and after, 500 streams)
-come from `python -m benchmarks.soak burst`; tests/test_load_short.py holds a short burst to a
-bound on what RSS keeps.
+come from `python -m benchmarks.soak burst`; benchmarks/test_soak_short.py holds a short burst
+to a bound on what RSS keeps.
 """
 
 from __future__ import annotations

@@ -164,6 +164,9 @@ async def test_refused_connection_is_retried_then_502(faulty: Faulty, stream: bo
     seen = await while_healthy_traffic(faulty, call(faulty.gw, "dead", stream))
     assert_error(seen, 502, "upstream_unreachable")
     assert seen.seconds < 5
+    # Nobody can count the attempts at a port nobody listens on but the gateway itself.
+    metrics = (await faulty.gw.http.get("/metrics")).text
+    assert 'compactgate_upstream_retries_total{model="dead",reason="connect"} 1.0' in metrics
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
