@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 HALVES = ("dev", "heldout")
 LANGUAGES = ("en", "zh", "ja")
 SHAPES = ("aider", "codex", "claude_code", "opencode", "chat")
+PER, STRIDE = 7, 5  # statements per session, and how far the next session's start moves
 KINDS = (
     "rule",
     "prohibition",
@@ -169,8 +170,9 @@ def all_items(half: str) -> list[Item]:
 def sessions(
     half: str, seeds: int = 2, shapes: Sequence[str] = SHAPES, languages: Sequence[str] = LANGUAGES
 ) -> list[Session]:
-    """The half's sessions: every shape and language, `seeds` each. Across a language's
-    sessions every statement of the pool is used at least once (when there are enough)."""
+    """The half's sessions for every shape and language, `seeds` each. A session is the same
+    whatever else is asked for; with two seeds or more, every statement of a language's pool
+    is used by at least one session (each takes `PER` statements, `STRIDE` further on)."""
     from .plan import build
 
     out = []
@@ -178,10 +180,9 @@ def sessions(
         pool = statement_items(half, language)
         order = list(range(len(pool)))
         random.Random(f"{half}-{language}").shuffle(order)
-        cells = [(shape, seed) for seed in range(seeds) for shape in shapes]
-        per = max(5, -(-len(pool) // max(1, len(cells))) + 2)
-        for n, (shape, seed) in enumerate(cells):
-            picked = [order[(n * (per - 2) + k) % len(order)] for k in range(per)]
-            chosen = [pool[i] for i in sorted(set(picked))]
-            out.append(build(half, shape, language, seed, chosen))
+        for seed in range(seeds):
+            for shape in shapes:
+                n = seed * len(SHAPES) + SHAPES.index(shape)
+                picked = {order[(n * STRIDE + k) % len(order)] for k in range(PER)}
+                out.append(build(half, shape, language, seed, [pool[i] for i in sorted(picked)]))
     return out

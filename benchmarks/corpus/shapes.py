@@ -12,7 +12,7 @@ every request body it sends (`render`), in the order it sends them.
   message and per tool step.
 - `claude_code` (Messages): `system` text blocks with `cache_control`, CLAUDE.md in a
   `<system-reminder>` block of the first user message, `tool_use` / `tool_result` turns (Read
-  output line-numbered), thinking blocks with signatures, `cache_control` on the last block of
+  output line-numbered), `cache_control` on the last block of
   the last message (it moves every request), and from about 60 % of the session on, older
   results replaced by `[Old tool result content cleared]` as its micro-compaction does.
 - `opencode` (Chat Completions with tools): OpenCode's tool names and `<file>` framing on even
@@ -292,10 +292,6 @@ def _arguments(shape: str, flavor: str, call: Call) -> JSON:
     return {"command": call.target, "description": "Run " + call.target.split()[0]}
 
 
-def _signature(seed: str) -> str:
-    return "Eq" + base64.b64encode(hashlib.sha512(seed.encode()).digest() * 3).decode()
-
-
 def _encrypted(seed: str) -> str:
     return "gAAAAAB" + base64.b64encode(hashlib.sha512(seed.encode()).digest() * 14).decode()
 
@@ -470,16 +466,9 @@ def _render_messages(session: Session) -> Iterator[JSON]:
             continue
         else:
             assert isinstance(event, Step)
-            blocks = []
-            if n % 2 == 0:
-                blocks.append(
-                    {
-                        "type": "thinking",
-                        "thinking": event.thought,
-                        "signature": _signature(session.id + str(n)),
-                    }
-                )
-            blocks += [
+            # No thinking blocks: their signatures verify only with the upstream that issued
+            # them, and the benchmark's recording upstream (tests/fake_upstream.py) checks.
+            blocks = [
                 {
                     "type": "tool_use",
                     "id": f"toolu_{_hex(session.id + c.call_id, 22)}",
