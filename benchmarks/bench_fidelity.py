@@ -262,12 +262,10 @@ def _targets(results: Sequence[Result]) -> list[str]:
             low = statistics.mean(worst[1])
             out.append(
                 f"- stated items at {fraction:.0%}: worst cell {worst[0][0]}/{worst[0][1]} "
-                f"{100 * low:.0f} % (goal {100 * goal:.0f} %): {'met' if low >= goal else 'NOT met'}"
+                f"{100 * low:.0f} % (goal {100 * goal:.0f} %): {_met(low >= goal)}"
             )
     files = (sum(r.files[0] for r in held), sum(r.files[1] for r in held))
-    out.append(
-        f"- every file keeps a part: {files[0]}/{files[1]}: {'met' if files[0] == files[1] else 'NOT met'}"
-    )
+    out.append(f"- every file keeps a part: {files[0]}/{files[1]}: {_met(files[0] == files[1])}")
     ratios = [r.size / r.target for r in held if r.target]
     under = [r.session for r in held if r.target and r.size < 0.7 * r.target]
     out.append(
@@ -280,6 +278,10 @@ def _targets(results: Sequence[Result]) -> list[str]:
         share = sum(r.stable for r in big) / pairs
         out.append(f"- prefix stability from 32k windows: {100 * share:.0f} % (goal 90 %)")
     return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

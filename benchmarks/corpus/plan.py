@@ -170,8 +170,10 @@ def build(
     if seed % 2 == 0 and shape == "aider":
         question, depends = lang["file_question"], files
     elif seed % 2 == 0 and calls:
-        kept = [c for _, c in calls if c.call_id not in cleared]
-        target = (kept or [c for _, c in calls])[0]
+        shown = [shapes.shown(shape, c) for _, c in calls]
+        named = [c for _, c in calls if shown.count(shapes.shown(shape, c)) == 1]  # unambiguous
+        kept = [c for c in named if c.call_id not in cleared]
+        target = (kept or named or [c for _, c in calls])[0]
         question = lang["tool_question"].format(command=shapes.shown(shape, target))
         depends = (target.output,)
     elif seed % 2 == 1 and shape == "chat" and pastes:

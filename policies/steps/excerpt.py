@@ -55,6 +55,12 @@ class ExcerptConfig(StepConfig):
     floor_tokens: int = Field(
         160, ge=16, description="What each block of an excerpt keeps at least (its head)"
     )
+    aim: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="At an event, cut to this share of the target: room to grow until the next",
+    )
 
 
 class Excerpts:
@@ -121,7 +127,7 @@ class Excerpts:
         removed: dict[int, int] = defaultdict(int)
         at = 0
         running = 0
-        trigger, target = budget.trigger, budget.target
+        trigger, target = budget.trigger, int(budget.target * self.config.aim)
         for j, message in enumerate(messages):
             running += message.tokens
             if running <= trigger or at == len(candidates):

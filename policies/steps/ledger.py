@@ -1,19 +1,27 @@
-"""`ledger`: what the user stated survives the Turns that carried it.
+"""`ledger` (design D5.3): what the user stated survives the Turns that carried it.
 
-Placed before the steps that drop or summarise, it collects the salient sentences
+Placed before the steps that drop or summarise, it collects the salient passages
 (`policies/salience.py`: rules, prohibitions, constraints, decisions, preferences, goals,
-corrections, concrete facts) of the messages those steps may remove, and puts them, word for
-word, in one block right after the system prompt. When the chain has run, `finish` takes out every
-entry that is still present in a kept message or in a summary (a summary that kept a statement
-verbatim makes its entry redundant; one that lost it leaves it in the ledger); an empty ledger
-leaves no message.
+corrections, concrete facts) of what the user wrote as prose (`policies/prose.py`: never a
+line of a file, code, a log or tool output) in the messages those steps will remove, and puts
+them, word for word, in one block right after the system prompt.
+
+Only the Turns that go: the ledger works out which oldest Turns a Turn-dropping step after it
+removes (fifo's stable cut, the last Turn kept), counting its own block as kept: the more Turns
+go, the more it holds, the more must go; the cut only moves on, so the two settle in a few
+rounds. So the ledger takes the room its statements need, that room comes out of the Turns
+that go (filler and acknowledgements with them), and a request never leaves bigger than it
+came. When the chain has run, `finish` takes out every entry that is still present in a kept
+message or in a summary (a summary that kept a statement verbatim makes its entry redundant;
+one that lost it leaves it in the ledger); an empty ledger leaves no message.
 
 Bounded: the block takes at most `share` of the budget's limit; when the statements do not fit,
 the least salient leave first (the older first among equals). Deduplicated: a statement repeated
-anywhere is one entry. Stable: entries keep the order in which they were said, so a later event
-that drops more Turns appends to the block; between events the gateway holds the forwarded
-result, block included. The block is pinned (no later step drops or rewrites it) and a system
-message: the gateway, not the user, is speaking (the Messages API gets it as a system block).
+anywhere is one entry, and one that another entry holds whole is merged into it. Stable:
+entries keep the order in which they were said, so a later event that drops more Turns appends
+to the block; between events the gateway holds the forwarded result, block included. The block
+is pinned (no later step drops or rewrites it) and a system message: the gateway, not the user,
+is speaking (the Messages API gets it as a system block).
 
 Never drops or rewrites a client's message: it only adds its own block, and takes it out again.
 """
@@ -27,10 +35,13 @@ from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import Field
 
-from ..budget import Budget
+from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
-from ..salience import normalised, salient, score
+from ..placement import summary_indices
+from ..prose import prose_spans
+from ..salience import Statement, normalised, salient, score, statements
 from ..step import Env, StepConfig, StepResult
+from .fifo import droppable_sizes
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
@@ -42,10 +53,16 @@ _KIND = operator.attrgetter("kind")
 class LedgerConfig(StepConfig):
     TYPE: ClassVar[str] = "ledger"
     type: Literal["ledger"] = "ledger"
-    share: float = Field(0.1, gt=0, le=0.5, description="Most of the budget the ledger may take")
+    share: float = Field(
+        0.5, gt=0, le=0.8, description="Most of the budget's limit the ledger may take"
+    )
     min_salience: float = Field(0.45, ge=0, le=1, description="Sentences scoring less stay out")
     roles: tuple[str, ...] = Field(("user",), min_length=1, description="Whose statements count")
-    max_entry_chars: int = Field(400, ge=40, description="A longer sentence is trimmed to this")
+    max_entry_chars: int = Field(
+        400,
+        ge=40,
+        description="A longer passage goes sentence by sentence; a longer sentence is cut",
+    )
     header: str = Field(HEADER, min_length=1)
 
 
@@ -65,8 +82,10 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        entries = self._entries(conversation, at, env)
         cap = int(budget.limit * self.config.share)
+        said = self._said(conversation, env)
+        reach = self._reach(conversation, budget, env, at, said, cap)
+        entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
         kept = self._bounded(entries, cap, env)
         if at is not None:
             old = conversation.messages[at]
@@ -91,6 +110,39 @@ class Ledger:
             added=1,
             detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
         )
+
+    def _reach(
+        self,
+        conversation: Conversation,
+        budget: Budget,
+        env: Env,
+        at: int | None,
+        said: Sequence[tuple[str, str, float, int]],
+        cap: int,
+    ) -> int:
+        """The index before which messages will go: the oldest Turns that a Turn-dropping step
+        after this one (fifo's stable cut, keeping the last Turn) removes once the ledger holds
+        their statements. The ledger's own size is part of what is kept, so the cut and the
+        ledger are worked out together: the cut only moves on, the ledger only grows, and the
+        two settle in a few rounds."""
+        turns = conversation.turns()
+        if len(turns) < 2:
+            return 0
+        sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
+        current = conversation.messages[at].tokens if at is not None else 0
+        fixed = conversation.tokens - sum(sizes) - current
+        cut = 0
+        while True:
+            reach = turns[cut].start
+            entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
+            kept = self._bounded(entries, cap, env)
+            ledger = self._message(kept, env).tokens if kept else 0
+            moved = min(
+                stable_cut(sizes, fixed + ledger, budget.trigger, budget.target), len(turns) - 1
+            )
+            if moved <= cut:
+                return reach
+            cut = moved
 
     def finish(self, conversation: Conversation, env: Env) -> Conversation:
         """The chain's result without the entries a kept message or a summary still holds."""
@@ -129,9 +181,15 @@ class Ledger:
             env.memo.put(key, found, len(found) + 8 * len(uids))
         return found  # type: ignore[return-value]
 
-    def _entries(self, conversation: Conversation, at: int | None, env: Env) -> list[Entry]:
-        """The ledger's entries so far, then the salient sentences of the messages a later step
-        may remove, in the order they were said, each statement once."""
+    def _entries(
+        self,
+        conversation: Conversation,
+        at: int | None,
+        said: Sequence[tuple[str, str, float, int]],
+    ) -> list[Entry]:
+        """The ledger's entries so far, then `said` (the salient passages of the messages that
+        go, in the order they were said), each statement once: a passage that another one
+        holds whole is merged into it."""
         seen: set[str] = set()
         entries: list[Entry] = []
         if at is not None:
@@ -141,11 +199,11 @@ class Ledger:
                     seen.add(key)
                     entries.append(Entry(entry.text, entry.score, len(entries)))
         base = len(entries)
-        for text, key, value, i in self._said(conversation, env):
+        for text, key, value, i in said:
             if key not in seen:
                 seen.add(key)
                 entries.append(Entry(text, value, base + i))
-        return entries
+        return _merged(entries)
 
     def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
         """(line, comparison key, score, message index) of the salient passages in the messages
@@ -183,7 +241,7 @@ class Ledger:
         Each distinct text is looked up once (a chat repeats its short replies many times), and
         only the messages with a salient passage are gone through one by one (most have none).
         """
-        texts = [m.text for m in messages]
+        texts = [_parts(m) for m in messages]
         found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
         seen: set[str] = set()
         out = []
@@ -194,20 +252,23 @@ class Ledger:
                     out.append((text, key, value, k))
         return tuple(out)
 
-    def _candidates(self, text: str, env: Env) -> tuple[tuple[str, str, float], ...]:
-        """A message's would-be entries: (line, comparison key, score) of each salient passage;
-        remembered, since a client resends every message on every request."""
+    def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[tuple[str, str, float], ...]:
+        """A message's would-be entries: (line, comparison key, score) of each salient passage
+        of its prose (`policies.prose`: never a line of a file, code, a log or tool output),
+        text part by text part; remembered, since a client resends every message on every
+        request."""
         threshold, limit = self.config.min_salience, self.config.max_entry_chars
-        key = ("ledger-candidates", threshold, limit, text)
+        key = ("ledger-candidates", threshold, limit, parts)
         found = env.memo.peek(key)
         if found is None:
             out = []
-            for statement in salient(text, threshold):
-                # one line per entry: a statement over several lines has them joined by spaces
-                line = _trimmed(" ".join(statement.text.split()), limit)
-                out.append((line, normalised(line), statement.score))
+            spans = [(text, a, b) for text in parts for a, b in prose_spans(text)]
+            for text, start, end in spans:
+                for statement in salient(text[start:end], threshold):
+                    for line in _lines_of(statement, threshold, limit):
+                        out.append((line, normalised(line), statement.score))
             found = tuple(out)
-            env.memo.put(key, found, len(text))
+            env.memo.put(key, found, sum(map(len, parts)))
         return found  # type: ignore[return-value]
 
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
@@ -262,5 +323,43 @@ def _normalised(text: str, env: Env) -> str:
     return env.memo.get(("normalised", text), lambda: normalised(text), len(text))
 
 
-def _trimmed(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+def _lines_of(statement: Statement, threshold: float, limit: int) -> list[str]:
+    """A passage as ledger lines: one line (its line breaks become spaces), or, when longer
+    than `limit`, its salient sentences one by one; a single sentence longer than that is cut
+    (its start kept, an ellipsis marking the cut)."""
+    line = " ".join(statement.text.split())
+    if len(line) <= limit:
+        return [line]
+    out = []
+    for sentence in statements(statement.text):
+        if sentence.score >= threshold:
+            text = " ".join(sentence.text.split())
+            out.append(text if len(text) <= limit else text[: limit - 1].rstrip() + "…")
+    return out
+
+
+def _parts(message: Message) -> tuple[str, ...]:
+    """A message's texts: its content, or each text part of a content array."""
+    content = message.data.get("content")
+    if isinstance(content, list):
+        return tuple(
+            [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        )
+    return (message.text,)
+
+
+def _merged(entries: list[Entry]) -> list[Entry]:
+    """`entries` without those another entry holds whole (the longer one stays, where it was
+    said first)."""
+    keys = [normalised(e.text) for e in entries]
+    out = []
+    for k, entry in enumerate(entries):
+        key = keys[k]
+        if any(
+            key in other and (len(other) > len(key) or j < k)
+            for j, other in enumerate(keys)
+            if j != k
+        ):
+            continue
+        out.append(entry)
+    return out
