@@ -25,11 +25,11 @@ from .chunking import detect
 from .step import StoredOutput
 
 NOTE = (
-    "[compactgate: lines {first}-{last} of {total} are not shown; read them with the tool "
-    'tool_output_cache {{"ref_id": "{ref}", "offset": 1, "limit": {count}}} (its line 1 is '
-    "line {first} here)]"
+    "[compactgate: lines {first}-{last} of {total} are not shown (ref={ref}); read them with the "
+    'tool tool_output_cache {{"ref_id": "{ref}", "offset": 1, "limit": {count}}}, whose line 1 '
+    "is line {first} here]"
 )
-NOTE_RE = re.compile(r"\[compactgate: lines \d+-\d+ of \d+ are not shown; read them with the tool")
+NOTE_RE = re.compile(r"\[compactgate: lines \d+-\d+ of \d+ are not shown \(ref=([^)\s]+)\)")
 NOTE_START = "[compactgate: lines "
 NOTE_SAMPLE = NOTE.format(first=1001, last=1999, total=1999, ref="x" * 24, count=999)
 _FENCE = re.compile(r"^([ \t]*)(```|~~~)[^\n]*\n(.*?)^\1\2[ \t]*$", re.M | re.S)
@@ -95,7 +95,8 @@ def excerpt(
     found = blocks(text)
     sizes = [count(text[b.start : b.end]) for b in found]
     outside = max(0, count(text) - sum(sizes))
-    caps = levelled(sizes, max(0, keep - outside), floor)
+    note = count(NOTE_SAMPLE)  # every cut block carries a note; its floor is over and above it
+    caps = levelled(sizes, max(0, keep - outside), floor + note)
     parts: list[str] = []
     stored: list[StoredOutput] = []
     at = 0
@@ -103,7 +104,7 @@ def excerpt(
         parts.append(text[at : block.start])
         body = text[block.start : block.end]
         at = block.end
-        cut = _cut(body, cap, block.code, count, ref_for) if cap < size else None
+        cut = _cut(body, cap - note, block.code, count, ref_for) if cap < size else None
         if cut is None:
             parts.append(body)
             continue
@@ -118,10 +119,9 @@ def excerpt(
 def _cut(
     body: str, cap: int, code: bool, count: Callable[[str], int], ref_for: Callable[[str], str]
 ) -> tuple[str, StoredOutput] | None:
-    """`body` as head + note (+ tail) in about `cap` tokens, and its hidden middle."""
+    """`body` as head (+ tail) in about `cap` tokens, a note between, and its hidden middle."""
     lines = body.split("\n")
     costs = [count(line) + 1 for line in lines]
-    cap = max(0, cap - count(NOTE_SAMPLE))  # the note is part of what the block keeps
     tail_room = 0 if code else int(cap * TAIL_SHARE)
     head_room = cap - tail_room
     head = 0
@@ -152,8 +152,7 @@ def _cut(
     hidden = rest.count("\n") + (0 if rest.endswith("\n") else 1)
     total = body.count("\n") + (0 if body.endswith("\n") else 1)
     note = NOTE.format(first=first, last=first + hidden - 1, total=total, ref=ref, count=hidden)
-    kept_head = body[:start]
-    joined = kept_head + ("" if not kept_head or kept_head.endswith("\n") else "\n") + note
+    joined = body[:start] + note  # the head, up to where the rest starts (a line's end, mostly)
     if tail:
         joined += "\n" + body[end:]
     elif body.endswith("\n"):
