@@ -11,8 +11,10 @@ Rule: a line is prose unless it is material, and material is never carried. Mate
 - a line that looks like material on its own (`material_line`): code, a log line, a data or
   table row (mostly digits and symbols), line-numbered output, a diff or merge marker, a shell
   prompt, a `path:line:` match, a repo map's glyphs, a lone token (a path, a hash);
-- a paragraph (lines between blank lines) that is mostly material: a stray line of a log or a
-  file that reads like a sentence ("collected 420 items") is material too.
+- in a paragraph (lines between blank lines) that is mostly material, every line between its
+  first and last material line: a stray line of a log or a file that reads like a sentence
+  ("collected 420 items") is material too, while a sentence typed right before or after a
+  paste stays prose.
 
 `prose_spans` gives the prose as (start, end) spans of the text itself, so whatever the ledger
 takes from a span is the user's own words, in order.
@@ -128,20 +130,20 @@ def _blocks(lines: list[str]) -> list[bool]:
 
 
 def _paragraphs(lines: list[str], material: list[bool], blocked: list[bool]) -> None:
-    """Mark whole paragraphs that are mostly material, and a prose line between material
-    lines of one paragraph. Blank lines and blocks (fenced, XML-style) end a paragraph."""
+    """In a paragraph that is mostly material, every line between its first and its last
+    material line is material too (a sentence typed before or after a paste stays prose);
+    in any paragraph, so is a line between two material lines. Blank lines and blocks
+    (fenced, XML-style) end a paragraph."""
     start = 0
     for i in range(len(lines) + 1):
         if i < len(lines) and lines[i].strip() and not blocked[i]:
             continue
-        body = range(start, i)
-        if body:
-            marked = sum(material[k] for k in body)
-            if marked and marked >= MOSTLY * len(body) and len(body) >= 3:
-                for k in body:
+        marked = [k for k in range(start, i) if material[k]]
+        if marked and len(marked) >= MOSTLY * (i - start) and i - start >= 3:
+            for k in range(marked[0], marked[-1] + 1):
+                material[k] = True
+        else:
+            for k in range(start + 1, i - 1):
+                if material[k - 1] and material[k + 1]:
                     material[k] = True
-            else:
-                for k in range(start + 1, i - 1):
-                    if material[k - 1] and material[k + 1]:
-                        material[k] = True
         start = i + 1

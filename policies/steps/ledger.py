@@ -102,7 +102,8 @@ class Ledger:
                 detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
             )
         if not kept:
-            return StepResult.unchanged(conversation, reason="nothing salient to keep")
+            reason = "ledger full" if entries else "nothing salient to keep"
+            return StepResult.unchanged(conversation, reason=reason, left_out=len(entries))
         message = self._message(kept, env)
         result = inserted(conversation, conversation.head_end(), [message])
         return StepResult(
