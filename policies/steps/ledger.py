@@ -242,7 +242,7 @@ class Ledger:
         Each distinct text is looked up once (a chat repeats its short replies many times), and
         only the messages with a salient passage are gone through one by one (most have none).
         """
-        texts = [_parts(m) for m in messages]
+        texts = [texts_of(m) for m in messages]
         found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
         seen: set[str] = set()
         out = []
@@ -339,7 +339,7 @@ def _lines_of(statement: Statement, threshold: float, limit: int) -> list[str]:
     return out
 
 
-def _parts(message: Message) -> tuple[str, ...]:
+def texts_of(message: Message) -> tuple[str, ...]:
     """A message's texts: its content, or each text part of a content array."""
     content = message.data.get("content")
     if isinstance(content, list):
