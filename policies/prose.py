@@ -71,8 +71,8 @@ def material_line(line: str) -> bool:
         return True
     if " " not in stripped and not _CJK.search(stripped) and len(stripped) >= 3:
         return True  # a lone token: a path, a hash, an identifier
-    letters = sum(ch.isalpha() for ch in stripped)
-    visible = sum(not ch.isspace() for ch in stripped)
+    letters = sum(map(str.isalpha, stripped))
+    visible = len(stripped) - sum(map(str.isspace, stripped))
     if visible >= 8 and letters * 2 < visible:
         return True  # mostly digits and symbols: a data row, a rule of '=', a number table
     signs = len(_CODE_SIGNS.findall(stripped))
@@ -83,6 +83,8 @@ def prose_spans(text: str) -> list[tuple[int, int]]:
     """Where the prose is: (start, end) spans of `text`, each a run of prose lines."""
     if is_framed(text):
         return []
+    if "\n" not in text:  # one line: prose unless it looks like material
+        return [] if material_line(text) or not text.strip() else [(0, len(text))]
     lines = text.split("\n")
     blocked = _blocks(lines)
     material = [b or material_line(line) for b, line in zip(blocked, lines, strict=True)]

@@ -700,6 +700,11 @@ def salience(text: str) -> float:
     return max((_score(s, cues).score for s in sentences(text)), default=0.0)
 
 
+def may_be_salient(text: str) -> bool:
+    """False only when no sentence of `text` can score above 0 (one cheap look at the whole)."""
+    return _may_score(text)[1]
+
+
 def salient(text: str, threshold: float) -> list[Statement]:
     """The passages of `text` that must survive, word for word, in order: each sentence scoring
     at least `threshold`, with the sentences right after it that carry it on ("Don't delete

@@ -9,11 +9,13 @@ them, word for word, in one block right after the system prompt.
 Only the Turns that go: the ledger works out which oldest Turns a Turn-dropping step after it
 removes (fifo's stable cut, the last Turn kept), counting its own block as kept: the more Turns
 go, the more it holds, the more must go; the cut only moves on, so the two settle in a few
-rounds. So the ledger takes the room its statements need, that room comes out of the Turns
-that go (filler and acknowledgements with them), and a request never leaves bigger than it
-came. When the chain has run, `finish` takes out every entry that is still present in a kept
-message or in a summary (a summary that kept a statement verbatim makes its entry redundant;
-one that lost it leaves it in the ledger); an empty ledger leaves no message.
+rounds (the block's exact size is what fifo sees, so fifo never drops a Turn whose
+statements the block lacks). So the ledger takes the room its statements need, that room
+comes out of the Turns that go (filler and acknowledgements with them), and a request never
+leaves bigger than it came. When the chain has run, `finish` takes out every entry that is
+still present in a kept message or in a summary (a summary that kept a statement verbatim
+makes its entry redundant; one that lost it leaves it in the ledger); an empty ledger leaves
+no message.
 
 Bounded: the block takes at most `share` of the budget's limit; when the statements do not fit,
 the least salient leave first (the older first among equals). Deduplicated: a statement repeated
@@ -39,7 +41,7 @@ from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
 from ..placement import summary_indices
 from ..prose import prose_spans
-from ..salience import Statement, normalised, salient, score, statements
+from ..salience import Statement, may_be_salient, normalised, salient, score, statements
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
 
@@ -124,8 +126,9 @@ class Ledger:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
         after this one (fifo's stable cut, keeping the last Turn) removes once the ledger holds
         their statements. The ledger's own size is part of what is kept, so the cut and the
-        ledger are worked out together: the cut only moves on, the ledger only grows, and the
-        two settle in a few rounds."""
+        ledger are worked out together: round by round the cut moves on (the ledger grows with
+        it) until the cut fifo makes with this very block is no further on than the Turns the
+        block holds the statements of; entries of Turns that stay go again in `finish`."""
         turns = conversation.turns()
         if len(turns) < 2:
             return 0
@@ -137,6 +140,8 @@ class Ledger:
             reach = turns[cut].start
             entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
             kept = self._bounded(entries, cap, env)
+            # the block's exact size: fifo will see this very block, so its cut is the one
+            # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
             ledger = self._message(kept, env).tokens if kept else 0
             moved = min(
                 stable_cut(sizes, fixed + ledger, budget.trigger, budget.target), len(turns) - 1
@@ -263,7 +268,12 @@ class Ledger:
         found = env.memo.peek(key)
         if found is None:
             out = []
-            spans = [(text, a, b) for text in parts for a, b in prose_spans(text)]
+            spans = [
+                (text, a, b)
+                for text in parts
+                if threshold <= 0 or may_be_salient(text)  # most messages: no look at lines
+                for a, b in prose_spans(text)
+            ]
             for text, start, end in spans:
                 for statement in salient(text[start:end], threshold):
                     for line in _lines_of(statement, threshold, limit):
@@ -275,7 +285,7 @@ class Ledger:
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
         """The entries that fit in `cap` tokens: the least salient leave first, the older first
         among equals; the rest keep their order."""
-        sizes = [env.text_tokens(BULLET + e.text + "\n") for e in entries]
+        sizes = [_line_tokens(e.text, env) for e in entries]
         total = sum(sizes) + env.text_tokens(self.config.header) + FRAMING_TOKENS
         if total <= cap:
             return entries
@@ -306,6 +316,12 @@ def _parse(text: str, header: str) -> list[Entry]:
         lines = lines[1:]
     entries = [line[len(BULLET) :] for line in lines if line.startswith(BULLET)]
     return [Entry(entry, None, k) for k, entry in enumerate(entries)]
+
+
+def _line_tokens(text: str, env: Env) -> int:
+    """Tokens of an entry's line in the block (remembered: worked out every pass)."""
+    line = BULLET + text + "\n"
+    return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))  # type: ignore[no-any-return]
 
 
 def _score(text: str, env: Env) -> float:
