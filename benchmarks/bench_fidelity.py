@@ -76,7 +76,7 @@ class Counter:
     """o200k tokens of a body's JSON, counted per field and per history element (cached)."""
 
     def __init__(self) -> None:
-        from gateway.tokenizers import load_tokenizer
+        from gateway.counting.tokenizers import load_tokenizer
 
         self.tokenizer = load_tokenizer("tiktoken:o200k_base")
         self.cache: dict[bytes, int] = {}

@@ -57,7 +57,7 @@ import httpx
 import orjson
 from aiohttp import web
 
-from gateway.echo_upstream import estimate_prompt_tokens
+from gateway.devtools.echo_upstream import estimate_prompt_tokens
 from gateway.summaries.summarizer import SYSTEM_PROMPT
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -40,29 +40,21 @@ from starlette.responses import Response
 from starlette.routing import Route as HttpRoute
 from starlette.routing import WebSocketRoute
 
-from . import admin, compaction_blocks
-from .accounting import Accounting
-from .agent_compaction import CompactionPoints, Signature, recognise
-from .asgi import (
-    ClientDisconnected,
-    DisconnectWatcher,
-    Receive,
-    Scope,
-    Send,
-    header,
-    read_body,
-    send_bytes,
+from .agents import blocks as compaction_blocks
+from .agents.answers import CompactionAnswers
+from .agents.context_management import Applied, apply_to, reported_in_stream, with_report
+from .agents.remote import (
+    AGENT,
+    RemoteCompaction,
+    compacted_body,
+    ends_with_trigger,
+    without_trigger,
 )
-from .auth import Authenticator, Identity
-from .calibration import Calibration
-from .compaction_answers import CompactionAnswers
+from .agents.signatures import CompactionPoints, Signature, recognise
 from .config import Config, ConfigError, ServerConfig
-from .context_errors import ContextError, classify
-from .context_management import Applied, apply_to, reported_in_stream, with_report
-from .cors import BrowserAccess
-from .costs import Accountant, Priced, price_map
-from .counting import Counting
-from .destinations import destinations, upstream_headers
+from .counting.runner import Counting
+from .counting.tokens import PRIMING_TOKENS
+from .engine.pipeline import Pipeline, Prepared, when_settled
 from .errors import (
     ContextLengthExceededError,
     GatewayError,
@@ -76,33 +68,38 @@ from .errors import (
     reason_of,
     upstream_reason,
 )
-from .events import EventLog
 from .expansion import Expansion, Rounds
-from .failover import Balancer, Destination
-from .limits import ConcurrencyLimits, register_gauges
-from .logs import access_logged, clip, log_request, new_request_id, request_fields
-from .memory import freeze_startup_objects
-from .metrics import Metrics
-from .models_endpoint import get_model, list_models
-from .passthrough import passthrough
-from .pipeline import Pipeline, Prepared, when_settled
-from .plan_endpoint import plan
-from .probes import healthz, metrics, readyz
-from .readiness import Readiness
-from .remote_compaction import (
-    AGENT,
-    RemoteCompaction,
-    compacted_body,
-    ends_with_trigger,
-    without_trigger,
+from .http import admin
+from .http.asgi import (
+    ClientDisconnected,
+    DisconnectWatcher,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_bytes,
 )
-from .responses_socket import ResponsesSocket
-from .retry import send_balanced
+from .http.auth import Authenticator, Identity
+from .http.cors import BrowserAccess
+from .http.limits import ConcurrencyLimits, register_gauges
+from .http.models import get_model, list_models
+from .http.passthrough import passthrough
+from .http.plan import plan
+from .http.probes import healthz, metrics, readyz
+from .http.socket import ResponsesSocket
+from .ops.costs import Accountant, Priced, price_map
+from .ops.events import EventLog
+from .ops.logs import access_logged, clip, log_request, new_request_id, request_fields
+from .ops.memory import freeze_startup_objects
+from .ops.metrics import Metrics
+from .ops.readiness import Readiness
+from .path.accounting import Accounting
+from .path.calibration import Calibration
+from .path.sse import UsageStripper
 from .routing import Route, Router
-from .sse import UsageStripper
 from .stores import open_store
 from .summaries import Precompute, Summarizer, SummaryService
-from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
 from .upstream import (
     CLIENT_CREDENTIALS,
@@ -110,8 +107,11 @@ from .upstream import (
     UpstreamClient,
     UpstreamResponse,
 )
+from .upstream.counts import UpstreamCounts
+from .upstream.destinations import destinations, upstream_headers
+from .upstream.failover import Balancer, Destination
 from .upstream.in_process import unserved
-from .upstream_counts import UpstreamCounts
+from .upstream.retry import send_balanced
 from .wire import (
     CHAT,
     COUNT_TOKENS,
@@ -123,6 +123,7 @@ from .wire import (
     answers,
 )
 from .wire.chat import ChatWire
+from .wire.context_errors import ContextError, classify
 from .wire.resent import ResentMessages
 from .wire.validated import ValidatedMessages
 

@@ -111,10 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "import-litellm":
         return _import_litellm(args.path, args.output)
     if args.command == "plan":
-        from .plan_cli import run_plan
+        from .devtools.plan_cli import run_plan
 
         return run_plan(args.file, _config_or_exit(args.config), as_json=args.json, api=args.api)
-    from .demo import run_demo
+    from .devtools.demo import run_demo
 
     return run_demo(llm=args.llm, turns=args.turns)
 
@@ -149,11 +149,11 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     import uvicorn
 
-    from . import connections
-    from .admin import exposure_warning
-    from .auth import open_relay_warning
-    from .logs import configure_logging
-    from .memory import IdleTrim
+    from .http import connections
+    from .http.admin import exposure_warning
+    from .http.auth import open_relay_warning
+    from .ops.logs import configure_logging
+    from .ops.memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
@@ -272,7 +272,7 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
 def _announce(text: str, log_format: str) -> None:
     """A line on stdout whatever the log level (scripts wait for it), in the log's format."""
     if log_format == "json":
-        from .logs import JsonFormatter
+        from .ops.logs import JsonFormatter
 
         record = logging.LogRecord("compactgate.serve", logging.INFO, "", 0, text, None, None)
         text = JsonFormatter().format(record)
@@ -289,7 +289,7 @@ def _multiprocess_metrics_dir() -> None:
 def _hash_key() -> int:
     """Print the config line for a key read from stdin; exit 2 when there is no key. Surrounding
     whitespace (the newline of `echo`) is dropped, as the gateway drops it from a presented key."""
-    from .auth import key_sha256
+    from .http.auth import key_sha256
 
     if sys.stdin.isatty():
         import getpass
@@ -314,7 +314,7 @@ def _import_litellm(path: str, output: str | None) -> int:
     import yaml
 
     from .config import parse_config
-    from .litellm_import import convert
+    from .devtools.litellm_import import convert
 
     try:
         with open(path, encoding="utf-8") as handle:
@@ -372,7 +372,7 @@ def _check(path: str) -> int:
 
 def summarise(config: Config, path: str) -> str:
     """One screen: models with their windows/tokenizers/policies, and each policy's chain."""
-    from .admin import admin_token
+    from .http.admin import admin_token
     from .routing import Router
 
     router = Router(config)

@@ -58,8 +58,8 @@ import pytest
 from aiohttp import web
 
 from gateway.app import build_app
-from gateway.asgi import Message
 from gateway.config import load_config
+from gateway.http.asgi import Message
 from gateway.upstream import ServerFactory
 from gateway.upstream.in_process import authority
 from tests.fake_upstream import JSON, Config, State, make_app

@@ -24,9 +24,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.counting import OFFLOAD_MIN_BYTES, Counting
-from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer, utf8_length
-from gateway.tokens import CountCache, MessageCounter
+from gateway.counting.runner import OFFLOAD_MIN_BYTES, Counting
+from gateway.counting.tokenizers import (
+    CharsTokenizer,
+    TiktokenTokenizer,
+    load_tokenizer,
+    utf8_length,
+)
+from gateway.counting.tokens import CountCache, MessageCounter
 from tests.conftest import Starter
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.redis_server import RedisServer, start_redis

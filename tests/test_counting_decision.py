@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.counting import OFFLOAD_MIN_BYTES
-from gateway.pipeline import LATE_MIN_BYTES, Prepared
-from gateway.tokenizers import load_tokenizer
-from gateway.tokens import PRIMING_TOKENS, CountCache, MessageCounter
+from gateway.counting.runner import OFFLOAD_MIN_BYTES
+from gateway.counting.tokenizers import load_tokenizer
+from gateway.counting.tokens import PRIMING_TOKENS, CountCache, MessageCounter
+from gateway.engine.pipeline import LATE_MIN_BYTES, Prepared
 from gateway.wire import CHAT
 
 COUNTER = MessageCounter(load_tokenizer("tiktoken:o200k_base"), CountCache(0))

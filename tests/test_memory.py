@@ -1,4 +1,4 @@
-"""Returning freed heap memory once a worker is idle (gateway/memory.py).
+"""Returning freed heap memory once a worker is idle (gateway/ops/memory.py).
 
 What an operator would notice: after a peak, a worker with nothing in flight gives the heap
 memory it freed back to the system within a few seconds, never while a request is being served,
@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from gateway.memory import YOUNG_THRESHOLD, GlibcMalloc, IdleTrim
+from gateway.ops.memory import YOUNG_THRESHOLD, GlibcMalloc, IdleTrim
 from tests.conftest import GatewayStarter
 
 MiB = 1024 * 1024
@@ -136,7 +136,7 @@ def test_the_gateway_trims_once_idle_after_large_requests(start_gateway: Gateway
 
 
 def test_start_up_objects_are_left_out_of_later_collections() -> None:
-    """After start-up, a full collection walks only what was made since (gateway/memory.py).
+    """After start-up, a full collection walks only what was made since (gateway/ops/memory.py).
 
     Without it, each full collection while serving walked the ~130,000 objects of the imported
     modules: 82-102 ms stalls of whichever request was in flight, measured with gc callbacks

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.opening_sessions import OpeningSessions
-from gateway.prefix import PrefixCounts
+from gateway.counting.openings import OpeningSessions
+from gateway.counting.prefix import PrefixCounts
 from gateway.wire import RESPONSES
 from gateway.wire.validated import ValidatedMessages
 from tests.configs import one_model
@@ -60,7 +60,7 @@ def test_a_key_keeps_the_latest_requests_and_matches_by_shared_objects(
     """Against a plain model: `get` returns the kept request sharing the longest run of
     leading objects (the latest on a tie); `put` drops the request it replaces, then the
     oldest while a key is over `PER_KEY` requests or half of the bytes."""
-    import gateway.opening_sessions as module
+    import gateway.counting.openings as module
 
     saved, module.PER_KEY = module.PER_KEY, per_key
     try:

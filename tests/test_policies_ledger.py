@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from benchmarks.fidelity_sessions import LANGUAGES, SHAPES, forwarded_text, session, survived
 from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.prefix import PrefixCounts
+from gateway.counting.prefix import PrefixCounts
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from policies import Conversation, build_policy, check, run_chain
 from policies.relevance import task_query

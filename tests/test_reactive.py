@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.echo_upstream import estimate_prompt_tokens
+from gateway.devtools.echo_upstream import estimate_prompt_tokens
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
 from tests.gateway_process import gateway_process
@@ -426,8 +426,8 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
     the configured 64,000 tokens, so the "tighter" window was 12,836 and nothing was cut."""
     from gateway.app import Endpoint, Gateway, Overflow
     from gateway.config import parse_config
-    from gateway.context_errors import ContextError
     from gateway.wire import CHAT, parse_chat_request
+    from gateway.wire.context_errors import ContextError
 
     upstream = {"base_url": "http://127.0.0.1:9/v1"}
     config = parse_config(

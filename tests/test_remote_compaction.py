@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.agents.remote import has_type
 from gateway.config import parse_config
-from gateway.remote_compaction import has_type
 from gateway.routing import Router
 from gateway.summaries.summarizer import SYSTEM_PROMPT
 from tests.conftest import GatewayStarter, Starter

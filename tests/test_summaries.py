@@ -13,7 +13,7 @@ import pytest
 
 from gateway.app import Gateway
 from gateway.config import SummariesConfig, parse_config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.routing import Route, Router
 from gateway.stores import MemoryStore, SafeStore
 from gateway.summaries import Job, SummaryAsk, SummaryService

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.config import SummariesConfig, parse_config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.routing import Route, Router
 from gateway.summaries.summarizer import (
     APPEND_NOTE,

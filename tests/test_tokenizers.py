@@ -1,4 +1,4 @@
-"""gateway.tokenizers: offline loading, the three spec kinds, errors, model -> encoding."""
+"""gateway.counting.tokenizers: offline loading, the three spec kinds, errors, model -> encoding."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import tokenizers
-from gateway.tokenizers import (
+from gateway.counting import tokenizers
+from gateway.counting.tokenizers import (
     CharsTokenizer,
     HuggingFaceTokenizer,
     TiktokenTokenizer,
@@ -82,7 +82,7 @@ def test_loading_never_imports_litellm() -> None:
     """litellm is only the carrier of the BPE files: importing it would cost seconds."""
     code = (
         "import sys\n"
-        "from gateway.tokenizers import load_tokenizer\n"
+        "from gateway.counting.tokenizers import load_tokenizer\n"
         "assert load_tokenizer('tiktoken:cl100k_base').count('hello world') == 2\n"
         "assert 'litellm' not in sys.modules, 'litellm was imported'\n"
     )

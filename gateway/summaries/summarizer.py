@@ -44,15 +44,15 @@ from policies.conversation import content_text
 from policies.summaries import SummaryAnswer, SummaryRequest
 
 from ..config import SummariesConfig
-from ..context_errors import classify
 from ..errors import GatewayError
-from ..failover import Balancer, Destination
-from ..metrics import Metrics
-from ..retry import send_balanced
+from ..ops.metrics import Metrics
 from ..routing import Route, Router
 from ..upstream import UpstreamClient, forward_headers
+from ..upstream.failover import Balancer, Destination
+from ..upstream.retry import send_balanced
 from ..wire import WIRES, Wire
 from ..wire.base import Usage
+from ..wire.context_errors import classify
 
 # What of the client's headers a summary call carries: its credential, nothing else.
 CREDENTIAL_HEADERS = frozenset(

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from ..context_errors import ContextError, classify
 from ..errors import GatewayError
+from .context_errors import ContextError, classify
 from .request import WireRequest
 
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
     from .resent import ResentScope
 
 

@@ -35,7 +35,7 @@ from .validated import ValidatedMessages
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
     from .resent import ResentScope
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

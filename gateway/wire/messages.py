@@ -56,8 +56,8 @@ from .request import (
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..context_errors import ContextError
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
+    from .context_errors import ContextError
     from .resent import ResentScope
 
 DEFAULT_MAX_TOKENS = 4096  # the gateway's own calls, when no limit is configured

@@ -87,8 +87,8 @@ def unchanged(
     """For each of `messages`, whether it is the client's message it came from (`originals`,
     by `origin`), as sent; False for a message a step made.
 
-    Equal uids mean equal data (`gateway.prefix`), and a step that changes a message drops its
-    uid: a kept message whose uid is the client message's own is known unchanged without
+    Equal uids mean equal data (`gateway.counting.prefix`), and a step that changes a message
+    drops its uid: a kept message whose uid is the client message's own is known unchanged without
     comparing the two (a held result's messages are the previous request's equal objects, and
     comparing a long agent history costs as much as rendering it).
     """

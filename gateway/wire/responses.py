@@ -33,9 +33,9 @@ import orjson
 
 from policies.conversation import content_text
 
-from ..context_errors import ContextError, classify
 from ..errors import InvalidRequestError
 from .base import Usage, Wire, json_or_none, openai_usage, sse_events
+from .context_errors import ContextError, classify
 from .request import (
     WireRequest,
     check_count,
@@ -51,7 +51,7 @@ from .responses_parse import INSTRUCTIONS, Builder, Layout
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
     from .resent import ResentScope
 
 PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from ..sized_lru import SizedLru
+from ..counting.sized_lru import SizedLru
 from .request import load_object
 
 MAX_KEYS = 512

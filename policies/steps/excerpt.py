@@ -33,7 +33,7 @@ from pydantic import Field
 from ..budget import Budget
 from ..content import with_text
 from ..conversation import Conversation, Message
-from ..excerpts import NOTE_SAMPLE, Excerpt, blocks, excerpt, is_excerpt
+from ..excerpts import NOTE_SAMPLE, Block, Excerpt, blocks, excerpt, is_excerpt
 from ..step import Env, StepConfig, StepResult, StoredOutput
 from .tool_output_cache import (
     EXPANSION_ID_PREFIX,
@@ -183,8 +183,8 @@ class Excerpts:
         return found or None  # type: ignore[return-value]
 
 
-def _blocks(text: str, env: Env) -> list[Any]:
-    return env.memo.get(("excerpt-blocks", text), lambda: blocks(text), len(text))  # type: ignore[no-any-return]
+def _blocks(text: str, env: Env) -> list[Block]:
+    return env.memo.get(("excerpt-blocks", text), lambda: blocks(text), len(text))
 
 
 def _excerptable(message: Message, expansion: set[str]) -> bool:

@@ -321,7 +321,7 @@ def _parse(text: str, header: str) -> list[Entry]:
 def _line_tokens(text: str, env: Env) -> int:
     """Tokens of an entry's line in the block (remembered: worked out every pass)."""
     line = BULLET + text + "\n"
-    return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))  # type: ignore[no-any-return]
+    return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))
 
 
 def _score(text: str, env: Env) -> float:

@@ -295,7 +295,7 @@ def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | N
     return text
 
 
-def group_start(messages: list[Message], roles: Sequence[str], index: int) -> int:
+def group_start(messages: Sequence[Message], roles: Sequence[str], index: int) -> int:
     """For a tool result, the index of the assistant message whose calls it answers; else `index`.
 
     Results directly follow their call (OpenAI's rule, checked by `invariants`), so the opening
