@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_fidelity [--halves dev,heldout] [--seeds 2] [--fractions 0.5,0.25]
         [--shapes aider,codex,...] [--languages en,zh,ja] [--policy NAME] [--json out.json]
+        [--gateway-root ../other-checkout]
 
 Sessions come from `benchmarks/corpus` (its docstring says which half is which: `dev` may be
 tuned on, `heldout` is judged only; every run reports both unless told otherwise). They are
@@ -42,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from benchmarks import targets
 from benchmarks.corpus import HALVES, LANGUAGES, SHAPES, Content, Item, sessions
 from benchmarks.corpus_replay import Case, Replay
 
@@ -293,6 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--languages", default=",".join(LANGUAGES))
     parser.add_argument("--policy", default=None, help="a policy of config.example.yaml")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    parser.add_argument(
+        "--gateway-root", type=Path, default=None, help="measure the gateway of another checkout"
+    )
     args = parser.parse_args(argv)
     chosen = [
         s
@@ -303,7 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     counter = Counter()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fidelity-") as directory:
-        with Replay(Path(directory), args.policy) as replay:
+        root = args.gateway_root.resolve() if args.gateway_root else targets.ROOT
+        with Replay(Path(directory), args.policy, root=root) as replay:
             cases = replay.measure(chosen, fractions)
             for case in replay.run(cases):
                 results.append(measure(case, counter))

@@ -96,10 +96,12 @@ class Replay:
         workdir: Path,
         policy: str | None = None,
         log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+        root: Path = targets.ROOT,
     ) -> None:
         self.workdir = workdir
         self.policy = policy
         self.log = log
+        self.root = root  # the checkout whose gateway is measured (this one unless told)
         self.client = httpx.Client(timeout=600)
         self.services: list[targets.Service] = []
 
@@ -120,7 +122,7 @@ class Replay:
 
     def _gateway(self, models: Sequence[tuple[str, int]], name: str) -> targets.Service:
         config = gateway_config(self.upstream.origin, models, self.policy)
-        service = targets.start_gateway(self.workdir, json.dumps(config), name=name)
+        service = targets.start_gateway(self.workdir, json.dumps(config), name=name, root=self.root)
         self.services.append(service)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

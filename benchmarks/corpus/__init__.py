@@ -70,10 +70,20 @@ class Content:
 
     name: str
     text: str
+    start: int = 0  # where the content itself starts (after an agent's framing header)
 
     def probe(self) -> str:
-        """The part that shows this content kept: its first 160 characters."""
-        return self.text[:160]
+        """The part that shows this content kept: its first two non-empty lines, at most 160
+        characters (a short file of long lines keeps a part without keeping 160 characters)."""
+        lines = [line for line in self.text[self.start :].split("\n") if line.strip()][:2]
+        return "\n".join(lines)[:160] if len(lines) < 2 else _joined(self.text, self.start, lines)
+
+
+def _joined(text: str, start: int, lines: list[str]) -> str:
+    """The two lines as the text has them (blank lines between them included), cut at 160."""
+    first = text.index(lines[0], start)
+    second = text.index(lines[1], first + len(lines[0]))
+    return text[first : second + len(lines[1])][:160]
 
 
 @dataclass(frozen=True)

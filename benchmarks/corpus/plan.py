@@ -67,7 +67,8 @@ def _call(
         if path not in files:
             files[path] = material.source_file(rng, domain, module, max(6, int(34 * scale)))
         text = shapes.tool_output(shape, "read", path, files[path], n, flavor)
-        return Call(f"c{n}", "read", path, Content(f"read:{path}", text))
+        start = text.index(files[path]) if files[path] in text else 0  # numbered reads: 0
+        return Call(f"c{n}", "read", path, Content(f"read:{path}", text, start))
     if kind == "test":
         command, raw = material.test_log(rng, domain, int(420 * scale), rng.randint(1, 4))
     elif kind == "log":
@@ -80,7 +81,7 @@ def _call(
         command, raw = material.listing(rng, domain)
     command = f"{command}  # {n}" if kind == "ls" else command
     text = shapes.tool_output(shape, "shell", command, raw, n, flavor)
-    return Call(f"c{n}", "shell", command, Content(f"shell:{command}", text))
+    return Call(f"c{n}", "shell", command, Content(f"shell:{command}", text, text.index(raw)))
 
 
 def build(
