@@ -40,16 +40,23 @@ _OPENINGS = tuple(opening for opening, _ in FRAMES)
 _FENCE = re.compile(r"^[ \t]*(```|~~~)")
 _OPEN_TAG = re.compile(r"^\s*<([A-Za-z_][\w.-]*)(?:\s[^<>]*)?>\s*$")
 _MATERIAL = re.compile(
-    r"^(?:\t| {4,}(?![-*•・] ))"  # indented code (an indented bullet is prose)
-    r"|^\s*\d+(?:\t|→|\| |: )"  # line-numbered output
-    r"|^\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}|^\s*\[?\d{2}:\d{2}:\d{2}"  # a log's time stamp
-    r"|^\s*\[?(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL)\b[\]:\s]"  # level
-    r"|^(?:\+\+\+ |--- |@@ |<<<<<<< |=======\s*$|>>>>>>> |diff --git )"  # diff, merge markers
-    r"|^\s*[$>] \S"  # a shell prompt, a quoted line of output
-    r"|^[\w./-]+:\d+[:-]"  # path:line: (grep, compilers)
-    r"|^\s*[│├└⋮┃]"  # a repo map's or a tree's glyphs
-    r"|^\s*(?:def |class |import |from \S+ import |return\b|func |package |#include|const |let "
-    r"|var |public |private |fn |[})\]];?\s*$)|[;{]\s*$"  # code
+    r"(?:\t| {4,}(?![-*•・] ))"  # indented code (an indented bullet is prose)
+    r"|\s*\d+(?:\t|→|\| |: )"  # line-numbered output
+    r"|\s*\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}|\s*\[?\d{2}:\d{2}:\d{2}"  # a log's time stamp
+    r"|\s*\[?(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL)\b[\]:\s]"  # level
+    r"|(?:\+\+\+ |--- |@@ |<<<<<<< |=======\s*$|>>>>>>> |diff --git )"  # diff, merge markers
+    r"|\s*[$>] \S"  # a shell prompt, a quoted line of output
+    r"|[\w./-]+:\d+[:-]"  # path:line: (grep, compilers)
+    r"|\s*[│├└⋮┃]"  # a repo map's or a tree's glyphs
+    # a line shaped like code (a keyword and what follows it in code, so "let me know" is prose)
+    r"|\s*(?:def \w+\(|class \w+\s*[(:{]|import [\w.]+\s*$|from [\w.]+ import \w"
+    r"|return\b.*[;)\]]\s*$|func \w|package \w+\s*$|#include|(?:const|let|var) \w+\s*[:=]"
+    r"|(?:public|private) \w|fn \w+\(|[})\]];?\s*$)"
+)
+# What a line needs for any rule of `material_line` but the lone token's (one scan of most lines)
+_SUSPECT = re.compile(
+    r"[\d;{}()=<>\[\]|$:/\\@`│├└⋮┃\t]|^ {4}|^[-+]{3}|^\s*\[?[A-Z]{4}|^\s*(?:def|class|import|from"
+    r"|return|func|package|const|let|var|public|private|fn)\b"
 )
 _CODE_SIGNS = re.compile(r"[;{}]|==|!=|->|=>|::|\w\(|\)\s*:?\s*$|\w\[|^\s*[\w.]+\s*[+\-*/]?=\s")
 _WORD = re.compile(r"[A-Za-z]{3,}|[\u3040-\u9fff]")
@@ -67,10 +74,12 @@ def material_line(line: str) -> bool:
     stripped = line.strip()
     if not stripped:
         return False
-    if _MATERIAL.search(line):
-        return True
     if " " not in stripped and not _CJK.search(stripped) and len(stripped) >= 3:
         return True  # a lone token: a path, a hash, an identifier
+    if _SUSPECT.search(line) is None:  # no digit, no sign of code, a log or a table
+        return False
+    if _MATERIAL.match(line) or stripped.endswith((";", "{")):
+        return True
     letters = sum(map(str.isalpha, stripped))
     visible = len(stripped) - sum(map(str.isspace, stripped))
     if visible >= 8 and letters * 2 < visible:

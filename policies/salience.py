@@ -700,9 +700,15 @@ def salience(text: str) -> float:
     return max((_score(s, cues).score for s in sentences(text)), default=0.0)
 
 
-def may_be_salient(text: str) -> bool:
-    """False only when no sentence of `text` can score above 0 (one cheap look at the whole)."""
-    return _may_score(text)[1]
+def look(text: str) -> tuple[bool, bool]:
+    """(whether a sentence of `text` may have a cue, whether one may score above 0): one cheap
+    look at the whole text, for `passages` of its parts."""
+    return _may_score(text)
+
+
+def passages(part: str, threshold: float, cues: bool) -> list[Statement]:
+    """`salient` of a part of a text whose `look` said `cues` (true when it may have a cue)."""
+    return _passages(part, threshold, cues)
 
 
 def salient(text: str, threshold: float) -> list[Statement]:

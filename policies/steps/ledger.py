@@ -41,7 +41,7 @@ from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
 from ..placement import summary_indices
 from ..prose import prose_spans
-from ..salience import Statement, may_be_salient, normalised, salient, score, statements
+from ..salience import Statement, look, normalised, passages, score, statements
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
 
@@ -129,6 +129,34 @@ class Ledger:
         ledger are worked out together: round by round the cut moves on (the ledger grows with
         it) until the cut fifo makes with this very block is no further on than the Turns the
         block holds the statements of; entries of Turns that stay go again in `finish`."""
+        uids: list[object] = [m.uid for m in conversation.messages]
+        if at is not None:  # the block (the step's own message, no uid) counts by its text
+            uids[at] = conversation.messages[at].text
+        if None not in uids:  # a resent conversation: remembered by its uids
+            config = self.config
+            key = (
+                "ledger-reach",
+                tuple(uids),
+                budget.trigger,
+                budget.target,
+                cap,
+                (config.min_salience, config.max_entry_chars, config.roles, config.header),
+            )
+            return env.memo.get(
+                key, lambda: self._reached(conversation, budget, env, said, cap), 8 * len(uids)
+            )
+        return self._reached(conversation, budget, env, said, cap, at)
+
+    def _reached(
+        self,
+        conversation: Conversation,
+        budget: Budget,
+        env: Env,
+        said: Sequence[tuple[str, str, float, int]],
+        cap: int,
+        at: int | None = None,
+    ) -> int:
+        """`_reach`, worked out."""
         turns = conversation.turns()
         if len(turns) < 2:
             return 0
@@ -268,16 +296,14 @@ class Ledger:
         found = env.memo.peek(key)
         if found is None:
             out = []
-            spans = [
-                (text, a, b)
-                for text in parts
-                if threshold <= 0 or may_be_salient(text)  # most messages: no look at lines
-                for a, b in prose_spans(text)
-            ]
-            for text, start, end in spans:
-                for statement in salient(text[start:end], threshold):
-                    for line in _lines_of(statement, threshold, limit):
-                        out.append((line, normalised(line), statement.score))
+            for text in parts:
+                cues, may = look(text) if threshold > 0 else (True, True)
+                if not may:  # most messages: never split into lines or sentences
+                    continue
+                for start, end in prose_spans(text):
+                    for statement in passages(text[start:end], threshold, cues):
+                        for line in _lines_of(statement, threshold, limit):
+                            out.append((line, normalised(line), statement.score))
             found = tuple(out)
             env.memo.put(key, found, sum(map(len, parts)))
         return found  # type: ignore[return-value]
