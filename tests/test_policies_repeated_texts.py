@@ -24,7 +24,8 @@ from policies.memo import Memo
 from policies.salience import normalised
 from policies.steps.content_type_chunking import ContentTypeChunking, ContentTypeChunkingConfig
 from policies.steps.fifo import Fifo, FifoConfig
-from policies.steps.ledger import Ledger, LedgerConfig, texts_of
+from policies.steps.ledger import Ledger, LedgerConfig
+from policies.steps.ledger_entries import texts_of
 from tests.policy_strategies import budget, conv, env, msg
 
 pytestmark = pytest.mark.unit

@@ -26,7 +26,7 @@ STEPS = {
     "chat": (0, 0),
 }
 # Functions in a source file read by a tool, and lines of a log: Codex's outputs are the
-# ~6k-token ones of issue 40; Claude Code and OpenCode read smaller pieces.
+# ~6k-token ones seen from Codex CLI; Claude Code and OpenCode read smaller pieces.
 SCALE = {"codex": 1.0, "claude_code": 0.6, "opencode": 0.5}
 
 

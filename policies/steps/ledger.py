@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from typing import ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -41,13 +41,13 @@ from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
 from ..placement import summary_indices
 from ..prose import prose_spans
-from ..salience import Statement, look, normalised, passages, score, statements
+from ..salience import look, normalised, passages, score
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
+from .ledger_entries import BULLET, Entry, lines_of, merged, parse, texts_of
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
-BULLET = "- "
 FRAMING_TOKENS = 8  # a message's own framing, on top of its text
 _KIND = operator.attrgetter("kind")
 
@@ -66,14 +66,6 @@ class LedgerConfig(StepConfig):
         description="A longer passage goes sentence by sentence; a longer sentence is cut",
     )
     header: str = Field(HEADER, min_length=1)
-
-
-class Entry(NamedTuple):
-    text: str
-    # None for an entry read back from the block: scored from its text only when the block
-    # must shrink (most passes it fits, and a new request's memo has not seen it yet)
-    score: float | None
-    order: int  # position in the conversation (earlier entries first)
 
 
 class Ledger:
@@ -143,7 +135,7 @@ class Ledger:
                 (config.min_salience, config.max_entry_chars, config.roles, config.header),
             )
             return env.memo.get(
-                key, lambda: self._reached(conversation, budget, env, said, cap), 8 * len(uids)
+                key, lambda: self._reached(conversation, budget, env, said, cap, at), 8 * len(uids)
             )
         return self._reached(conversation, budget, env, said, cap, at)
 
@@ -191,7 +183,7 @@ class Ledger:
             ],
             env,
         )
-        entries = _parse(conversation.messages[at].text, self.config.header)
+        entries = parse(conversation.messages[at].text, self.config.header)
         left = [e for e in entries if normalised(e.text) not in present]
         if len(left) == len(entries):
             return conversation
@@ -227,7 +219,7 @@ class Ledger:
         seen: set[str] = set()
         entries: list[Entry] = []
         if at is not None:
-            for entry in _parse(conversation.messages[at].text, self.config.header):
+            for entry in parse(conversation.messages[at].text, self.config.header):
                 key = normalised(entry.text)
                 if key not in seen:
                     seen.add(key)
@@ -237,7 +229,7 @@ class Ledger:
             if key not in seen:
                 seen.add(key)
                 entries.append(Entry(text, value, base + i))
-        return _merged(entries)
+        return merged(entries)
 
     def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
         """(line, comparison key, score, message index) of the salient passages in the messages
@@ -302,7 +294,7 @@ class Ledger:
                     continue
                 for start, end in prose_spans(text):
                     for statement in passages(text[start:end], threshold, cues):
-                        for line in _lines_of(statement, threshold, limit):
+                        for line in lines_of(statement, threshold, limit):
                             out.append((line, normalised(line), statement.score))
             found = tuple(out)
             env.memo.put(key, found, sum(map(len, parts)))
@@ -335,15 +327,6 @@ def _ledger_index(conversation: Conversation) -> int | None:
     return kinds.index(KIND) if KIND in kinds else None
 
 
-def _parse(text: str, header: str) -> list[Entry]:
-    """The entries of a ledger block, as `_message` wrote them, not yet scored."""
-    lines = text.split("\n")
-    if lines and lines[0] == header:
-        lines = lines[1:]
-    entries = [line[len(BULLET) :] for line in lines if line.startswith(BULLET)]
-    return [Entry(entry, None, k) for k, entry in enumerate(entries)]
-
-
 def _line_tokens(text: str, env: Env) -> int:
     """Tokens of an entry's line in the block (remembered: worked out every pass)."""
     line = BULLET + text + "\n"
@@ -364,45 +347,3 @@ def _lines(messages: Sequence[Message], env: Env) -> str:
 
 def _normalised(text: str, env: Env) -> str:
     return env.memo.get(("normalised", text), lambda: normalised(text), len(text))
-
-
-def _lines_of(statement: Statement, threshold: float, limit: int) -> list[str]:
-    """A passage as ledger lines: one line (its line breaks become spaces), or, when longer
-    than `limit`, its salient sentences one by one; a single sentence longer than that is cut
-    (its start kept, an ellipsis marking the cut)."""
-    line = " ".join(statement.text.split())
-    if len(line) <= limit:
-        return [line]
-    out = []
-    for sentence in statements(statement.text):
-        if sentence.score >= threshold:
-            text = " ".join(sentence.text.split())
-            out.append(text if len(text) <= limit else text[: limit - 1].rstrip() + "…")
-    return out
-
-
-def texts_of(message: Message) -> tuple[str, ...]:
-    """A message's texts: its content, or each text part of a content array."""
-    content = message.data.get("content")
-    if isinstance(content, list):
-        return tuple(
-            [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        )
-    return (message.text,)
-
-
-def _merged(entries: list[Entry]) -> list[Entry]:
-    """`entries` without those another entry holds whole (the longer one stays, where it was
-    said first)."""
-    keys = [normalised(e.text) for e in entries]
-    out = []
-    for k, entry in enumerate(entries):
-        key = keys[k]
-        if any(
-            key in other and (len(other) > len(key) or j < k)
-            for j, other in enumerate(keys)
-            if j != k
-        ):
-            continue
-        out.append(entry)
-    return out
