@@ -44,7 +44,7 @@ from ..upstream import UpstreamResponse
 from ..upstream.failover import Destination
 from ..upstream.retry import Sender
 from ..wire import Wire, WireRequest
-from ..wire.context_errors import ContextError, classify
+from ..wire.context_errors import classify
 from .accounting import Accounting
 from .exchange import Exchange
 from .outcome import (
@@ -111,7 +111,7 @@ class Forwarder:
                     await self.relay_failure(send, call, exchange, prepared, outcome)
                     return
                 case Overflow():
-                    self.overflowed(call.route, exchange, outcome.error)
+                    self.overflowed(call.route, exchange, outcome, prepared)
                     if not retries.left:
                         await self.answer_overflow(send, call, exchange, prepared, outcome)
                         return
@@ -257,11 +257,22 @@ class Forwarder:
                 break
         return head
 
-    def overflowed(self, route: Route, exchange: Exchange, error: ContextError) -> None:
-        """Count a context error and learn the window it states."""
+    def overflowed(
+        self, route: Route, exchange: Exchange, overflow: Overflow, prepared: Prepared
+    ) -> None:
+        """Count a context error and learn the window from it (design D6.2): the limit it
+        states, or, when it states none (the Responses API's errors), the refused request's own
+        size with the output it reserved, an upper bound of the window in the gateway's units
+        whether or not the upstream counts the output. An empty stream is only a guess at an
+        overflow and teaches nothing."""
+        error = overflow.error
         self._metrics.context_errors.labels(error.signature).inc()
         exchange.context_errors.append(error.signature)
-        self._windows.learn(route, error.limit, error.signature)
+        limit = error.limit
+        if limit is None and (overflow.failed is not None or overflow.head):
+            budget = prepared.budget
+            limit = prepared.sent_tokens + (budget.reserved_output if budget is not None else 0)
+        self._windows.learn(route, limit, error.signature)
 
     async def answer_overflow(
         self, send: Send, call: Call, exchange: Exchange, prepared: Prepared, overflow: Overflow
