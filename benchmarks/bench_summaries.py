@@ -58,7 +58,7 @@ import orjson
 from aiohttp import web
 
 from gateway.devtools.echo_upstream import estimate_prompt_tokens
-from gateway.summaries.summarizer import SYSTEM_PROMPT
+from gateway.summaries.transcript import SYSTEM_PROMPT
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 16_384

@@ -32,9 +32,10 @@ from typing import Any
 
 import orjson
 
+from gateway.counting.cache import CountCache
 from gateway.counting.prefix import PrefixCounts
 from gateway.counting.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer
-from gateway.counting.tokens import CountCache, MessageCounter
+from gateway.counting.tokens import MessageCounter
 
 Message = dict[str, Any]
 

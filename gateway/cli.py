@@ -1,6 +1,6 @@
 """The `compactgate` command: run the gateway, check a config, hash a gateway key, convert a
-LiteLLM proxy config, show what the gateway would send for a request, or watch it work in an
-offline demo."""
+LiteLLM proxy config, show what the gateway would send for a request, print an agent's settings
+for a running gateway, or watch it work in an offline demo."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
+from .devtools.setup import add_parser as add_setup_parser
 from .version import version
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", help=f"config (default: ${CONFIG_ENV}, else built-in)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
+    add_setup_parser(commands)
+    demo = commands.add_parser("demo", help="see the gateway work, offline")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
     demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")
     return parser
@@ -114,6 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .devtools.plan_cli import run_plan
 
         return run_plan(args.file, _config_or_exit(args.config), as_json=args.json, api=args.api)
+    if args.command == "setup":
+        from .devtools.setup import run_setup
+
+        return run_setup(
+            args.agent, args.gateway, model=args.model, write=args.write, force=args.force
+        )
     from .devtools.demo import run_demo
 
     return run_demo(llm=args.llm, turns=args.turns)

@@ -37,7 +37,7 @@ from gateway.ops.costs import (
 )
 from gateway.ops.metrics import Metrics
 from gateway.wire import CHAT, MESSAGES, RESPONSES
-from gateway.wire.base import Usage
+from gateway.wire.usage import Usage
 from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 from tests.test_fuzz import _summary_call

@@ -20,6 +20,7 @@ import pytest
 
 from gateway.ops.memory import YOUNG_THRESHOLD, GlibcMalloc, IdleTrim
 from tests.conftest import GatewayStarter
+from tests.in_process import AppStarter
 
 MiB = 1024 * 1024
 
@@ -135,7 +136,7 @@ def test_the_gateway_trims_once_idle_after_large_requests(start_gateway: Gateway
     assert "returned free heap memory to the system" in gw.output()
 
 
-def test_start_up_objects_are_left_out_of_later_collections() -> None:
+async def test_start_up_objects_are_left_out_of_later_collections(start_app: AppStarter) -> None:
     """After start-up, a full collection walks only what was made since (gateway/ops/memory.py).
 
     Without it, each full collection while serving walked the ~130,000 objects of the imported
@@ -143,25 +144,10 @@ def test_start_up_objects_are_left_out_of_later_collections() -> None:
     in the gateway during `benchmarks.bench_summaries` (2-3 ms once frozen). This checks the
     lifespan freezes them; the stall itself is a timing, which tests here do not assert.
     """
-    from gateway.app import build_app
-    from gateway.config import default_config
-
-    app = build_app(default_config())
-    gateway = app.state.gateway
-
-    async def start_and_stop() -> tuple[int, int, int]:
-        async with gateway.lifespan(app):
-            return gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0]
-
-    thresholds = gc.get_threshold()
-    gc.unfreeze()
     gc.collect()  # count the live objects: garbage earlier tests left is collected, not frozen
     before = len(gc.get_objects())
-    try:
-        frozen, walked, young = asyncio.run(start_and_stop())
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
+    gw = await start_app({})  # the default config, its lifespan run as a server runs it
+    frozen, walked, young = gw.started_gc
     assert frozen >= before * 0.9  # all that start-up left alive (the test process too)
     assert walked < frozen // 10  # a collection now walks a small fraction of that
     assert young == YOUNG_THRESHOLD  # requests in flight are not walked after every request

@@ -13,18 +13,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.counting.tokenizers import CharsTokenizer, Tokenizer, load_tokenizer
-from gateway.counting.tokens import (
+from gateway.counting.cache import CountCache
+from gateway.counting.definitions import render_function_definitions
+from gateway.counting.images import (
     IMAGE_FLAT_TOKENS,
-    MEDIA_FLAT_TOKENS,
-    PRIMING_TOKENS,
-    TOOL_CALL_TOKENS,
-    CountCache,
-    MessageCounter,
     data_url_image_size,
     high_detail_image_tokens,
     image_tokens,
-    render_function_definitions,
+)
+from gateway.counting.tokenizers import CharsTokenizer, Tokenizer, load_tokenizer
+from gateway.counting.tokens import (
+    MEDIA_FLAT_TOKENS,
+    PRIMING_TOKENS,
+    TOOL_CALL_TOKENS,
+    MessageCounter,
 )
 
 Message = dict[str, Any]

@@ -28,14 +28,16 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import orjson
-
-from ..summaries.summarizer import render_message
-from ..wire import WIRES, WireRequest
+from ..ops.metrics import Metrics
+from ..path.own_calls import OwnAnswer
+from ..routing import Route
+from ..stores import SafeStore
+from ..summaries.transcript import render_message
+from ..wire import WireRequest
 from .records import (
     TEMPLATE_TTL_S,
     Shared,
@@ -46,9 +48,7 @@ from .records import (
 )
 
 if TYPE_CHECKING:
-    from ..app import Gateway
-    from ..engine.pipeline import Prepared
-    from ..routing import Route
+    from ..engine.prepared import Prepared
 
 log = logging.getLogger("compactgate.agent_compaction")
 
@@ -61,6 +61,25 @@ LOOKUP_EVERY_S = 10.0  # how often a replica asks the store for a tenant's templ
 READY = "ready"  # a summary made ahead of need covers the history: answered from it
 NOT_READY = "not_ready"  # none was made for this history (or it is being made)
 STALE = "stale"  # one was, but too much happened since: the agent's own call makes a better one
+
+
+class Spawn(Protocol):
+    """Start background work that shutdown cancels (`SummaryService.spawn`)."""
+
+    def __call__(self, coroutine: Coroutine[Any, Any, object], name: str) -> object: ...
+
+
+class Complete(Protocol):
+    """The gateway's own call answered whole (`path.own_calls.OwnCalls.complete`)."""
+
+    def __call__(
+        self,
+        route: Route,
+        tenant: str,
+        api: str,
+        body: Mapping[str, Any],
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> Awaitable[OwnAnswer]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +98,19 @@ class Found:
 
 
 class CompactionAnswers:
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
+    def __init__(
+        self,
+        store: SafeStore,
+        spawn: Spawn,
+        complete: Complete,
+        metrics: Metrics,
+        ttl_s: float,
+    ) -> None:
+        self._store = store
+        self._spawn = spawn  # background work, cancelled at shutdown with the summaries'
+        self._complete = complete  # the gateway's own call (path.own_calls.OwnCalls.complete)
+        self._metrics = metrics
+        self._ttl_s = ttl_s  # how long a summary made ahead of need is kept in the store
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
         self._ready: OrderedDict[tuple[str, str, int], Ready] = OrderedDict()
         self._making: set[tuple[str, str, int]] = set()
@@ -101,7 +131,7 @@ class CompactionAnswers:
         self._keep(self._templates, (tenant, request.api), template)
         # Every replica prepares the next one, whichever the agent's turns land on.
         share = self._share_template(tenant, request.api, template)
-        self._gw.summaries.spawn(share, name="agent-template")
+        self._spawn(share, name="agent-template")
 
     def agent_of(self, tenant: str, api: str) -> str | None:
         """The agent whose compaction request was learnt for this tenant and API, if any."""
@@ -145,7 +175,7 @@ class CompactionAnswers:
     async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
         """The store's summary for this conversation, when the history starts with what it
         covers."""
-        value = await self._gw.store.get(store_key(tenant, request.api, request.messages))
+        value = await self._store.get(store_key(tenant, request.api, request.messages))
         shared = Shared.decode(value) if value is not None else None
         if shared is None or shared.covers > history:
             return None
@@ -183,9 +213,8 @@ class CompactionAnswers:
         ):
             return
         self._making.add(key)
-        service = self._gw.summaries
         task = self._make(key, template, route, request, tuple(prepared.uids), tokens, headers)
-        service.spawn(task, name="agent-compaction")
+        self._spawn(task, name="agent-compaction")
 
     def _look_up(self, tenant: str, api: str) -> None:
         """Ask the store, now and then, for a template another replica learnt: the agent's
@@ -194,17 +223,17 @@ class CompactionAnswers:
         if now - self._looked.get((tenant, api), -LOOKUP_EVERY_S) < LOOKUP_EVERY_S:
             return
         self._keep(self._looked, (tenant, api), now)
-        self._gw.summaries.spawn(self._fetch_template(tenant, api), name="agent-template")
+        self._spawn(self._fetch_template(tenant, api), name="agent-template")
 
     async def _share_template(self, tenant: str, api: str, template: Template) -> None:
         try:
-            await self._gw.store.put(template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
+            await self._store.put(template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
         except Exception as error:  # the store being away only means no summary ahead of need
             log.warning("agent compaction template not shared: %s", error)
 
     async def _fetch_template(self, tenant: str, api: str) -> None:
         try:
-            value = await self._gw.store.get(template_key(tenant, api))
+            value = await self._store.get(template_key(tenant, api))
         except Exception as error:  # the store being away only means no summary ahead of need
             log.warning("agent compaction template lookup failed: %s", error)
             return
@@ -222,44 +251,20 @@ class CompactionAnswers:
         tokens: int,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        from ..upstream.destinations import destinations
-        from ..upstream.retry import send_balanced
-
-        gw = self._gw
         try:
-            wire = WIRES[request.api]
             body = _compaction_body(request, template)
-            call = wire.parse(orjson.dumps(body), gw.config.server.max_messages)
-            prepared = await gw.pipeline.prepare(
-                call, route, key[0], window=gw.effective_window(route), remember=False
-            )
-            response, _ = await send_balanced(
-                gw.upstream,
-                route,
-                destinations(route, wire, list(headers)),
-                prepared.body,
-                gw.metrics,
-                gw.balancer,
-            )
-            try:
-                data = await response.read()
-            finally:
-                response.release()
-            if response.status != 200:
-                log.info("agent compaction summary: upstream answered %d", response.status)
+            answer = await self._complete(route, key[0], request.api, body, headers)
+            if answer.status != 200:
+                log.info("agent compaction summary: upstream answered %d", answer.status)
                 return
-            document = orjson.loads(data)
-            text = wire.answer_text(document) if isinstance(document, dict) else None
-            usage = wire.usage_of(document) if isinstance(document, dict) else None
-            if usage is not None:
-                gw.own_spend(route, usage)
-            if text:
+            if answer.text:
+                text = answer.text
                 self._keep(self._ready, key, Ready(uids, tokens, text))
                 history = request.messages[: len(uids)]
                 shared = Shared(len(uids), digest_of(history), text)
-                ttl = gw.config.summaries.ttl_s
-                await gw.store.put(store_key(key[0], request.api, history), shared.encode(), ttl)
-                gw.metrics.agent_compactions.labels(template.agent, "prepared").inc()
+                where = store_key(key[0], request.api, history)
+                await self._store.put(where, shared.encode(), self._ttl_s)
+                self._metrics.agent_compactions.labels(template.agent, "prepared").inc()
         except asyncio.CancelledError:
             raise
         except Exception as error:  # a summary made ahead of need must never hurt a request

@@ -30,25 +30,16 @@ it forwards is followed by its `tool_result` (both sides of a pair are kept or d
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-from ..errors import GatewayError, InvalidRequestError
-from ..wire.request import EXTENSION
+from ..errors import InvalidRequestError
+from ..wire.fields import EXTENSION
 from .remote import SUMMARY_INTRO
-
-if TYPE_CHECKING:
-    from ..app import Gateway
-    from ..routing import Route
-    from ..wire import WireRequest
-    from .context_management import Applied
-
-log = logging.getLogger("compactgate.compaction_blocks")
 
 COMPACT = "compact_20260112"
 BLOCK = "compaction"
@@ -203,41 +194,6 @@ def _without_blocks(message: Any) -> Any:
         return message
     kept = [b for b in content if not _is_block(b)]
     return {**message, "content": kept} if kept else None
-
-
-async def compact(
-    gw: Gateway,
-    request: WireRequest,
-    route: Route,
-    tenant: str,
-    headers: Sequence[tuple[bytes, bytes]],
-    applied: Applied,
-) -> WireRequest:
-    """`request` compacted as its `compact_20260112` edit asks, when its input passes the
-    trigger; what was done is noted in `applied` (the summary, for the answer's block)."""
-    edit = applied.compact
-    messages = request.payload.get("messages")
-    if edit is None or not isinstance(messages, list):
-        return request
-    counted = gw.pipeline.counts(request, route, tenant)
-    tokens = sum(counted.counts) + gw.pipeline.tools_tokens(request, route)
-    start = open_turn(messages)
-    if tokens <= edit.trigger or not start:
-        return request  # under the trigger, or nothing before the open turn to summarise
-    try:
-        summary, _, _ = await gw.remote_compaction.summarise(
-            request, route, tenant, headers, edit.instructions
-        )
-    except GatewayError as error:
-        log.warning("compaction for %s not made, forwarded as it is: %s", COMPACT, error.message)
-        return request
-    payload = {**request.payload, "messages": compacted(messages, summary, start)}
-    forwarded = request.wire.parse(orjson.dumps(payload), gw.config.server.max_messages)
-    after = sum(route.counter.message(m) for m in forwarded.messages)
-    after += gw.pipeline.tools_tokens(forwarded, route)
-    applied.edits.append({"type": COMPACT, "cleared_input_tokens": max(0, tokens - after)})
-    applied.compaction = summary
-    return forwarded
 
 
 # -- the answer --------------------------------------------------------------------------------

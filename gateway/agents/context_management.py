@@ -26,22 +26,31 @@ know the field answers "context_management: Extra inputs are not permitted". Per
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from ..errors import InvalidRequestError
+from ..counting.prefix import Counted
+from ..errors import GatewayError, InvalidRequestError
 from ..path.sse import EventSplitter
+from ..routing import Route
+from ..wire import WireRequest
 from .blocks import (
+    COMPACT,
     BlockInStream,
     CompactEdit,
     compact_edit,
+    compacted,
     has_block,
+    open_turn,
     read_back,
     with_block,
 )
+
+log = logging.getLogger("compactgate.compaction_blocks")
 
 FIELD = "context_management"
 CLEARED = "[tool result cleared to save context]"
@@ -64,6 +73,18 @@ class Applied:
 
     def report(self) -> dict[str, Any] | None:
         return {"applied_edits": self.edits} if self.edits else None
+
+    # -- as the answer's decoration (path.outcome.Decoration) ------------------------------
+
+    @property
+    def active(self) -> bool:
+        return bool(self.edits)
+
+    def whole(self, body: bytes) -> bytes:
+        return with_report(body, self)
+
+    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        return reported_in_stream(chunks, self) if self.edits else chunks
 
 
 def adapt(
@@ -269,6 +290,87 @@ def _clear_tool_uses(
 
 def _is_thinking(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") in ("thinking", "redacted_thinking")
+
+
+class ContextManagement:
+    """Anthropic's `context_management` on a Messages request, as the model's mode wants it
+    (module docstring): `apply` returns the request to go on with and what was emulated.
+    `compact_20260112` past its trigger summarises the history first (with the gateway's
+    Responses compaction summariser: `summarise`)."""
+
+    def __init__(
+        self,
+        summarise: Summarise,
+        counts: Callable[[WireRequest, Route, str], Counted],
+        tools_tokens: Callable[[WireRequest, Route], int],
+        max_messages: int,
+    ) -> None:
+        self._summarise = summarise
+        self._counts = counts
+        self._tools_tokens = tools_tokens
+        self._max_messages = max_messages
+
+    async def apply(
+        self,
+        request: WireRequest,
+        route: Route,
+        tenant: str,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> tuple[WireRequest, Applied]:
+        request, applied = apply_to(request, route, self._max_messages)
+        if applied.compact is not None:
+            request = await self.compact(request, route, tenant, headers, applied)
+        return request, applied
+
+    async def compact(
+        self,
+        request: WireRequest,
+        route: Route,
+        tenant: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        applied: Applied,
+    ) -> WireRequest:
+        """`request` compacted as its `compact_20260112` edit asks, when its input passes the
+        trigger; what was done is noted in `applied` (the summary, for the answer's block)."""
+        edit = applied.compact
+        messages = request.payload.get("messages")
+        if edit is None or not isinstance(messages, list):
+            return request
+        counted = self._counts(request, route, tenant)
+        tokens = sum(counted.counts) + self._tools_tokens(request, route)
+        start = open_turn(messages)
+        if tokens <= edit.trigger or not start:
+            return request  # under the trigger, or nothing before the open turn to summarise
+        try:
+            summary, _, _ = await self._summarise(
+                request, route, tenant, headers, edit.instructions
+            )
+        except GatewayError as error:
+            log.warning(
+                "compaction for %s not made, forwarded as it is: %s", COMPACT, error.message
+            )
+            return request
+        payload = {**request.payload, "messages": compacted(messages, summary, start)}
+        forwarded = request.wire.parse(orjson.dumps(payload), self._max_messages)
+        after = sum(route.counter.message(m) for m in forwarded.messages)
+        after += self._tools_tokens(forwarded, route)
+        applied.edits.append({"type": COMPACT, "cleared_input_tokens": max(0, tokens - after)})
+        applied.compaction = summary
+        return forwarded
+
+
+class Summarise(Protocol):
+    """`agents.remote.RemoteCompaction.summarise`: the summary's text, where it came from, and
+    the history's size in tokens."""
+
+    def __call__(
+        self,
+        request: WireRequest,
+        route: Route,
+        tenant: str,
+        headers: Sequence[tuple[bytes, bytes]],
+        instructions: str | None = None,
+    ) -> Awaitable[tuple[str, str, int]]: ...
 
 
 def apply_to(request: Any, route: Any, max_messages: int) -> tuple[Any, Applied]:

@@ -24,6 +24,7 @@ import os
 import re
 
 PREFIX = "cgc1."
+MARK = b'"' + PREFIX.encode()  # in a body that may hold one (a cheap test before parsing)
 DOMAIN = b"compactgate compaction reference v1\0"
 ID_BYTES = 16
 _SHAPE = re.compile(r"cgc1\.([A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{43})")

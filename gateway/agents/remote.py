@@ -18,10 +18,10 @@ part:
   this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
   compaction is made in the background (with the gateway's compaction prompt, unless an agent's
   own is known for the tenant), so that compaction is answered at once.
-- **Reading back**: once a `/v1/responses` (or compact) request is parsed, every `compaction`
-  item carrying one of our references becomes a user message with the summary (pinned: the
-  gateway's own compaction never drops it) and the request is parsed again (only then), so the
-  upstream reads plain text. A reference that
+- **Reading back**: before a `/v1/responses` (or compact) request whose body may hold one of
+  our references (`refs.MARK`) is parsed, every `compaction` item carrying one becomes a user
+  message with the summary (pinned: the gateway's own compaction never drops it); the request
+  is then parsed once, and the upstream reads plain text. A reference that
   does not validate for this tenant is a 400 (`invalid_encrypted_content`), one whose summary
   has left the store a 410 (`compaction_expired`: the client must compact again from its own
   transcript), one that cannot be looked up because the store is down a 503; in each case
@@ -40,15 +40,17 @@ import hashlib
 import itertools
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from policies.steps.compaction import COMPACTION_PROMPT
 from policies.summaries import SummaryRequest, prepare_for_summary
 
+from ..config import SummariesConfig
+from ..counting.prefix import Counted
 from ..errors import (
     CompactionExpiredError,
     InvalidCompactionError,
@@ -56,12 +58,13 @@ from ..errors import (
     StoreUnavailableError,
     UpstreamError,
 )
-from ..wire.request import EXTENSION, WireRequest
+from ..routing import Route
+from ..stores import SafeStore
+from ..summaries import SummaryService
+from ..wire.base import WireRequest
+from ..wire.fields import EXTENSION
 from . import refs as compaction_refs
-
-if TYPE_CHECKING:
-    from ..app import Gateway
-    from ..routing import Route
+from .answers import CompactionAnswers
 
 KEY_PREFIX = "compaction:"
 SUMMARY_INTRO = (
@@ -71,7 +74,7 @@ SUMMARY_INTRO = (
 TRIGGER = "compaction_trigger"
 READY = "ready"  # answered from a summary made before it was asked for
 SUMMARISED = "summarised"  # the summariser made it for this request
-AGENT = "responses"  # the label of these compactions (metrics, compaction_answers)
+AGENT = "responses"  # the label of these compactions (metrics, compaction_answers, the books)
 TEMPLATE_FIELDS = ("model", "instructions", "prompt_cache_key", "service_tier")
 
 
@@ -84,14 +87,27 @@ class Compacted:
 
 
 class RemoteCompaction:
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
+    def __init__(
+        self,
+        store: SafeStore,
+        summaries: SummaryService,
+        secret: bytes,
+        counts: Callable[[WireRequest, Route, str], Counted],
+        answers: CompactionAnswers,
+        config: SummariesConfig,
+    ) -> None:
+        self._store = store
+        self._summaries = summaries  # the summariser, its cache, and background work
+        self._secret = secret  # signs the compaction items (the tool-output refs' key)
+        self._counts = counts  # a request's per-message counts (the engine's)
+        self._answers = answers  # summaries made ahead of need, and where tenants compact
+        self._config = config
 
     # -- reading our items back ---------------------------------------------------------------
 
     async def expand(self, payload: Mapping[str, Any], tenant: str) -> bytes | None:
-        """The body of a parsed request with each of our compaction items replaced by its
-        summary as a user message; None when it has none (nearly every request)."""
+        """The body with each of our compaction items replaced by its summary as a user
+        message; None when it has none."""
         items = payload.get("input")
         if not isinstance(items, list) or not has_type(items, "compaction"):
             return None
@@ -104,7 +120,7 @@ class RemoteCompaction:
         }
         if not ours:
             return None
-        secret = self._gw.pipeline.ref_secret
+        secret = self._secret
         ids = {}
         for index, content in ours.items():
             ref_id = compaction_refs.verify(secret, tenant, content)
@@ -125,7 +141,7 @@ class RemoteCompaction:
         return orjson.dumps({**payload, "input": replaced})
 
     async def _summary(self, tenant: str, ref_id: str) -> str | None:
-        value = await self._gw.store.get(KEY_PREFIX + ref_id)
+        value = await self._store.get(KEY_PREFIX + ref_id)
         if value is None:
             return None
         try:
@@ -140,16 +156,16 @@ class RemoteCompaction:
     def _keep_alive(self, tenant: str, ref_id: str, text: str) -> None:
         """A summary in use is kept `remote_compaction_ttl_s` after its last use; rewritten in
         the background, never delaying the request."""
-        gw = self._gw
-        if gw.summaries.closed:
+        if self._summaries.closed:
             return
         held = _held(tenant, text)
-        ttl = gw.config.summaries.remote_compaction_ttl_s
-        gw.summaries.spawn(gw.store.put(KEY_PREFIX + ref_id, held, ttl), name="compaction-ttl")
+        ttl = self._config.remote_compaction_ttl_s
+        put = self._store.put(KEY_PREFIX + ref_id, held, ttl)
+        self._summaries.spawn(put, name="compaction-ttl")
 
     def _missing(self, index: int) -> Exception:
         where = f"input[{index}].encrypted_content"
-        if self._gw.store.down:
+        if self._store.down:
             return StoreUnavailableError(
                 f"The summary behind input[{index}] is held in the gateway's store, which cannot "
                 "be reached; retry later.",
@@ -185,7 +201,7 @@ class RemoteCompaction:
         """Teach `compaction_answers` where this tenant compacts, so that its next compaction
         is prepared ahead of need (unless an agent's own compaction prompt is known: that one
         gives the summary the agent expects)."""
-        answers = self._gw.compaction_answers
+        answers = self._answers
         if answers.agent_of(tenant, request.api) not in (None, AGENT):
             return
         items = request.payload.get("input")
@@ -198,17 +214,16 @@ class RemoteCompaction:
 
     async def issue(self, tenant: str, text: str) -> dict[str, Any]:
         """Keep `text` in the store and return the compaction item that refers to it."""
-        gw = self._gw
         ref_id = compaction_refs.new_id()
-        ttl = gw.config.summaries.remote_compaction_ttl_s
-        if not await gw.store.put(KEY_PREFIX + ref_id, _held(tenant, text), ttl):
+        ttl = self._config.remote_compaction_ttl_s
+        if not await self._store.put(KEY_PREFIX + ref_id, _held(tenant, text), ttl):
             raise StoreUnavailableError(
                 "The gateway's store cannot be reached, so the compaction cannot be kept; retry."
             )
         return {
             "type": "compaction",
             "id": "cmp_" + uuid.uuid4().hex,
-            "encrypted_content": compaction_refs.sign(gw.pipeline.ref_secret, tenant, ref_id),
+            "encrypted_content": compaction_refs.sign(self._secret, tenant, ref_id),
             "created_by": "compactgate",
         }
 
@@ -222,15 +237,14 @@ class RemoteCompaction:
     ) -> tuple[str, str, int]:
         """The summary's text, where it came from, and the history's size in tokens
         (`instructions`: the client's own summary prompt, instead of the gateway's)."""
-        gw = self._gw
         history = _history(request)
         if not history:
             raise InvalidRequestError(
                 "There is nothing to compact: `input` is empty.", param="input"
             )
-        counted = gw.pipeline.counts(request, route, tenant)
+        counted = self._counts(request, route, tenant)
         tokens = sum(counted.counts)
-        prepared = await gw.compaction_answers.covering(
+        prepared = await self._answers.covering(
             tenant, request, counted.uids, counted.counts, len(request.messages)
         )
         if prepared.text is not None:
@@ -239,9 +253,9 @@ class RemoteCompaction:
             purpose="compaction",
             messages=prepare_for_summary(tuple(history)),
             instructions=instructions or COMPACTION_PROMPT,
-            max_tokens=gw.config.summaries.remote_compaction_tokens,
+            max_tokens=self._config.remote_compaction_tokens,
         )
-        service = gw.summaries
+        service = self._summaries
         key = service.key(summary, route, tenant)
         found = await service.cached(key)
         if found is not None:

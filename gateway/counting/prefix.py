@@ -90,7 +90,7 @@ NO_ROLES = Roles([], {}, [])
 @dataclass(frozen=True, slots=True)
 class Counted:
     """Per-message token counts and uids of one request, and its roles. `bounds`: the upper
-    bounds of its leading messages known from the requests before (`Pipeline` extends the
+    bounds of its leading messages known from the requests before (`Engine` extends the
     list, the memo's own, as it bounds the rest); `counts` may be longer or shorter."""
 
     counts: list[int]

@@ -18,7 +18,7 @@ first-seen 200-message request counted until it fits, on a 2-core machine shared
 (`benchmarks.bench_counting`): 0.81-0.89x the time of the event loop alone for 1.00-1.17x the
 CPU at load averages of 0.4-2.2, 0.72-1.06x the time for 1.12-1.24x the CPU at 3.2-3.8.
 
-Counts that can wait (the request was decided on its upper bound: `Pipeline`) are made by one
+Counts that can wait (the request was decided on its upper bound: `Engine`) are made by one
 background thread (`later`), off the event loop. The background work is bounded by the bytes it
 holds (`MAX_LATE_BYTES`); beyond that `later` declines and the caller counts on the request
 path, which slows clients down instead of growing without limit. The background thread also
@@ -240,16 +240,16 @@ class Counting:
     ) -> list[int]:
         """Fill `counts` from the shared store; the indices still missing."""
         assert self._store is not None
-        asked = [i for i in missing if keys[i] is not None]
+        asked = [(i, key) for i in missing if (key := keys[i]) is not None]
         if not asked:
             return missing
-        values = await self._store.get_many([_store_key(tenant, keys[i]) for i in asked])  # type: ignore[arg-type]
+        values = await self._store.get_many([_store_key(tenant, key) for _, key in asked])
         found: list[tuple[bytes, int]] = []
-        for i, value in zip(asked, values, strict=True):
+        for (i, key), value in zip(asked, values, strict=True):
             count = _number(value)
             if count is not None:
                 counts[i] = count
-                found.append((keys[i], count))  # type: ignore[arg-type]
+                found.append((key, count))
         if found:
             counter.cache.put_many(found)
             self.shared += len(found)

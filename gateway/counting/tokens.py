@@ -36,18 +36,24 @@ bound that costs a serialisation instead of a BPE run (see `BoundCounter` for th
 
 from __future__ import annotations
 
-import binascii
 import hashlib
 import math
-import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
 
+from .cache import CountCache
+from .definitions import render_function_definitions
+from .images import (
+    IMAGE_BASE_TOKENS,
+    IMAGE_FIT_SIDE,
+    IMAGE_FLAT_TOKENS,
+    IMAGE_SHORT_SIDE,
+    IMAGE_TILE_SIDE,
+    IMAGE_TILE_TOKENS,
+    image_tokens,
+)
 from .tokenizers import Tokenizer, Utf8Bound
 
 # --------------------------------------------------------------------------------------------
@@ -81,17 +87,6 @@ TOOL_CALL_TOKENS: Final = 3
 TOOLS_OVERHEAD_TOKENS: Final = 9
 TOOLS_SYSTEM_MESSAGE_SAVING: Final = 4
 
-# Images: OpenAI's vision pricing for the gpt-4o family. detail=low costs the base; high (and
-# auto, counted as high to stay on the safe side) costs base + per tile after the image is
-# scaled to fit 2048x2048 and then its shortest side to 768, in 512x512 tiles. When the size is
-# unknown (a remote URL, an unreadable header) an image costs IMAGE_FLAT_TOKENS, the price of a
-# 1024x1024 high-detail image (4 tiles); the most a high-detail image can cost is 85 + 170*8.
-IMAGE_BASE_TOKENS: Final = 85
-IMAGE_TILE_TOKENS: Final = 170
-IMAGE_FLAT_TOKENS: Final = 765
-IMAGE_FIT_SIDE: Final = 2048
-IMAGE_SHORT_SIDE: Final = 768
-IMAGE_TILE_SIDE: Final = 512
 # Audio and file parts: no public formula that does not need the media decoded (duration, pages).
 MEDIA_FLAT_TOKENS: Final = 765
 # A tuple: `in` compares, never hashes (a client's "type" may be a list).
@@ -110,125 +105,6 @@ MAX_PART_TOKENS: Final = max(
 GATEWAY_FIELDS: Final = frozenset({"compactgate"})
 
 _COMMON_ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
-
-
-# --------------------------------------------------------------------------------------------
-# The cache
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    hits: int
-    misses: int
-    bytes: int
-    entries: int
-    evictions: int
-    max_bytes: int
-
-
-class CountCache:
-    """A byte-bounded LRU map from 16-byte message digests to token counts; thread-safe.
-
-    Memory is accounted per entry as `ENTRY_BYTES`: the key (a 16-byte `bytes`, 49 bytes as a
-    Python object), the int (28) and the OrderedDict's slot and link node, measured with
-    tracemalloc at 150-193 bytes per entry depending on the table's fill, rounded up. Counters
-    only cache messages whose canonical JSON is at least `MIN_DESCRIBED_BYTES` long, so the cache
-    never takes more than 2x the bytes of what it describes; smaller messages are
-    re-tokenized, which costs about what hashing them would.
-
-    `max_bytes=0` disables caching. One cache may be shared by several counters: their keys are
-    personalised by tokenizer, so counts of different tokenizers never mix.
-    """
-
-    ENTRY_BYTES: Final = 208
-    MIN_DESCRIBED_BYTES: Final = ENTRY_BYTES // 2
-
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"CountCache max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self.hits = 0
-        self.misses = 0
-        self.evictions = 0
-        self._entries: OrderedDict[bytes, int] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @property
-    def held_bytes(self) -> int:
-        """Approximate memory held by the entries."""
-        return len(self._entries) * self.ENTRY_BYTES
-
-    @property
-    def stats(self) -> CacheStats:
-        return CacheStats(
-            hits=self.hits,
-            misses=self.misses,
-            bytes=self.held_bytes,
-            entries=len(self._entries),
-            evictions=self.evictions,
-            max_bytes=self.max_bytes,
-        )
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: bytes) -> int | None:
-        with self._lock:
-            count = self._entries.get(key)
-            if count is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return count
-
-    def put(self, key: bytes, count: int) -> None:
-        if self.max_bytes < self.ENTRY_BYTES:
-            return
-        with self._lock:
-            self._entries[key] = count
-            self._entries.move_to_end(key)
-            excess = len(self._entries) - self.max_bytes // self.ENTRY_BYTES
-            for _ in range(max(0, excess)):
-                self._entries.popitem(last=False)
-                self.evictions += 1
-
-    def get_many(self, keys: Sequence[bytes | None]) -> list[int | None]:
-        """`get` for each key under one lock; a None key is looked up as nothing (no miss)."""
-        found: list[int | None] = []
-        with self._lock:
-            entries = self._entries
-            for key in keys:
-                if key is None:
-                    found.append(None)
-                    continue
-                count = entries.get(key)
-                if count is None:
-                    self.misses += 1
-                else:
-                    entries.move_to_end(key)
-                    self.hits += 1
-                found.append(count)
-        return found
-
-    def put_many(self, items: Sequence[tuple[bytes, int]]) -> None:
-        """`put` for each (key, count) under one lock."""
-        if self.max_bytes < self.ENTRY_BYTES:
-            return
-        with self._lock:
-            entries = self._entries
-            for key, count in items:
-                entries[key] = count
-                entries.move_to_end(key)
-            excess = len(entries) - self.max_bytes // self.ENTRY_BYTES
-            for _ in range(max(0, excess)):
-                entries.popitem(last=False)
-                self.evictions += 1
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
 
 MAX_NEWLINE_TAILS: Final = 4096  # system-prompt tails whose newline cost is remembered
@@ -654,207 +530,3 @@ class BoundCounter(MessageCounter):
 
     def _newline_cost(self, tail: str) -> int:
         return self._count(tail + "\n")
-
-
-# --------------------------------------------------------------------------------------------
-# Tool definitions as the model sees them (approximately)
-# --------------------------------------------------------------------------------------------
-
-
-def render_function_definitions(functions: Sequence[Mapping[str, Any]]) -> str:
-    """The TypeScript-like text of `functions` (see `MessageCounter.tools`)."""
-    out = ["namespace functions {", ""]
-    for function in functions:
-        out.extend(_comment(function.get("description"), ""))
-        name = function.get("name", "")
-        parameters = function.get("parameters")
-        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-        if isinstance(parameters, Mapping) and isinstance(properties, Mapping) and properties:
-            out.append(f"type {name} = (_: {{")
-            out.extend(_property_lines(parameters, ""))
-            out.append("}) => any;")
-        else:
-            out.append(f"type {name} = () => any;")
-        out.append("")
-    out.append("} // namespace functions")
-    return "\n".join(out)
-
-
-def _comment(description: object, indent: str) -> list[str]:
-    if not isinstance(description, str) or not description:
-        return []
-    return [f"{indent}// {line}" for line in description.splitlines() or [""]]
-
-
-def _property_lines(schema: Mapping[str, Any], indent: str) -> list[str]:
-    properties = schema.get("properties")
-    if not isinstance(properties, Mapping):
-        return []
-    required = schema.get("required")
-    required_names = set(required) if isinstance(required, list) else set()
-    lines: list[str] = []
-    for name, prop in properties.items():
-        prop_schema = prop if isinstance(prop, Mapping) else {}
-        lines.extend(_comment(prop_schema.get("description"), indent))
-        optional = "" if name in required_names else "?"
-        lines.append(f"{indent}{name}{optional}: {_type_text(prop_schema, indent)},")
-    return lines
-
-
-def _type_text(schema: Mapping[str, Any], indent: str) -> str:
-    """The TypeScript type for a JSON-schema node; unknown constructs become `any`."""
-    if "enum" in schema and isinstance(schema["enum"], list):
-        return " | ".join(_literal(value) for value in schema["enum"]) or "never"
-    if "const" in schema:
-        return _literal(schema["const"])
-    for union_key in ("anyOf", "oneOf"):
-        options = schema.get(union_key)
-        if isinstance(options, list) and options:
-            return " | ".join(
-                _type_text(o if isinstance(o, Mapping) else {}, indent) for o in options
-            )
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        return " | ".join(_type_text({**schema, "type": k}, indent) for k in kind) or "any"
-    if kind == "string":
-        return "string"
-    if kind in ("number", "integer"):
-        return "number"
-    if kind in ("boolean", "null"):
-        return kind
-    if kind == "array":
-        items = schema.get("items")
-        return f"{_type_text(items, indent)}[]" if isinstance(items, Mapping) else "any[]"
-    if kind == "object" or "properties" in schema:
-        inner = _property_lines(schema, indent + "  ")
-        return "{\n" + "\n".join(inner) + "\n}" if inner else "object"
-    return "any"
-
-
-def _literal(value: object) -> str:
-    if isinstance(value, str):
-        return f'"{value}"'
-    try:
-        return orjson.dumps(value).decode()
-    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits
-        return str(value)
-
-
-# --------------------------------------------------------------------------------------------
-# Images
-# --------------------------------------------------------------------------------------------
-
-
-def image_tokens(image_url: object) -> int:
-    """Tokens of an `image_url` content part's value (`{"url", "detail"}` or a bare URL string)."""
-    url: object
-    detail: object
-    if isinstance(image_url, str):
-        url, detail = image_url, "auto"
-    elif isinstance(image_url, Mapping):
-        url = image_url.get("url")
-        detail = image_url.get("detail") or "auto"
-    else:
-        return IMAGE_FLAT_TOKENS
-    if detail == "low":
-        return IMAGE_BASE_TOKENS
-    size = data_url_image_size(url) if isinstance(url, str) else None
-    if size is None:
-        return IMAGE_FLAT_TOKENS
-    return high_detail_image_tokens(*size)
-
-
-def high_detail_image_tokens(width: int, height: int) -> int:
-    """OpenAI's tile formula: fit in 2048x2048, shortest side to 768, 170 per 512px tile + 85."""
-    if width <= 0 or height <= 0:
-        return IMAGE_BASE_TOKENS
-    scale = min(1.0, IMAGE_FIT_SIDE / max(width, height))
-    w, h = width * scale, height * scale
-    scale = min(1.0, IMAGE_SHORT_SIDE / min(w, h))
-    w, h = math.floor(w * scale), math.floor(h * scale)
-    tiles = math.ceil(w / IMAGE_TILE_SIDE) * math.ceil(h / IMAGE_TILE_SIDE)
-    return IMAGE_BASE_TOKENS + IMAGE_TILE_TOKENS * max(tiles, 1)
-
-
-_JPEG_SOF: Final = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_JPEG_STANDALONE: Final = frozenset({0x01, *range(0xD0, 0xD8)})
-_JPEG_MAX_SEGMENTS: Final = 256
-
-
-class _Base64Prefix:
-    """Random access to the bytes of a base64 payload, decoding only the 4-char groups read."""
-
-    def __init__(self, payload: str) -> None:
-        self._payload = payload
-
-    def read(self, start: int, length: int) -> bytes:
-        """Up to `length` bytes at `start`; fewer at the end of the payload or if it is invalid."""
-        first, last = start // 3, (start + length + 2) // 3
-        try:
-            data = binascii.a2b_base64(self._payload[first * 4 : last * 4], strict_mode=True)
-        except binascii.Error:
-            return b""
-        return data[start - first * 3 : start - first * 3 + length]
-
-
-def data_url_image_size(url: str) -> tuple[int, int] | None:
-    """(width, height) from a `data:image/...;base64,` URL's header bytes, or None."""
-    if not url.startswith("data:"):
-        return None
-    header, comma, payload = url.partition(",")
-    if not comma or not header.endswith(";base64"):
-        return None
-    reader = _Base64Prefix(payload)
-    head = reader.read(0, 30)
-    if head.startswith(b"\x89PNG\r\n\x1a\n") and head[12:16] == b"IHDR" and len(head) >= 24:
-        width, height = struct.unpack(">II", head[16:24])
-        return width, height
-    if head[:6] in (b"GIF87a", b"GIF89a") and len(head) >= 10:
-        width, height = struct.unpack("<HH", head[6:10])
-        return width, height
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return _webp_size(head)
-    if head[:2] == b"\xff\xd8":
-        return _jpeg_size(reader)
-    return None
-
-
-def _webp_size(head: bytes) -> tuple[int, int] | None:
-    chunk = head[12:16]
-    if chunk == b"VP8 " and head[23:26] == b"\x9d\x01\x2a" and len(head) >= 30:
-        width, height = struct.unpack("<HH", head[26:30])
-        return width & 0x3FFF, height & 0x3FFF
-    if chunk == b"VP8L" and head[20:21] == b"\x2f" and len(head) >= 25:
-        bits = int.from_bytes(head[21:25], "little")
-        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-    if chunk == b"VP8X" and len(head) >= 30:
-        width = int.from_bytes(head[24:27], "little") + 1
-        height = int.from_bytes(head[27:30], "little") + 1
-        return width, height
-    return None
-
-
-def _jpeg_size(reader: _Base64Prefix) -> tuple[int, int] | None:
-    """Walk the JPEG segment headers (4 bytes each) to the first start-of-frame marker."""
-    offset = 2
-    for _ in range(_JPEG_MAX_SEGMENTS):
-        marker = reader.read(offset, 4)
-        if len(marker) < 4 or marker[0] != 0xFF:
-            return None
-        code = marker[1]
-        if code == 0xFF:  # fill byte
-            offset += 1
-            continue
-        if code in _JPEG_STANDALONE:  # markers that carry no length
-            offset += 2
-            continue
-        if code in (0xD9, 0xDA):  # end of image / start of scan: no frame header before it
-            return None
-        if code in _JPEG_SOF:
-            frame = reader.read(offset + 5, 4)
-            if len(frame) < 4:
-                return None
-            height, width = struct.unpack(">HH", frame)
-            return width, height
-        offset += 2 + int.from_bytes(marker[2:4], "big")
-    return None

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from ..app import Gateway
+from ..app import assemble_core
 from ..config import Config
 from ..errors import GatewayError, ModelNotFoundError
 from ..http.plan import plan_report
@@ -45,18 +45,21 @@ def run_plan(path: str, config: Config, as_json: bool = False, api: str | None =
 
 
 async def _plan(body: bytes, config: Config, api: str | None) -> dict[str, Any]:
-    gateway = Gateway(config)
     request = wire_of(body, api).parse(body, config.server.max_messages)
-    route = gateway.router.resolve(request.model)
-    if route is None:
-        raise ModelNotFoundError(
-            f"The model `{request.model}` is not served by this config.", param="model"
+    core = await assemble_core(config)
+    try:
+        route = core.router.resolve(request.model)
+        if route is None:
+            raise ModelNotFoundError(
+                f"The model `{request.model}` is not served by this config.", param="model"
+            )
+        window = core.windows.effective(route)
+        prepared = await core.engine.prepare(
+            request, route, "plan:" + str(os.getuid()), window=window, remember=False
         )
-    window = gateway.effective_window(route)
-    prepared = await gateway.pipeline.prepare(
-        request, route, "plan:" + str(os.getuid()), window=window, remember=False
-    )
-    return plan_report(prepared, window)
+        return plan_report(prepared, window)
+    finally:
+        await core.close()
 
 
 def render(report: dict[str, Any]) -> str:

@@ -45,7 +45,9 @@ class HeldResults:
         """The held result with the messages appended since, if the client only appended, the
         budget is the same and it stays at or under the trigger; else None (an event is due)."""
         key = _key(scope, conversation)
-        held = self._held.get(key) if key is not None else None
+        if key is None:
+            return None
+        held = self._held.get(key)
         if held is None or held.budget != budget:
             return None
         count = len(held.source)
@@ -58,7 +60,7 @@ class HeldResults:
         tokens = held.chain.conversation.tokens + sum(m.tokens for m in appended)
         if tokens > budget.trigger:
             return None
-        self._held.move_to_end(key)  # type: ignore[arg-type]
+        self._held.move_to_end(key)
         self.extended += 1
         return replace(
             held.chain,

@@ -46,6 +46,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
+from ..asgi import Scope, Send, header, send_bytes, send_error
 from ..config import ServerConfig
 from ..errors import (
     AuthenticationError,
@@ -54,10 +55,11 @@ from ..errors import (
     NotFoundError,
     PermissionDeniedError,
 )
-from ..ops.events import RequestSample
+from ..ops.events import EventLog, RequestSample
 from ..ops.metrics import Metrics
 from ..ops.overview import overview as aggregate
-from .asgi import Scope, Send, header, send_bytes, send_error
+from ..path.windows import Windows
+from ..routing import Router
 from .auth import is_loopback
 
 ADMIN_PATHS = frozenset(
@@ -191,9 +193,32 @@ def _bad_request(message: str, param: str) -> Response:
     return Response(error.body(), status_code=error.status, media_type="application/json")
 
 
-async def events(request: Request) -> Response:
+class AdminViews:
+    """The admin surfaces' feeds and page (behind the gate above): what they read is passed in."""
+
+    def __init__(
+        self, events: EventLog, metrics: Metrics, router: Router, windows: Windows
+    ) -> None:
+        self._events = events
+        self._metrics = metrics
+        self._router = router
+        self._windows = windows
+
+    async def events(self, request: Request) -> Response:
+        return await events(self._events, request)
+
+    async def overview(self, request: Request) -> Response:
+        return await overview(self._events, self._metrics, self.windows(), request)
+
+    async def ui(self, request: Request) -> Response:
+        return await ui(request)
+
+    def windows(self) -> list[dict[str, Any]]:
+        return windows(self._router, self._windows)
+
+
+async def events(log: EventLog, request: Request) -> Response:
     """GET /v1/compactgate/events?limit=50&after=<seq>: latest events and running totals."""
-    log = request.app.state.gateway.events
     try:
         limit = min(500, max(1, int(request.query_params.get("limit", "50"))))
         after = int(request.query_params.get("after", "0"))
@@ -216,7 +241,9 @@ def parse_range(text: str) -> float | None:
     return seconds
 
 
-async def overview(request: Request) -> Response:
+async def overview(
+    log: EventLog, metrics: Metrics, model_windows: list[dict[str, Any]], request: Request
+) -> Response:
     """GET /v1/compactgate/overview?range=1h: what `/ui` shows, for the last `range`.
 
     Per model, per wire API and per tenant: requests, rate, errors by reason, p50/p99 latency
@@ -224,13 +251,11 @@ async def overview(request: Request) -> Response:
     totals; then, since start, the summary cache and the summariser; the learned windows; the
     latest requests and compaction events of the range.
     """
-    gw = request.app.state.gateway
     text = request.query_params.get("range", "1h")
     try:
         range_s = parse_range(text)
     except InvalidRequestError as error:
         return _bad_request(error.message, "range")
-    log = gw.events
     now = time.time()
     kept = list(log.requests)  # copies: requests finishing meanwhile append to the log
     # Tens of milliseconds for a full log: off the event loop, so requests are not held up.
@@ -245,8 +270,8 @@ async def overview(request: Request) -> Response:
         "now": round(now, 3),
         "overview": view,
         "since_start": feed["totals"],
-        "summaries": summaries(gw.metrics),
-        "windows": windows(gw),
+        "summaries": summaries(metrics),
+        "windows": model_windows,
         "requests": [sample_view(s) for s in reversed(recent)],
         "events": feed["events"],
         "kept": {"requests": len(log.requests), "limit": log.requests.maxlen},
@@ -312,13 +337,13 @@ def summaries(metrics: Metrics) -> dict[str, Any]:
     }
 
 
-def windows(gw: Any) -> list[dict[str, Any]]:
+def windows(router: Router, known: Windows) -> list[dict[str, Any]]:
     """Each model's context window: configured (or looked up), learnt from upstream errors, and
     the one the gateway uses."""
     rows = []
-    routes = {route.name: route for route in gw.router.routes()}
-    for name in gw.learned_windows:
-        if name not in routes and (route := gw.router.resolve(name)) is not None:
+    routes = {route.name: route for route in router.routes()}
+    for name in known.learned:
+        if name not in routes and (route := router.resolve(name)) is not None:
             routes[name] = route
     for name, route in routes.items():
         rows.append(
@@ -326,8 +351,8 @@ def windows(gw: Any) -> list[dict[str, Any]]:
                 "model": name,
                 "configured": route.context_window,
                 "source": route.window_source,
-                "learned": gw.learned_windows.get(name),
-                "effective": gw.effective_window(route),
+                "learned": known.learned.get(name),
+                "effective": known.effective(route),
             }
         )
     return rows

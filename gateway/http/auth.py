@@ -32,9 +32,9 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..asgi import Scope, header
 from ..config import Config
 from ..errors import AuthenticationError, PermissionDeniedError
-from .asgi import Scope, header
 
 CREDENTIAL_HEADERS = (b"authorization", b"api-key", b"x-api-key")
 MAX_ANONYMOUS = 4096  # identities of credentials remembered (all forgotten when full)
@@ -58,6 +58,9 @@ class Identity:
 class _Key:
     digest: bytes  # sha256 of the key, 32 bytes
     identity: Identity
+
+
+IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
 
 
 class Authenticator:
@@ -99,6 +102,17 @@ class Authenticator:
         if found is None:
             raise AuthenticationError("Incorrect API key provided.")
         return found.identity
+
+    def authenticate(self, scope: Scope) -> Identity:
+        """The caller (401 when gateway keys are required), identified once per request and
+        kept in the scope; its gateway key is then removed from the request's headers, so
+        nothing downstream can forward it upstream."""
+        identity = scope.get(IDENTITY)
+        if identity is None:
+            identity = self.identify(scope)
+            scope[IDENTITY] = identity
+            scope["headers"] = self.upstream_headers(scope["headers"])
+        return identity
 
     def authorize(self, identity: Identity, model: str) -> None:
         """PermissionDeniedError (403) unless `identity` may use `model`."""

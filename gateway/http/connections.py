@@ -1,7 +1,7 @@
 """Client connections before the app sees a request: the request head has a deadline.
 
 uvicorn closes a keep-alive connection that stays idle between requests, and the gateway cuts
-off a body trickled too slowly (`body_read_timeout_s`, gateway/http/asgi.py), but nothing limits
+off a body trickled too slowly (`body_read_timeout_s`, gateway/asgi.py), but nothing limits
 how long a request's *head* (request line and headers) may take: a client sending one header
 byte every few seconds keeps its connection, and a slot in every per-connection table, for as
 long as it likes, and no request ever reaches the app to time it out.

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 from starlette.middleware.cors import CORSMiddleware
 
+from ..asgi import Receive, Scope, Send, header, send_error
 from ..errors import OriginNotAllowedError
 from ..ops.logs import clip, log_request, new_request_id, request_fields
-from .asgi import Receive, Scope, Send, header, send_error
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 

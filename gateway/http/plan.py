@@ -7,40 +7,58 @@ policy's effect on a real request. `plan_report` is also the `plan` subcommand's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ..engine.pipeline import Prepared
+from ..config import ServerConfig
+from ..engine.engine import Engine
+from ..engine.prepared import Prepared
 from ..errors import ModelNotFoundError
+from ..path.windows import Windows
+from ..routing import Router
 from ..wire import wire_of
+from .auth import Authenticator
 from .passthrough import read_limited
 
-if TYPE_CHECKING:
-    from ..app import Gateway
 
-
-async def plan(request: Request) -> Response:
+class Plan:
     """POST /v1/compactgate/plan: the whole pipeline, no upstream chat call (design D17.2)."""
-    gw: Gateway = request.app.state.gateway
-    identity = gw.authenticate(request.scope)
-    body = await read_limited(gw, request)
-    if body is None:
-        return Response(status_code=499)
-    wire = wire_of(body, request.query_params.get("api"))
-    parsed = wire.parse(body, gw.config.server.max_messages)
-    gw.auth.authorize(identity, parsed.model)
-    route = gw.router.resolve(parsed.model)
-    if route is None:
-        raise ModelNotFoundError(
-            f"The model `{parsed.model}` is not served by this gateway.", param="model"
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        router: Router,
+        engine: Engine,
+        windows: Windows,
+        server: ServerConfig,
+    ) -> None:
+        self._auth = auth
+        self._router = router
+        self._engine = engine
+        self._windows = windows
+        self._server = server
+
+    async def handle(self, request: Request) -> Response:
+        identity = self._auth.authenticate(request.scope)
+        body = await read_limited(self._server, request)
+        if body is None:
+            return Response(status_code=499)
+        wire = wire_of(body, request.query_params.get("api"))
+        parsed = wire.parse(body, self._server.max_messages)
+        self._auth.authorize(identity, parsed.model)
+        route = self._router.resolve(parsed.model)
+        if route is None:
+            raise ModelNotFoundError(
+                f"The model `{parsed.model}` is not served by this gateway.", param="model"
+            )
+        window = self._windows.effective(route)
+        prepared = await self._engine.prepare(
+            parsed, route, identity.tenant, window=window, remember=False
         )
-    prepared = await gw.pipeline.prepare(
-        parsed, route, identity.tenant, window=gw.effective_window(route), remember=False
-    )
-    return JSONResponse(plan_report(prepared, gw.effective_window(route)))
+        return JSONResponse(plan_report(prepared, window))
 
 
 def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:

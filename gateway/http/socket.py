@@ -39,21 +39,19 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..asgi import Message, Receive, Scope, Send, header
 from ..config import ServerConfig
 from ..errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
-from ..wire.base import json_or_none, sse_events
+from ..wire.usage import json_or_none, sse_events
 from . import admin
-from .asgi import Message, Receive, Scope, Send, header
-
-if TYPE_CHECKING:
-    from ..app import Gateway
+from .auth import Authenticator
 
 log = logging.getLogger("compactgate.websocket")
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -275,11 +273,17 @@ class ResponsesSocket:
     """The WebSocket endpoint: accepts the socket, then serves its frames one at a time through
     `endpoint` (the HTTP Responses endpoint, an ASGI app)."""
 
-    def __init__(self, gateway: Gateway, endpoint: ASGIApp, server: ServerConfig) -> None:
-        self.gw = gateway
+    def __init__(
+        self,
+        auth: Authenticator,
+        endpoint: ASGIApp,
+        server: ServerConfig,
+        registry: CollectorRegistry,
+    ) -> None:
+        self.auth = auth
         self.endpoint = endpoint
         self.server = server
-        self.metrics = SocketMetrics(gateway.metrics.registry)
+        self.metrics = SocketMetrics(registry)
 
     async def session(self, websocket: WebSocket) -> None:
         scope = websocket.scope
@@ -287,7 +291,7 @@ class ResponsesSocket:
         try:
             if refused is not None:
                 raise refused
-            self.gw.authenticate(scope)  # the tenant of every request on this socket
+            self.auth.authenticate(scope)  # the tenant of every request on this socket
         except GatewayError as error:
             await _deny(websocket, error)
             return

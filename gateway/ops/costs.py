@@ -5,7 +5,7 @@ file, offline, without importing litellm), with per-model overrides from the con
 (`models[].pricing`, USD per million tokens). A tier the response used but no price covers
 makes the request's bill partial: it is counted as such, never as zero.
 
-The bill reads every billed tier from the response's usage (`wire.base.Usage`, one convention
+The bill reads every billed tier from the response's usage (`wire.usage.Usage`, one convention
 for all three APIs): fresh input, cache reads, cache writes (5 minutes and 1 hour), output and
 reasoning. The counterfactual is the client's own request at the same prices: its prompt is the
 billed prompt scaled by the gateway's count of the uncompacted request over its count of what it
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..wire.base import Usage
+from ..wire.usage import Usage
+from .events import EventLog
 
 log = logging.getLogger("compactgate.costs")
 
@@ -335,3 +336,16 @@ class Accountant:
         self._metrics.cost_usd.labels("actual", "summaries").inc(result.total)
         self._metrics.net_saved_usd.dec(result.total)
         return result
+
+
+class OwnSpend:
+    """A call the gateway made for itself (a summary, or an agent's compaction answered ahead
+    of need): priced as the gateway's own spend, and kept with its time for `/ui`."""
+
+    def __init__(self, costs: Accountant, events: EventLog) -> None:
+        self._costs = costs
+        self._events = events
+
+    def __call__(self, route: Any, usage: Usage) -> None:
+        spent = self._costs.own(route, usage)
+        self._events.own_spend(None if spent is None or spent.partial else spent.total)

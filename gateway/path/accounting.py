@@ -10,28 +10,39 @@ metrics give it, and whether the endpoint's answers save tokens (a count does no
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..agents.remote import AGENT
-from ..engine.pipeline import Prepared, when_settled
-from ..ops.costs import Priced
-from ..ops.events import RequestSample, reward
-from ..ops.logs import tenant_label
+from ..engine.prepared import Prepared, when_settled
+from ..ops.costs import Accountant, Priced
+from ..ops.events import EventLog, RequestSample, reward
+from ..ops.logs import access_logged, log_request, tenant_label
+from ..ops.metrics import Metrics
 from ..routing import Route
 from ..wire import Usage
+from .calibration import Calibration
+from .exchange import Exchange
 
-if TYPE_CHECKING:
-    from ..app import Exchange, Gateway
+REMOTE_COMPACTION = "responses"  # the agent label of compactions the gateway made itself
 
 
 class Accounting:
     """The bookkeeping of one endpoint's answers (see the module's docstring)."""
 
-    def __init__(self, gateway: Gateway, api: str, saves: bool) -> None:
-        self.gw = gateway
+    def __init__(
+        self,
+        metrics: Metrics,
+        events: EventLog,
+        costs: Accountant,
+        calibration: Calibration,
+        api: str,
+        saves: bool,
+    ) -> None:
+        self._metrics = metrics
+        self._events = events
+        self._costs = costs
+        self._calibration = calibration
         self.api = api
         self.saves = saves
-        metrics = gateway.metrics
         by = metrics.children  # each by (model, api): held here, looked up once per request
         self._request_seconds = by(metrics.request_seconds)
         self._upstream_seconds = by(metrics.upstream_seconds)
@@ -47,7 +58,7 @@ class Accounting:
         rounds were added: their usage is summed into the answer's)."""
         exchange.usage = usage
         if usage is not None and usage.input > 0 and not exchange.internal_rounds:
-            calibration = self.gw.calibration
+            calibration = self._calibration
 
             def observe(settled: Prepared | None) -> None:
                 if settled is not None and not settled.bounded:  # an upper bound is no estimate
@@ -59,7 +70,7 @@ class Accounting:
         """Price an answered request (`costs`): both arms, into the metrics and the exchange."""
         if usage is None or not 200 <= exchange.status < 300:
             return  # a failed request saves nothing
-        exchange.priced = self.gw.costs.request(
+        exchange.priced = self._costs.request(
             prepared.route,
             exchange.tenant,
             usage,
@@ -119,7 +130,7 @@ class Accounting:
         when_settled(exchange.prepared, settled)
 
     def recorded(self, exchange: Exchange, total: float) -> None:
-        metrics = self.gw.metrics
+        metrics = self._metrics
         key = (exchange.model, self.api)
         upstream = exchange.upstream_seconds
         self._request_seconds[key].observe(total)
@@ -143,8 +154,8 @@ class Accounting:
             seq = self.log_event(exchange, total)
         elif exchange.agent_compaction is not None or exchange.compacted is not None:
             seq = self.log_agent_compaction(exchange, total)
-        self.gw.events.count_request(self.sample(exchange, total, seq))
-        self.gw.finish(exchange, total)
+        self._events.count_request(self.sample(exchange, total, seq))
+        finish(metrics, exchange, total)
 
     def tokens_saved(self, exchange: Exchange) -> int:
         """Prompt tokens compaction saved on this request: an answered generation only (not a
@@ -216,7 +227,7 @@ class Accounting:
             budget is not None
             and prepared.tokens_before > budget.context_window - budget.reserved_output
         )
-        return self.gw.events.record(
+        return self._events.record(
             {
                 **_who(exchange),
                 "mode": "observe" if exchange.observe else "enforce",
@@ -264,14 +275,14 @@ class Accounting:
         was not compacted here: answered by the gateway or forwarded, and why. No content."""
         agent: str | None
         if exchange.compacted is not None:  # made by the gateway: from a ready summary or now
-            agent, outcome, why = AGENT, "answered", exchange.compacted
+            agent, outcome, why = REMOTE_COMPACTION, "answered", exchange.compacted
         else:
             agent, outcome, why = (
                 exchange.agent_compaction,
                 exchange.agent_outcome,
                 exchange.agent_reason,
             )
-        return self.gw.events.record(
+        return self._events.record(
             {
                 **_who(exchange),
                 "status": exchange.status,
@@ -290,6 +301,13 @@ class Accounting:
                 "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
             }
         )
+
+
+def finish(metrics: Metrics, exchange: Exchange, total: float) -> None:
+    """Count a served request and write its log line (every API, passthrough included)."""
+    metrics.child(metrics.requests, exchange.model, str(exchange.status), exchange.api).inc()
+    if access_logged():  # the line is not built for nobody
+        log_request(exchange.line(total))
 
 
 def _who(exchange: Exchange) -> dict[str, Any]:
@@ -316,10 +334,12 @@ def _cost_fields(priced: Priced | None) -> dict[str, Any]:
         return {"cost_usd": None, "counterfactual_usd": None, "saved_usd": None}
     actual = None if priced.actual.partial else round(priced.actual.total, 8)
     counterfactual = priced.counterfactual
-    known = counterfactual is not None and not counterfactual.partial
+    known = None
+    if counterfactual is not None and not counterfactual.partial:
+        known = round(counterfactual.total, 8)
     return {
         "cost_usd": actual,
-        "counterfactual_usd": round(counterfactual.total, 8) if known else None,  # type: ignore[union-attr]
+        "counterfactual_usd": known,
         "saved_usd": None if priced.saved is None else round(priced.saved, 8),
     }
 

@@ -19,10 +19,13 @@ import orjson
 
 from ..errors import GatewayError
 from ..routing import Route
-from . import UpstreamClient, http_transport
+from ..wire import Wire
+from . import CLIENT_CREDENTIALS, UpstreamClient, http_transport
+from .destinations import upstream_headers
 
 log = logging.getLogger("compactgate.tokens")
 
+CREDENTIALS = frozenset(name.encode() for name in CLIENT_CREDENTIALS)
 CONCURRENCY = 8  # counting calls in flight per request
 PROBE = "."  # a one-token text: what a count_tokens request adds around any text
 
@@ -32,6 +35,19 @@ class UpstreamCounts:
         self._client = client
         self._how: dict[str, str] = {}  # route name -> "tokenize" | "count_tokens" | "none"
         self._overhead: dict[str, int] = {}
+
+    async def count_for(
+        self,
+        route: Route,
+        wire: Wire,
+        texts: Sequence[str],
+        client: Sequence[tuple[bytes, bytes]] | None,
+    ) -> list[int] | None:
+        """Texts counted by the route's upstream, with the credential the client's requests
+        use (the engine's `RemoteCounter`)."""
+        credentials = [(k, v) for k, v in client or () if k.lower() in CREDENTIALS]
+        headers = upstream_headers(credentials, route, wire)
+        return await self.count(route, texts, headers)
 
     async def count(
         self, route: Route, texts: Sequence[str], headers: Mapping[str, str]

@@ -31,6 +31,29 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_REST_SECONDS = 3600.0  # a Retry-After beyond an hour is not believed
 
 
+class Sender:
+    """What every part that calls an upstream uses: the client, the metrics that count retries
+    and failovers, and the balancer that orders a model's upstreams (one per process)."""
+
+    def __init__(self, client: UpstreamClient, metrics: Metrics, balancer: Balancer) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.balancer = balancer
+
+    async def send(
+        self,
+        route: Route,
+        destinations: Sequence[Destination],
+        body: bytes | None,
+        method: str = "POST",
+        retry: bool = True,
+    ) -> tuple[UpstreamResponse, Destination]:
+        """`send_balanced` with this process's client, metrics and balancer."""
+        return await send_balanced(
+            self.client, route, destinations, body, self.metrics, self.balancer, method, retry
+        )
+
+
 async def send_with_retries(
     client: UpstreamClient,
     route: Route,
@@ -59,10 +82,10 @@ async def send_balanced(
     the destination that gave it (later rounds of the same answer go there). `retry=False`:
     each destination is tried once, none twice (paths that are not ours to repeat)."""
     policy = route.retry
-    several = balancer is not None and len(destinations) > 1
+    several = balancer if balancer is not None and len(destinations) > 1 else None
     order = (
-        balancer.order([d.upstream for d in destinations])  # type: ignore[union-attr]
-        if several
+        several.order([d.upstream for d in destinations])
+        if several is not None
         else list(range(len(destinations)))
     )
     count = len(order)
@@ -77,19 +100,19 @@ async def send_balanced(
                 method, destination.url, destination.headers, body, destination.provider
             )
         except UpstreamUnreachableError:
-            if several:
-                balancer.rest(destination.upstream, rest)  # type: ignore[union-attr]
+            if several is not None:
+                several.rest(destination.upstream, rest)
             if last:
                 raise
             reason = "connect"
         else:
             if response.status not in RETRY_STATUSES:
-                if several:
-                    balancer.recovered(destination.upstream)  # type: ignore[union-attr]
+                if several is not None:
+                    several.recovered(destination.upstream)
                 return response, destination
             stated = retry_after(response.headers.get("retry-after"), MAX_REST_SECONDS)
-            if several:
-                balancer.rest(destination.upstream, max(rest, stated or 0.0))  # type: ignore[union-attr]
+            if several is not None:
+                several.rest(destination.upstream, max(rest, stated or 0.0))
             if last:
                 return response, destination
             reason = str(response.status)

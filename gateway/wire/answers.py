@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .base import Usage
+from .usage import Usage
 
 
 def answer(api: str, text: str, model: str, usage: Usage, stream: bool) -> tuple[bytes, bytes]:

@@ -40,18 +40,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import GatewayError, InvalidRequestError
-from .base import Usage, Wire, json_or_none, number, sse_events
+from .base import Wire, WireRequest
+from .fields import check_count, check_tools, load_object, read_model, read_positive, read_stream
 from .messages_parse import Builder, Layout
 from .messages_render import Renderer
-from .request import (
-    WireRequest,
-    check_count,
-    check_tools,
-    load_object,
-    read_model,
-    read_positive,
-    read_stream,
-)
+from .usage import Usage, json_or_none, number, sse_events
 
 if TYPE_CHECKING:
     from policies import Message

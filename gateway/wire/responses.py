@@ -34,19 +34,11 @@ import orjson
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .base import Usage, Wire, json_or_none, openai_usage, sse_events
+from .base import Wire, WireRequest, unchanged
 from .context_errors import ContextError, classify
-from .request import (
-    WireRequest,
-    check_count,
-    check_tools,
-    load_object,
-    read_model,
-    read_positive,
-    read_stream,
-    unchanged,
-)
+from .fields import check_count, check_tools, load_object, read_model, read_positive, read_stream
 from .responses_parse import INSTRUCTIONS, Builder, Layout
+from .usage import Usage, json_or_none, openai_usage, sse_events
 
 if TYPE_CHECKING:
     from policies import Message

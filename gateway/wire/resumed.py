@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from ..counting.sized_lru import SizedLru
-from .request import load_object
+from .fields import load_object
 
 MAX_KEYS = 512
 MAX_BYTES = 64 * 1024 * 1024

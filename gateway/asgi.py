@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from ..deadlines import Later, later, within
-from ..errors import BodyTooLargeError, GatewayError, RequestTimeoutError
+from .deadlines import Later, later, within
+from .errors import BodyTooLargeError, GatewayError, RequestTimeoutError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

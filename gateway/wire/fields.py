@@ -1,10 +1,5 @@
-"""A client request as every wire adapter hands it to the pipeline.
-
-The policies work on one canonical conversation: OpenAI-chat-shaped message dicts (`role`,
-`content`, `tool_calls`, `tool_call_id`). Each adapter parses its API's body into that form and
-keeps, in `layout`, where every canonical message came from, so that it can render the
-compacted conversation back into its own API with every untouched item exactly as it was sent.
-Fields the adapter does not own stay in `payload` and are forwarded as they are.
+"""Reading a client's body (design D9.1): the JSON object, the fields every API shares (`model`,
+`stream`, the output maximum, counts within limits) and our message extension.
 
 Our message extension (`"compactgate": {"pin", "priority", "type"}`) is read into `Marks` here
 and stripped before forwarding, on every API.
@@ -12,18 +7,13 @@ and stripped before forwarding, on every API.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from ..errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from policies import Message
-
-    from .base import Wire
 
 EXTENSION = "compactgate"
 KINDS = frozenset({"message", "code", "plan_ref", "log", "other"})
@@ -37,72 +27,6 @@ class Marks:
 
 
 NO_MARKS = Marks()
-
-
-@dataclass(frozen=True, slots=True)
-class WireRequest:
-    """A validated request of one wire API, with its canonical conversation."""
-
-    wire: Wire  # the adapter that parsed it, and renders it back
-    body: bytes  # exactly as received
-    payload: dict[str, Any]  # the parsed body, as sent
-    model: str
-    stream: bool
-    messages: list[dict[str, Any]]  # canonical messages, our extension stripped
-    marks: list[Marks]
-    has_extension: bool
-    max_output: int | None  # the output limit the client asked for
-    include_usage: bool = True  # chat: stream_options.include_usage; always for the others
-    layout: Any = None  # the adapter's map from canonical messages back to its items
-    # The history lives upstream (`previous_response_id`, `conversation`): the gateway sees
-    # only the new items and forwards the request as it is.
-    stateful: bool = False
-
-    @property
-    def api(self) -> str:
-        return self.wire.name
-
-    def with_max_output(self, value: int) -> WireRequest:
-        """The same request asking for at most `value` output tokens (clamp_max_tokens)."""
-        key = self.wire.max_output_field(self.payload)
-        payload = {**self.payload, key: value}
-        return replace(self, payload=payload, body=orjson.dumps(payload), max_output=value)
-
-    def forward_payload(
-        self,
-        messages: Sequence[Message] | None,
-        model: str | None,
-        inject_usage: bool = False,
-        uids: Sequence[int | None] = (),
-    ) -> dict[str, Any]:
-        """The payload to forward: the client's, with the compacted conversation (None: the
-        client's own) and the upstream's model name when given. `uids`: those the prefix memo
-        gave the client's messages, when known (see `unchanged`)."""
-        return self.wire.render(self, messages, model, inject_usage, uids)
-
-
-def unchanged(
-    messages: Sequence[Message], originals: Sequence[Any], uids: Sequence[int | None]
-) -> list[bool]:
-    """For each of `messages`, whether it is the client's message it came from (`originals`,
-    by `origin`), as sent; False for a message a step made.
-
-    Equal uids mean equal data (`gateway.counting.prefix`), and a step that changes a message
-    drops its uid: a kept message whose uid is the client message's own is known unchanged without
-    comparing the two (a held result's messages are the previous request's equal objects, and
-    comparing a long agent history costs as much as rendering it).
-    """
-    if len(uids) != len(originals):
-        uids = [None] * len(originals)
-    return [
-        m.origin >= 0
-        and (
-            m.data is originals[m.origin]
-            or (m.uid is not None and m.uid == uids[m.origin])
-            or m.data == originals[m.origin]
-        )
-        for m in messages
-    ]
 
 
 def read_marks(value: Any, where: str) -> Marks:
