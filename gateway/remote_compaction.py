@@ -225,7 +225,9 @@ class RemoteCompaction:
         gw = self._gw
         history = _history(request)
         if not history:
-            raise InvalidRequestError("There is nothing to compact: `input` is empty.", "input")
+            raise InvalidRequestError(
+                "There is nothing to compact: `input` is empty.", param="input"
+            )
         counted = gw.pipeline.counts(request, route, tenant)
         tokens = sum(counted.counts)
         prepared = await gw.compaction_answers.covering(

@@ -100,9 +100,10 @@ class Builder:
             raise InvalidRequestError(f"{where} must have a string `type`.", param=f"{where}.type")
         if kind == "message":
             role = item.get("role")
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
+                named = f" {role[:40]!r}" if isinstance(role, str) else ""  # never a whole object
                 raise InvalidRequestError(
-                    f"{where}.role {role!r} is not one of {', '.join(sorted(ROLES))}.",
+                    f"{where}.role{named} is not one of {', '.join(sorted(ROLES))}.",
                     param=f"{where}.role",
                 )
             content = _content(item.get("content"), where)
