@@ -441,7 +441,11 @@ class Endpoint:
             identity = gw.authenticate(scope)  # 401 before the body is even read
             exchange.tenant = identity.tenant
             body = await read_body(
-                receive, scope, server.max_body_bytes, server.body_read_timeout_s
+                receive,
+                scope,
+                server.max_body_bytes,
+                server.body_read_timeout_s,
+                server.max_drain_bytes,
             )
             request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream

@@ -69,6 +69,12 @@ class _Strict(BaseModel):
 
 class ServerConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413")
+    max_drain_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="A body over max_body_bytes is read on and dropped up to this much more, so "
+        "the client can read its 413; past it the connection is closed",
+    )
     max_messages: int = Field(20_000, gt=0, description="More messages get 400")
     upstream_timeout_s: float = Field(600.0, gt=0, description="Whole upstream call, non-streaming")
     connect_timeout_s: float = Field(10.0, gt=0)

@@ -35,7 +35,11 @@ async def read_limited(gw: Gateway, request: Request) -> bytes | None:
     server = gw.config.server
     try:
         return await read_body(
-            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
+            request.receive,
+            request.scope,
+            server.max_body_bytes,
+            server.body_read_timeout_s,
+            server.max_drain_bytes,
         )
     except ClientDisconnected:
         return None
