@@ -123,6 +123,7 @@ from .wire import (
     answers,
 )
 from .wire.chat import ChatWire
+from .wire.request import serialise
 from .wire.resent import ResentMessages
 from .wire.validated import ValidatedMessages
 
@@ -990,7 +991,7 @@ class CompactEndpoint(ResponsesEndpoint):
         compacted = await gw.remote_compaction.compact(
             request, route, identity.tenant, scope["headers"]
         )
-        body = orjson.dumps(compacted_body(request.payload, compacted.item, route.name))
+        body = serialise(compacted_body(request.payload, compacted.item, route.name))
         await self.send_compaction(send, exchange, compacted.outcome, body, b"application/json")
 
     async def forward(
@@ -1002,7 +1003,7 @@ class CompactEndpoint(ResponsesEndpoint):
         body = request.body
         if route.renamed or request.has_extension:  # our marks never reach an upstream
             model = route.upstream_model if route.renamed else None
-            body = orjson.dumps(self.wire.render(request, None, model, False))
+            body = serialise(self.wire.render(request, None, model, False))
         started = time.perf_counter()
         response, _ = await send_balanced(
             self.gw.upstream,

@@ -40,7 +40,7 @@ import orjson
 
 from .errors import GatewayError, InvalidRequestError
 from .remote_compaction import SUMMARY_INTRO
-from .wire.request import EXTENSION
+from .wire.request import EXTENSION, serialise
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -232,7 +232,7 @@ async def compact(
         log.warning("compaction for %s not made, forwarded as it is: %s", COMPACT, error.message)
         return request
     payload = {**request.payload, "messages": compacted(messages, summary, start)}
-    forwarded = request.wire.parse(orjson.dumps(payload), gw.config.server.max_messages)
+    forwarded = request.wire.parse(serialise(payload), gw.config.server.max_messages)
     after = sum(route.counter.message(m) for m in forwarded.messages)
     after += gw.pipeline.tools_tokens(forwarded, route)
     applied.edits.append({"type": COMPACT, "cleared_input_tokens": max(0, tokens - after)})

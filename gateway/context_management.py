@@ -42,6 +42,7 @@ from .compaction_blocks import (
 )
 from .errors import InvalidRequestError
 from .sse import EventSplitter
+from .wire.request import serialise
 
 FIELD = "context_management"
 CLEARED = "[tool result cleared to save context]"
@@ -222,7 +223,13 @@ def _clear_tool_uses(
     trigger = _amount(edit.get("trigger"), 100_000, "input_tokens", "trigger")
     keep = _amount(edit.get("keep"), 3, "tool_uses", "keep")
     at_least = _amount(edit.get("clear_at_least"), 0, "input_tokens", "clear_at_least")
-    excluded = set(edit.get("exclude_tools") or [])
+    names = edit.get("exclude_tools") or []
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise InvalidRequestError(
+            "context_management: exclude_tools must be a list of tool names.",
+            param="context_management",
+        )
+    excluded = set(names)
     clear_inputs = edit.get("clear_tool_inputs") is True
     total = sum(count(m.get("content")) for m in messages if isinstance(m, dict))
     if total <= trigger:
@@ -279,10 +286,10 @@ def apply_to(request: Any, route: Any, max_messages: int) -> tuple[Any, Applied]
         return request, Applied()
 
     def count(value: Any) -> int:
-        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        text = value if isinstance(value, str) else serialise(value).decode()
         return route.counter.text(text)
 
     forwarded, applied = adapt(request.payload, route.context_management, count)
     if forwarded is None:
         return request, applied
-    return request.wire.parse(orjson.dumps(forwarded), max_messages), applied
+    return request.wire.parse(serialise(forwarded), max_messages), applied

@@ -25,6 +25,7 @@ from .retry import send_balanced
 from .routing import Route
 from .upstream import UpstreamResponse, passthrough_path
 from .wire import CHAT, MESSAGES
+from .wire.request import serialise
 
 if TYPE_CHECKING:
     from .app import Exchange, Gateway
@@ -67,7 +68,7 @@ async def passthrough(request: Request, exchange: Exchange) -> Response:
     if route.upstream.base_url is None:
         raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
     if fields is not None and model == route.name and route.renamed:
-        body = orjson.dumps({**fields, "model": route.upstream_model})
+        body = serialise({**fields, "model": route.upstream_model})
     # The path only extends the configured base_url: no `..`, no other host (no SSRF).
     raw_path = request.scope.get("raw_path") or request.url.path.encode()
     path = passthrough_path(raw_path)

@@ -26,8 +26,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-
 from policies import (
     Budget,
     ChainResult,
@@ -41,7 +39,7 @@ from policies import (
 )
 from policies.invariants import TOOL_CALLS_PAIRED, check, check_tool_pairs
 from policies.pinning import apply_pin_rules
-from policies.summaries import SummaryAnswer, SummaryRequest, SummarySource
+from policies.summaries import SummaryAnswer, SummaryRequest, SummarySource, UnwritableError
 from policies.summarising import SummarisingStep
 
 from .counting import Counting
@@ -51,11 +49,12 @@ from .held import HeldResults
 from .metrics import Metrics
 from .prefix import SYSTEM_ROLES, Counted, PrefixCounts
 from .routing import Route
-from .summaries import SummaryAsk, SummaryService
+from .summaries import SummaryAsk, SummaryService, unsummarisable
 from .tokenizers import CharsTokenizer, UpstreamTokenizer
 from .tokens import PRIMING_TOKENS, MessageCounter
 from .tool_outputs import ToolOutputCache
 from .wire import WireRequest
+from .wire.request import serialise
 
 log = logging.getLogger("compactgate.pipeline")
 
@@ -337,9 +336,12 @@ class Pipeline:
         if request.stateful or (not force and self._plainly_fits(sum(counts), budget, route)):
             return self._unchanged(request, route, counted, counts, tools_tokens, budget, observe)
         conversation = self.conversation(request, route, counted)
-        request, budget, chain = await self._decide(
-            request, conversation, route, tenant, budget, tools_tokens, force, headers, remember
-        )
+        try:
+            request, budget, chain = await self._decide(
+                request, conversation, route, tenant, budget, tools_tokens, force, headers, remember
+            )
+        except UnwritableError as error:
+            raise unsummarisable(error) from None
         return self._prepared(
             request, route, counted, conversation, chain, budget, tools_tokens, observe
         )
@@ -769,14 +771,3 @@ def _correction(route: Route) -> float | None:
 def _status(answers: Mapping[bytes, SummaryAnswer], request: SummaryRequest) -> str:
     answer = answers.get(request.canonical())
     return answer.status if answer is not None else "failed"
-
-
-def serialise(payload: Mapping[str, Any]) -> bytes:
-    """The body to forward. orjson reads 1024 levels of nesting but writes fewer: a body between
-    the two can only be refused here, when it has to be written again (passthrough never is)."""
-    try:
-        return orjson.dumps(payload)
-    except orjson.JSONEncodeError as exc:
-        raise InvalidRequestError(
-            f"The request body cannot be forwarded once changed: {exc}."
-        ) from None

@@ -57,7 +57,7 @@ from .errors import (
     StoreUnavailableError,
     UpstreamError,
 )
-from .wire.request import EXTENSION, WireRequest
+from .wire.request import EXTENSION, WireRequest, serialise
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -318,7 +318,7 @@ def without_trigger(request: WireRequest, max_messages: int) -> WireRequest:
     """The request with its trailing `compaction_trigger` removed: the history to compact."""
     items = request.payload["input"]
     payload = {**request.payload, "input": items[:-1]}
-    return request.wire.parse(orjson.dumps(payload), max_messages)
+    return request.wire.parse(serialise(payload), max_messages)
 
 
 def user_messages(payload: Mapping[str, Any]) -> list[Any]:

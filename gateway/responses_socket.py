@@ -51,6 +51,7 @@ from .asgi import Message, Receive, Scope, Send, header
 from .config import ServerConfig
 from .errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
 from .wire.base import json_or_none, sse_events
+from .wire.request import serialise
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -337,7 +338,11 @@ class ResponsesSocket:
             history.remember(payload, response_id, [])
             return "prewarm"
         payload["stream"] = True  # this transport only streams
-        body = orjson.dumps(payload)
+        try:
+            body = serialise(payload)
+        except GatewayError as error:
+            await relay.error(error)
+            return str(error.status)
         await self.endpoint(_http_scope(scope, len(body)), _receive(body, closed), relay)
         if closed.is_set():
             return "499"  # the client left: nobody to tell

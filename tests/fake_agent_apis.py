@@ -464,7 +464,8 @@ def openai_error(
 async def _payload(request: web.Request) -> JSON | None:
     try:
         payload = orjson.loads(await request.read())
-    except orjson.JSONDecodeError:
+        orjson.dumps(payload)  # nested deeper than a provider takes: refused, as they do
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return None
     return payload if isinstance(payload, dict) else None
 

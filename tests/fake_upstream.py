@@ -10,7 +10,8 @@ fake; this is it.
 Control endpoints (JSON; nothing under /_fake/ is recorded):
 
     GET  /_fake/requests   every recorded request: method, path, query, headers ([name, value]
-                           pairs in order), body_b64 (raw bytes), json (parsed, or null)
+                           pairs in order), body_b64 (raw bytes), json (parsed, or null; also
+                           null for a body nested deeper than it can be written back)
     POST /_fake/reset      clear records, script, config and counters; cancel hung handlers
     POST /_fake/script     append behaviours (a JSON list), consumed one per chat request, FIFO
     POST /_fake/release    let a held-back streamed legacy completion finish
@@ -394,7 +395,8 @@ def _context_error(x: Exchange, style: str, limit: int) -> web.Response:
 def _record(request: web.Request, raw: bytes) -> JSON:
     try:
         parsed = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
+        orjson.dumps(parsed)  # the record must be written to the test (not nested too deeply)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         parsed = None
     return {
         "method": request.method,
@@ -419,7 +421,8 @@ def make_app(state: State) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         try:
             payload = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
+            orjson.dumps(payload)  # nested deeper than a provider takes: refused, as they do
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             payload = None
         if not isinstance(payload, dict):
             return web.json_response(
@@ -427,6 +430,8 @@ def make_app(state: State) -> web.Application:
                     "error": {
                         "message": "fake upstream: body is not a JSON object",
                         "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
                     }
                 },
                 status=400,

@@ -8,10 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..errors import InvalidRequestError
-from .request import EXTENSION, NO_MARKS, Marks, read_marks
+from .request import EXTENSION, NO_MARKS, Marks, read_marks, serialise
 
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`
@@ -189,7 +187,7 @@ class Builder:
                 name = block.get("name", "")
                 function = {
                     "name": name if type(name) is str else str(name),
-                    "arguments": orjson.dumps(block.get("input", {})).decode(),
+                    "arguments": serialise(block.get("input", {})).decode(),
                 }
                 calls.append({"id": call_id, "type": "function", "function": function})
             elif kind == "text":

@@ -10,12 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .request import EXTENSION, NO_MARKS, Marks, read_marks
+from .request import EXTENSION, NO_MARKS, Marks, read_marks, serialise
 
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 INSTRUCTIONS = -1  # layout entry of the canonical message made from `instructions`
@@ -261,7 +259,7 @@ def _call(item: Mapping[str, Any], kind: str, where: str) -> dict[str, Any] | No
     else:
         name = kind
         rest = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
-        arguments = orjson.dumps(rest).decode()
+        arguments = serialise(rest).decode()
     return {
         "id": call_id,
         "type": "function",
