@@ -377,9 +377,11 @@ async def test_a_role_that_is_a_list_on_the_websocket_gets_a_400_frame(
     url = f"ws://127.0.0.1:{gateway.port}/v1/responses"
     async with connect(url, additional_headers={"authorization": "Bearer sk-fuzz"}) as socket:
         for item in (ROLE, {**ROLE, "role": {"a": 1}}):
-            await socket.send(encode({"type": "response.create", "model": "big", "input": [item]}))
+            frame_text = encode({"type": "response.create", "model": "big", "input": [item]})
+            await socket.send(frame_text.decode())
             frame = json.loads(await asyncio.wait_for(socket.recv(), 30))
             assert frame["type"] == "error" and frame["status"] == 400, frame
+            assert frame["error"]["param"] == "input[0].role", frame
     assert fake_upstream.requests() == []
 
 
