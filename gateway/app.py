@@ -72,6 +72,7 @@ from .errors import (
     RouteNotFoundError,
     ShuttingDownError,
     UpstreamError,
+    UpstreamMalformedError,
     UpstreamTimeoutError,
     reason_of,
     upstream_reason,
@@ -123,6 +124,7 @@ from .wire import (
     answers,
 )
 from .wire.chat import ChatWire
+from .wire.framing import StreamCheck, answer_problem
 from .wire.request import serialise
 from .wire.resent import ResentMessages
 from .wire.validated import ValidatedMessages
@@ -134,6 +136,7 @@ IDENTITY = "compactgate.identity"  # scope key: the caller, once authenticated
 SHUTTING_DOWN = "The gateway is shutting down and could not finish this response; retry it."
 EMPTY_STREAM = "The upstream answered 200 with an empty stream."
 CREDENTIALS = frozenset(name.encode() for name in CLIENT_CREDENTIALS)
+MALFORMED = reason_of(UpstreamMalformedError(""))  # the log reason the malformed metric counts
 
 
 @dataclass(slots=True)
@@ -169,6 +172,7 @@ class Exchange:
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
+    framing: StreamCheck | None = None  # the stream being relayed, as checked (`wire.framing`)
 
     @property
     def answered(self) -> bool:
@@ -392,6 +396,8 @@ class Gateway:
         """Count a served request and write its log line (every API, passthrough included)."""
         metrics = self.metrics
         metrics.child(metrics.requests, exchange.model, str(exchange.status), exchange.api).inc()
+        if exchange.reason == MALFORMED:
+            metrics.child(metrics.upstream_malformed, exchange.model, exchange.api).inc()
         if access_logged():  # the line is not built for nobody
             log_request(exchange.line(total))
 
@@ -540,7 +546,8 @@ class Endpoint:
         exchange.reason = reason_of(error)
         with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
             if watcher.started:
-                await watcher.end_with_error(self.wire.stream_error_event(error))
+                sequence = exchange.framing.next_sequence if exchange.framing else 0
+                await watcher.end_with_error(self.wire.stream_error_event(error, sequence))
                 return
             exchange.status = error.status
             headers = [
@@ -747,6 +754,7 @@ class Endpoint:
             chunks = _stream(head, response)
         elif prepared.expandable:
             rounds = Rounds()
+            check = exchange.framing = StreamCheck(self.wire)  # its error events follow on
             chunks = gw.expansion.splice(
                 request.api,
                 response,
@@ -757,7 +765,9 @@ class Endpoint:
                 sending,
                 tenant,
                 rounds,
-                lambda message: self.wire.stream_error_event(UpstreamError(message)),
+                lambda message: self.wire.stream_error_event(
+                    UpstreamError(message), check.next_sequence
+                ),
             )
             if exchange.edits.edits:
                 chunks = reported_in_stream(chunks, exchange.edits)
@@ -786,6 +796,9 @@ class Endpoint:
         response.release()
         if 200 <= response.status < 300 and not data:
             raise UpstreamError("The upstream answered with an empty body.")
+        if 200 <= response.status < 300 and "content-encoding" not in response.headers:
+            if (malformed := answer_problem(self.wire, data)) is not None:
+                raise malformed  # not this API's answer: a 502, not a 200 the client misreads
         status, relay_headers = response.status, response.relay_headers()
         if status == 200 and prepared.expandable and gw.expansion.calls_internal(data):
             resolved = await gw.expansion.resolve(
@@ -887,7 +900,18 @@ class Endpoint:
         rounds: Rounds | None = None,
     ) -> None:
         """Relay a stream chunk by chunk as it arrives, watching it for its usage (`rounds`
-        counts the internal rounds spliced into it)."""
+        counts the internal rounds spliced into it) and checking it is the API's stream (a
+        stream that is not is a 502 until its first event, then ends with an error event)."""
+        check = exchange.framing
+        if check is None and "content-encoding" not in response.headers:
+            check = exchange.framing = StreamCheck(self.wire)
+        if check is not None:
+            chunks = check.checked(chunks)
+        try:
+            first = await anext(aiter(chunks), b"")
+        except BaseException:
+            response.close()
+            raise
         self.books.note(exchange, prepared)
         exchange.status = response.status
         await send(
@@ -899,7 +923,7 @@ class Endpoint:
         )
         tap = None if "content-encoding" in response.headers else self.wire.usage_tap()
         try:
-            async for chunk in chunks:
+            async for chunk in _then(first, chunks):
                 if tap is not None:
                     tap.feed(chunk)
                 if stripper is not None:
@@ -914,7 +938,7 @@ class Endpoint:
                 "request %s: upstream stream failed: %s", exchange.request_id, error.message
             )
             exchange.reason = reason_of(error)
-            event = self.wire.stream_error_event(error)
+            event = self.wire.stream_error_event(error, check.next_sequence if check else 0)
             exchange.failed_in_stream = True
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
@@ -1018,6 +1042,9 @@ class CompactEndpoint(ResponsesEndpoint):
         finally:
             response.release()
             exchange.upstream_seconds += time.perf_counter() - started
+        if 200 <= response.status < 300 and "content-encoding" not in response.headers:
+            if (malformed := answer_problem(self.wire, data)) is not None:
+                raise malformed
         exchange.status = response.status
         await send_bytes(
             send,
@@ -1083,9 +1110,14 @@ class CountTokens(Endpoint):
 
 async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[bytes]:
     """A stream's bytes: what was read of it already, then the rest as it arrives."""
-    if head:
-        yield head
-    async for chunk in response.chunks():
+    async for chunk in _then(head, response.chunks()):
+        yield chunk
+
+
+async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
         yield chunk
 
 

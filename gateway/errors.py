@@ -19,7 +19,8 @@ code. The hierarchy:
     ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
     ├── TooManyRequestsError         429 rate_limit_error (per-tenant concurrency)
     ├── UpstreamError                502 upstream_error
-    │   └── UpstreamUnreachableError    code upstream_unreachable
+    │   ├── UpstreamUnreachableError    code upstream_unreachable
+    │   └── UpstreamMalformedError      code upstream_malformed (a 2xx not in the API's format)
     ├── UpstreamTimeoutError         504 upstream_timeout
     ├── ShuttingDownError            503 (the shutdown deadline ended a response)
     └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
@@ -145,6 +146,11 @@ class UpstreamUnreachableError(UpstreamError):
     """The upstream refused or dropped the connection before answering."""
 
 
+class UpstreamMalformedError(UpstreamError):
+    """The upstream answered 2xx with something that is not the API's answer: not JSON,
+    truncated, or not an event stream of the API (`wire.framing`)."""
+
+
 class UpstreamTimeoutError(GatewayError):
     """The upstream did not answer (or stalled) within the configured timeout."""
 
@@ -191,6 +197,7 @@ ERROR_TABLE: dict[type[GatewayError], Row] = {
     UpstreamUnreachableError: Row(
         502, "upstream_error", "upstream_unreachable", "upstream_unreachable"
     ),
+    UpstreamMalformedError: Row(502, "upstream_error", "upstream_malformed", "upstream_malformed"),
     UpstreamTimeoutError: Row(504, "upstream_error", "upstream_timeout", "upstream_timeout"),
     ShuttingDownError: Row(503, "server_error", "shutting_down", "shutting_down"),
 }

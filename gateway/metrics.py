@@ -154,6 +154,13 @@ class Metrics:
             ["step"],
             registry=r,
         )
+        self.upstream_malformed = Counter(
+            "compactgate_upstream_malformed",
+            "Upstream 2xx answers that were not the API's format (not JSON, truncated, not its "
+            "event stream), answered 502 or ended with an error event, by model and API",
+            ["model", "api"],
+            registry=r,
+        )
         self.context_errors = Counter(
             "compactgate_context_errors",
             "Context-window errors from upstreams, by provider signature",

@@ -16,6 +16,8 @@ envelopes. Behaviours they know:
     expand              call the first tool the request offers (the gateway's read tool) with the
                         first `ref=` of a masked output in the request: {"ref_id": ...}; with
                         also: [tool_calls] the client's calls come in the same answer
+    not_json, truncated, bad_framing, no_final, hang
+                        a 200 that is not the API's answer, streamed or not (`malformed`)
 
 Before answering, each request is checked against the rules the real providers enforce, and
 broken ones get the provider's 400 (so a gateway that breaks them fails the test that sent it):
@@ -527,12 +529,14 @@ def add_routes(app: web.Application, state: Any) -> None:
                 ],
             )
         body = responses_body(payload, _expanded(payload, step), prompt)
-        if not stream:
-            return web.json_response(body, headers={"x-request-id": "req_fake"})
         frames = [
             _frame(event["type"], {**event, "sequence_number": n})
             for n, event in enumerate(responses_events(body))
         ]
+        if step.get("kind") in MALFORMED:
+            return await malformed(request, step["kind"], stream, frames, orjson.dumps(body))
+        if not stream:
+            return web.json_response(body, headers={"x-request-id": "req_fake"})
         if step.get("kind") == "drop_mid_stream":  # the connection closes after a few events
             return await _sse(request, frames[: int(step.get("after_chunks", 2))], drop=True)
         if step.get("kind") == "slow_stream":
@@ -609,6 +613,9 @@ def add_routes(app: web.Application, state: Any) -> None:
             }
             return await _sse(request, [_frame("error", error)])
         body = messages_body(payload, _expanded(payload, step), prompt)
+        if step.get("kind") in MALFORMED:
+            frames = [_frame(name, data) for name, data in messages_events(body)]
+            return await malformed(request, step["kind"], stream, frames, orjson.dumps(body))
         if not stream:
             return web.json_response(body, headers={"request-id": "req_fake"})
         return await _sse(request, [_frame(name, data) for name, data in messages_events(body)])
@@ -625,6 +632,51 @@ def add_routes(app: web.Application, state: Any) -> None:
     app.router.add_post("/v1/responses/compact", compact)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
+
+
+MALFORMED = frozenset({"not_json", "truncated", "bad_framing", "no_final", "hang"})
+NOT_JSON = b"<html><body><h1>502 Bad Gateway</h1><p>nginx</p></body></html>\n"
+
+
+async def malformed(
+    request: web.Request, kind: str, stream: bool, frames: list[bytes], whole: bytes
+) -> web.StreamResponse:
+    """A 200 that is not the API's answer, as broken proxies and servers send them (`frames`:
+    the stream's events, `whole` the JSON body, of the answer this would have been):
+
+        not_json     an HTML page (with the API's content type)
+        truncated    half of the JSON body; a stream cut inside an event, then ended cleanly
+        bad_framing  a stream whose second half of events lost their `data:` / `event:` field
+                     names; the whole body sent as one SSE event
+        no_final     a stream without its last event (`[DONE]`, `response.completed`,
+                     `message_stop`); the whole body as it should be
+        hang         nothing, ever (the handler sleeps)
+    """
+    if kind == "hang":
+        await asyncio.sleep(3600)
+    if kind == "not_json":
+        out = [NOT_JSON]
+    elif kind == "truncated":
+        half = len(frames) // 2
+        out = (
+            [*frames[:half], frames[half][: len(frames[half]) // 2]]
+            if stream
+            else [whole[: len(whole) // 2]]
+        )
+    elif kind == "bad_framing":
+        half = len(frames) // 2
+        broken = [re.sub(rb"(?m)^(data|event): ?", b"", f) for f in frames[half:]]
+        out = [*frames[:half], *broken] if stream else [b"data: " + whole + b"\n\n"]
+    else:  # no_final
+        out = frames[:-1] if stream else [whole]
+    kind_of = "text/event-stream" if stream else "application/json"
+    response = web.StreamResponse(status=200, headers={"Content-Type": kind_of})
+    await response.prepare(request)
+    for part in out:
+        await response.write(part)
+        await asyncio.sleep(0.005 if stream else 0)  # events arrive one by one, as upstreams send
+    await response.write_eof()
+    return response
 
 
 async def _sse(

@@ -33,6 +33,10 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     empty_200            200 with an empty body (llama-cpp-python's streaming quirk)
     slow_stream          chunks, interval; content in `chunks` pieces, `interval` s apart
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
+    not_json, truncated, bad_framing, no_final, hang
+                         a 200 that is not the API's answer, streamed or not (an HTML page,
+                         half the body, events without their field names, no last event, or
+                         nothing ever: `tests.fake_agent_apis.malformed`)
 
 `GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
 `POST /v1/embeddings` answers one embedding; a streamed `POST /v1/completions` answers one
@@ -74,7 +78,7 @@ from gateway.echo_upstream import (
     sse,
     stream_frames,
 )
-from tests.fake_agent_apis import add_routes
+from tests.fake_agent_apis import MALFORMED, add_routes, malformed
 
 JSON = dict[str, Any]
 STYLES = (
@@ -375,6 +379,10 @@ async def _answer(x: Exchange, behaviour: JSON) -> web.StreamResponse:
         interval = float(behaviour.get("interval", 0.1))
         body = x.body({"content": behaviour.get("content", "slow " * chunks), **behaviour})
         return await x.send(x.pieces(body, pieces=chunks), interval=interval)
+    if kind in MALFORMED:
+        frames = x.pieces(x.body(behaviour))
+        whole = b"".join(frames) if not x.stream else _dumps(x.body(behaviour))
+        return await malformed(x.request, kind, x.stream, frames, whole)
     if kind == "context_limit":
         limit = int(behaviour["limit"])
         if x.prompt > limit:

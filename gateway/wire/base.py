@@ -91,6 +91,7 @@ class Wire:
 
     name: ClassVar[str]
     upstream_path: ClassVar[str]  # appended to the upstream's base_url
+    answer_field: ClassVar[str]  # every whole answer of this API has it (`framing`)
 
     def parse(
         self, body: bytes, max_messages: int, resent: ResentScope | None = None
@@ -124,9 +125,15 @@ class Wire:
         """The gateway's own error, in this API's shape (OpenAI's unless overridden)."""
         return error.body()
 
-    def stream_error_event(self, error: GatewayError) -> bytes:
-        """The gateway's own error as the last event of a stream already under way."""
+    def stream_error_event(self, error: GatewayError, sequence: int = 0) -> bytes:
+        """The gateway's own error as the last event of a stream already under way;
+        `sequence` is the number it must carry where events are numbered (Responses)."""
         return b"data: " + error.body() + b"\n\n"
+
+    def final_event(self, name: bytes, data: bytes, document: Any) -> bool:
+        """Whether a stream event (its `event:` name, its data, that data parsed) is the last
+        one of an answer of this API (`framing.StreamCheck`)."""
+        raise NotImplementedError
 
     def head_decided(self, head: bytes) -> bool:
         """Whether the start of a stream read so far shows what it is: an answer, or an error
