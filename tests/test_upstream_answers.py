@@ -94,7 +94,7 @@ async def test_a_stream_broken_midway_ends_with_one_error_event_after_the_good_o
     assert response.status_code == 200
     events = list(sse_events(response.content))
     assert FINAL[api] not in response.content
-    *before, (name, last) = events
+    *before, (_, last) = events
     assert before, response.content  # the events before the fault were relayed
     for _, data in before:  # whole, as the upstream wrote them
         assert data == b"[DONE]" or isinstance(orjson.loads(data), dict)
