@@ -10,12 +10,26 @@ stream without its last event. In-process, on every API, streamed and not.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from gateway.echo_upstream import completion_body, stream_frames
+from gateway.errors import UpstreamMalformedError
+from gateway.wire import WIRES
 from gateway.wire.base import sse_events
+from gateway.wire.framing import StreamCheck
+from tests.fake_agent_apis import (
+    _frame,
+    messages_body,
+    messages_events,
+    responses_body,
+    responses_events,
+)
 from tests.fuzz_oracle import error_problems
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
@@ -124,3 +138,43 @@ async def test_a_good_answer_is_untouched(
             if stream:
                 assert FINAL[api] in response.content
     assert malformed_count(await metrics(gw), "chat") == 0
+
+
+# -- the check on its own ----------------------------------------------------------------------
+
+
+def streams() -> dict[str, bytes]:
+    """A well-formed stream of each API, as the fake upstream writes them."""
+    payload: dict[str, Any] = {"model": "m"}
+    chat = b"".join(
+        stream_frames(completion_body(content="hi there", prompt_tokens=3), include_usage=True)
+    )
+    body = responses_body(payload, {"kind": "ok"}, 3)
+    responses = b"".join(
+        _frame(e["type"], {**e, "sequence_number": n}) for n, e in enumerate(responses_events(body))
+    )
+    answer = messages_body(payload, {"kind": "ok"}, 3)
+    messages = b"".join(_frame(name, data) for name, data in messages_events(answer))
+    return {"chat": chat, "responses": responses, "messages": messages}
+
+
+@given(api=st.sampled_from(["chat", "responses", "messages"]), cuts=st.lists(st.integers(0, 4000)))
+def test_a_good_stream_cut_anywhere_goes_on_byte_for_byte(api: str, cuts: list[int]) -> None:
+    raw = streams()[api]
+    check = StreamCheck(WIRES[api])
+    points = sorted({min(c, len(raw)) for c in cuts} | {0, len(raw)})
+    out = b"".join(check.feed(raw[a:b]) for a, b in itertools.pairwise(points))
+    check.end()
+    assert out == raw
+
+
+@given(api=st.sampled_from(["chat", "responses", "messages"]), at=st.integers(1, 50))
+def test_a_line_that_is_no_field_is_found_wherever_the_stream_is_cut(api: str, at: int) -> None:
+    raw = streams()[api]
+    events = raw.split(b"\n\n")
+    broken = b"\n\n".join([*events[:1], b"<html>", *events[1:]])
+    check = StreamCheck(WIRES[api])
+    with pytest.raises(UpstreamMalformedError):
+        for start in range(0, len(broken), at):
+            check.feed(broken[start : start + at])
+        check.end()
