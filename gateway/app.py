@@ -57,7 +57,7 @@ from .auth import Authenticator, Identity
 from .calibration import Calibration
 from .compaction_answers import CompactionAnswers
 from .config import Config, ConfigError, ServerConfig
-from .context_errors import ContextError, classify
+from .context_errors import ContextError, beyond_window, classify
 from .context_management import Applied, apply_to, reported_in_stream, with_report
 from .cors import BrowserAccess
 from .costs import Accountant, Priced, price_map
@@ -599,6 +599,7 @@ class Endpoint:
             gw.metrics.agent_compactions.labels(agent.name, "forwarded").inc()
         targets = destinations(route, self.wire, scope["headers"])
         retries = Retries(route.max_retries)
+        first: ContextError | None = None  # the upstream's figures for the client's own request
         while True:
             outcome = await self.attempt(send, request, route, prepared, exchange, targets, tenant)
             match outcome:
@@ -609,6 +610,7 @@ class Endpoint:
                     return
                 case Overflow():
                     self.overflowed(route, exchange, outcome.error)
+                    first = first or outcome.error
                     if not retries.left:
                         await self.answer_overflow(send, exchange, prepared, outcome)
                         return
@@ -618,7 +620,7 @@ class Endpoint:
                     if outcome.stream is not None:
                         outcome.stream.close()
                     prepared = await self.recompact(
-                        request, route, tenant, prepared, outcome, scope["headers"]
+                        request, route, tenant, prepared, outcome, first, scope["headers"]
                     )
 
     async def answered_ahead(
@@ -865,9 +867,12 @@ class Endpoint:
         tenant: str,
         previous: Prepared,
         overflow: Overflow,
+        first: ContextError,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> Prepared:
-        """Prepare the client's original request again against a tighter window."""
+        """Prepare the client's original request again against a tighter window. When nothing
+        fits it, the 400 quotes the real figures (the upstream's window, the request's size),
+        never those of the tighter window the retry was compacted against (design D15.6)."""
         pipeline = self.gw.pipeline
         if previous.late is not None:  # the window is learnt in counted tokens, not a bound
             await asyncio.wait([previous.late])
@@ -887,7 +892,11 @@ class Endpoint:
             if overflow.stream is not None and not overflow.head:
                 # An empty stream was only a guess at an overflow: report what happened.
                 raise UpstreamError(EMPTY_STREAM) from None
-            raise
+            stated, window = overflow.error.limit, self.gw.effective_window(route)
+            raise ContextLengthExceededError(
+                beyond_window(first, stated, window, previous.tokens_before, request.max_output),
+                param="messages" if self.wire is CHAT else "input",
+            ) from None
 
     async def relay(
         self,

@@ -43,7 +43,7 @@ from policies.summaries import SummaryAnswer, SummaryRequest, SummarySource, Unw
 from policies.summarising import SummarisingStep
 
 from .counting import Counting
-from .errors import ContextLengthExceededError, InvalidRequestError
+from .errors import ContextLengthExceededError
 from .expansion import offer
 from .held import HeldResults
 from .metrics import Metrics
@@ -743,12 +743,12 @@ class Pipeline:
                 budget.trigger_ratio,
                 budget.target_ratio,
             )
-        raise InvalidRequestError(
+        raise ContextLengthExceededError(
             f"max_tokens ({budget.reserved_output}) plus the tool definitions "
-            f"({tools_tokens} tokens) "
-            f"leave no room for messages in the {budget.context_window}-token context window.",
+            f"({tools_tokens} tokens) and the gateway's margin and overhead "
+            f"({budget.fixed_tokens - tools_tokens} tokens) leave no room for messages in the "
+            f"{budget.context_window}-token context window.",
             param="max_tokens" if request.max_output is not None else "tools",
-            code="context_length_exceeded",
         )
 
 
