@@ -124,6 +124,25 @@ async def test_a_stream_broken_midway_ends_with_one_error_event_after_the_good_o
     assert "reason=upstream_malformed" in gw.logs()
 
 
+@pytest.mark.parametrize(
+    "fault", [{"kind": "drop_mid_stream", "after_chunks": 4}, {"kind": "no_final"}]
+)
+async def test_the_error_event_that_ends_a_responses_stream_carries_the_next_number(
+    start_app: AppStarter, local_upstream: LocalUpstream, fault: dict[str, Any]
+) -> None:
+    """Regression: the gateway's own error event said `sequence_number: 0` after 0, 1, 2, ...
+    (a client that checks the order drops it, and the stream's end with it)."""
+    gw = await start_app(
+        {"models": [{"name": "m", "upstream": {"base_url": local_upstream.base_url}}]}
+    )
+    local_upstream.script([fault])
+    response = await ask(gw, "responses", stream=True)
+    numbers = [orjson.loads(data)["sequence_number"] for _, data in sse_events(response.content)]
+    assert len(numbers) >= 3
+    assert numbers == list(range(len(numbers))), numbers
+    assert orjson.loads(list(sse_events(response.content))[-1][1])["type"] == "error"
+
+
 async def test_a_good_answer_is_untouched(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
