@@ -73,6 +73,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 LATEST_REQUESTS = 100  # the request list under the tables
+UPSTREAMS_WAIT_S = 0.5  # the overview waits at most this long for a round of upstream checks
 
 ADMIN_TOKEN_HEADER = b"x-compactgate-admin-token"
 
@@ -222,7 +223,7 @@ async def overview(request: Request) -> Response:
     Per model, per wire API and per tenant: requests, rate, errors by reason, p50/p99 latency
     and the gateway's own overhead, compaction, retries, internal rounds and cost; the cost
     totals; then, since start, the summary cache and the summariser; the learned windows; the
-    latest requests and compaction events of the range.
+    latest requests and compaction events of the range; each model's upstream reachability.
     """
     gw = request.app.state.gateway
     text = request.query_params.get("range", "1h")
@@ -240,6 +241,7 @@ async def overview(request: Request) -> Response:
     since = view.since or 0.0
     recent = [s for s in kept[-LATEST_REQUESTS:] if s.ts >= since]
     feed = log.snapshot(limit=50, since=since)
+    upstreams = await gw.upstream_health.report(UPSTREAMS_WAIT_S)
     body = {
         "range": text,
         "now": round(now, 3),
@@ -247,6 +249,7 @@ async def overview(request: Request) -> Response:
         "since_start": feed["totals"],
         "summaries": summaries(gw.metrics),
         "windows": windows(gw),
+        "upstreams": upstreams.view() if upstreams is not None else None,
         "requests": [sample_view(s) for s in reversed(recent)],
         "events": feed["events"],
         "kept": {"requests": len(log.requests), "limit": log.requests.maxlen},

@@ -89,7 +89,7 @@ from .passthrough import passthrough
 from .pipeline import Pipeline, Prepared, when_settled
 from .plan_endpoint import plan
 from .probes import healthz, metrics, readyz
-from .readiness import Readiness
+from .readiness import Readiness, drain_on_termination
 from .remote_compaction import (
     AGENT,
     RemoteCompaction,
@@ -113,6 +113,7 @@ from .upstream import (
 )
 from .upstream.in_process import unserved
 from .upstream_counts import UpstreamCounts
+from .upstream_health import UpstreamHealth
 from .wire import (
     CHAT,
     COUNT_TOKENS,
@@ -266,6 +267,7 @@ class Gateway:
         self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
         self.readiness = Readiness(config, self.store)
+        self.upstream_health = UpstreamHealth(config, self.metrics.registry)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
         self.costs = Accountant(self.metrics)
@@ -312,9 +314,13 @@ class Gateway:
         # first answered request, and frozen with the rest of start-up.
         await asyncio.to_thread(price_map)
         freeze_startup_objects()  # last: everything start-up made stays out of collections
+        undo = drain_on_termination(self.readiness)  # SIGTERM: not ready from then on
         try:
             yield
         finally:
+            self.readiness.drain()
+            undo()
+            await self.upstream_health.close()
             await self.summaries.close()  # cancels background summaries
             await self.pipeline.counting.close()  # cancels background counts
             await self.store.close()

@@ -117,10 +117,12 @@ class ServerConfig(_Strict):
         None, gt=0, lt=65536, description="Serve admin surfaces there only"
     )
     readiness_upstreams: bool = Field(
-        True, description="/readyz also needs one upstream per model to accept connections"
+        True,
+        description="Check that each model has an upstream accepting connections, for /healthz "
+        "detail, the overview and compactgate_upstream_reachable (never for /readyz)",
     )
     readiness_cache_s: float = Field(
-        5.0, ge=0, description="How long /readyz reuses its last round of checks"
+        5.0, ge=0, description="How long /readyz and the upstream checks reuse their last round"
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="text: key=value lines; json: one JSON object per line"
