@@ -11,21 +11,15 @@ a page saying how to pass it; API clients get the JSON error. The plan endpoint 
 key and the admin token travels in `x-compactgate-admin-token`, a header the gateway never
 forwards upstream. Health checks stay open on both ports for probes.
 
-`/metrics`, `/ui`, `/v1/compactgate/events` and `/v1/compactgate/plan` are admin surfaces. With
-`server.admin_port` they are served only on that port (and the proxy only on the main one);
-with `server.admin_token` they require the token, presented as `x-compactgate-admin-token:
-<token>`, or `Authorization: Bearer <token>`, or `?token=<token>` (so a browser can open `/ui`),
-looked for in that order: the first one present is the one compared. The plan endpoint also
-runs `auth` (it acts for a tenant), so with gateway keys configured its `Authorization` carries
-the caller's key and the admin token travels in `x-compactgate-admin-token`, a header the
-gateway never forwards upstream. Health checks stay open on both ports for probes.
-
 Without a token nothing is opened silently: on the main port the admin surfaces answer only
 clients on this machine (loopback, or a Unix socket), so a laptop or the demo works as before
 and anyone else gets a 403 that says how to open them. A separate `admin_port` without a token
 is a deliberate choice (its network decides who reaches it) and `serve` warns about it when it
 listens beyond loopback. An empty token (`admin_token: ""`, often an unset variable) is no
-token: it never matches a request that presents none.
+token: it never matches a request that presents none. Without a token, an admin surface also
+needs a Host no DNS-rebinding page can use (`hosts`: a loopback name, an IP address, or
+`server.allowed_hosts`), and a web page on another origin never reads one, whatever
+`server.cors_origins` allows (`cors`).
 """
 
 from __future__ import annotations
@@ -57,6 +51,7 @@ from .errors import (
     PermissionDeniedError,
 )
 from .events import RequestSample
+from .hosts import Hosts
 from .metrics import Metrics
 from .overview import overview as aggregate
 
@@ -78,8 +73,10 @@ UPSTREAMS_WAIT_S = 0.5  # the overview waits at most this long for a round of up
 ADMIN_TOKEN_HEADER = b"x-compactgate-admin-token"
 
 
-def refusal(scope: Scope, server: ServerConfig) -> GatewayError | None:
-    """Why this request may not reach its path here (404 or 401); None when it may."""
+def refusal(scope: Scope, server: ServerConfig, hosts: Hosts) -> GatewayError | None:
+    """Why this request may not reach its path here (404, 401 or 403); None when it may.
+    Without an admin token, an admin surface also needs a Host no rebinding page can use
+    (`hosts`, design D16.7): the token is what a rebinding page cannot present."""
     path = scope["path"]
     if path in OPEN_PATHS:
         return None
@@ -108,7 +105,7 @@ def refusal(scope: Scope, server: ServerConfig) -> GatewayError | None:
             "them on a port of their own with server.admin_port.",
             code="admin_token_required",
         )
-    return None
+    return hosts.refusal(scope)
 
 
 def admin_token(server: ServerConfig) -> str | None:
@@ -137,7 +134,8 @@ def exposure_warning(server: ServerConfig, host: str) -> str | None:
         return (
             f"{empty}admin surfaces (/metrics, /ui, events, plan) are served on port "
             f"{server.admin_port} without a token: anyone who can reach that port can read "
-            "them. Keep the port inside a trusted network, or set server.admin_token."
+            "them. Keep the port inside a trusted network, or set server.admin_token; reached "
+            "by a host name (not an address), list it in server.allowed_hosts."
         )
     if is_loopback(host) and not empty:
         return None

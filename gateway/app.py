@@ -59,7 +59,7 @@ from .compaction_answers import CompactionAnswers
 from .config import Config, ConfigError, ServerConfig
 from .context_errors import ContextError, beyond_window, classify
 from .context_management import Applied, apply_to, reported_in_stream, with_report
-from .cors import BrowserAccess
+from .cors import BrowserAccess, Origins
 from .costs import Accountant, Priced, price_map
 from .counting import Counting
 from .destinations import destinations, upstream_headers
@@ -80,6 +80,7 @@ from .errors import (
 from .events import EventLog
 from .expansion import Expansion, Rounds
 from .failover import Balancer, Destination
+from .hosts import Hosts
 from .limits import ConcurrencyLimits, register_gauges
 from .logs import access_logged, clip, log_request, new_request_id, request_fields
 from .memory import freeze_startup_objects
@@ -1240,12 +1241,15 @@ class _Dispatch:
     """Browser access first (CORS, see cors.py), then the admin gate; the compacting endpoints
     skip Starlette's router; everything else goes through it."""
 
-    def __init__(self, endpoints: dict[str, Any], app: Starlette, server: ServerConfig) -> None:
+    def __init__(
+        self, endpoints: dict[str, Any], app: Starlette, server: ServerConfig, origins: Origins
+    ) -> None:
         self.endpoints = endpoints
         self.app = app
         self.state = app.state
         self.server = server
-        self.browser = BrowserAccess(self.dispatch, server.cors_origins)
+        self.hosts = origins.hosts
+        self.browser = BrowserAccess(self.dispatch, origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.browser.cross_origin(scope):
@@ -1255,7 +1259,7 @@ class _Dispatch:
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if (refused := admin.refusal(scope, self.server)) is not None:
+            if (refused := admin.refusal(scope, self.server, self.hosts)) is not None:
                 await admin.send_refusal(send, scope, refused)
                 return
             if scope["method"] == "POST":
@@ -1274,7 +1278,8 @@ def build_app(config: Config, in_process: Mapping[str, ServerFactory] | None = N
         raise ConfigError(problems)
     gateway = Gateway(config, in_process)
     responses = ResponsesEndpoint(gateway)
-    socket = ResponsesSocket(gateway, responses, config.server)  # Codex's WebSocket transport
+    origins = Origins(config.server.cors_origins, Hosts(config.server.allowed_hosts))
+    socket = ResponsesSocket(gateway, responses, config.server, origins)  # Codex's transport
     app = Starlette(
         routes=[
             WebSocketRoute("/v1/responses", socket.session),
@@ -1308,7 +1313,7 @@ def build_app(config: Config, in_process: Mapping[str, ServerFactory] | None = N
         "/v1/messages": Endpoint(gateway, MESSAGES),
         "/v1/messages/count_tokens": CountTokens(gateway),
     }
-    return _Dispatch(endpoints, app, config.server)
+    return _Dispatch(endpoints, app, config.server, origins)
 
 
 def create_app() -> _Dispatch:

@@ -48,6 +48,9 @@ LITELLM_HINT = (
     "`compactgate import-litellm <litellm config.yaml>`, which writes this gateway's `models:`"
 )
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
+_HOST = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 # Pages served from this machine may call the gateway from a browser; other sites may not.
 LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
 # How a model's upstream is reached (`upstream.provider`): each names one transport.
@@ -131,6 +134,27 @@ class ServerConfig(_Strict):
         default_factory=lambda: list(LOOPBACK_ORIGINS),
         description="Browser origins allowed to call the gateway: exact, `*`, or ending in `:*`",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names browsers may reach the gateway by, besides loopback names and IP "
+        "addresses (DNS rebinding): exact, `*.example.com`, or `*`",
+    )
+    websocket_queue_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="Frames waiting on a Responses WebSocket behind the one being served; past "
+        "this the socket gets an error frame and is closed",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        bad = [h for h in value if h != "*" and not _HOST.fullmatch(h.removeprefix("*."))]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not a host name: use name.example.com, *.example.com or *"
+            )
+        return value
 
     @field_validator("cors_origins")
     @classmethod

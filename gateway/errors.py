@@ -9,7 +9,9 @@ code. The hierarchy:
     │   └── InvalidCompactionError      400, code invalid_encrypted_content (forged, other tenant's)
     ├── AuthenticationError          401 authentication_error
     ├── PermissionDeniedError        403 permission_error
-    │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
+    │   ├── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
+    │   └── HostNotAllowedError         code host_not_allowed (a Host no browser may use: DNS
+    │                                   rebinding)
     ├── NotFoundError                404 invalid_request_error
     │   ├── ModelNotFoundError          code model_not_found
     │   └── RouteNotFoundError          no code (no endpoint at this path)
@@ -18,6 +20,7 @@ code. The hierarchy:
     ├── RequestTimeoutError          408 (a client that trickles its body too slowly)
     ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
     ├── TooManyRequestsError         429 rate_limit_error (per-tenant concurrency)
+    │   └── TooManyFramesError          code websocket_queue_full (frames waiting on a socket)
     ├── UpstreamError                502 upstream_error
     │   ├── UpstreamUnreachableError    code upstream_unreachable
     │   └── UpstreamMalformedError      code upstream_malformed (a 2xx not in the API's format)
@@ -110,6 +113,10 @@ class OriginNotAllowedError(PermissionDeniedError):
     """A web page from an origin `server.cors_origins` does not allow."""
 
 
+class HostNotAllowedError(PermissionDeniedError):
+    """A browser's request by a Host name the gateway is not served as (`hosts`)."""
+
+
 class NotFoundError(GatewayError):
     """A path the gateway does not serve."""
 
@@ -136,6 +143,10 @@ class RequestTimeoutError(GatewayError):
 
 class TooManyRequestsError(GatewayError):
     """The tenant has too many upstream requests in flight."""
+
+
+class TooManyFramesError(TooManyRequestsError):
+    """More frames wait on a Responses WebSocket than `server.websocket_queue_bytes` allows."""
 
 
 class UpstreamError(GatewayError):
@@ -184,6 +195,7 @@ ERROR_TABLE: dict[type[GatewayError], Row] = {
     AuthenticationError: Row(401, "authentication_error", "invalid_api_key", "auth"),
     PermissionDeniedError: Row(403, "permission_error", "model_not_allowed", "forbidden"),
     OriginNotAllowedError: Row(403, "permission_error", "origin_not_allowed", "origin_not_allowed"),
+    HostNotAllowedError: Row(403, "permission_error", "host_not_allowed", "host_not_allowed"),
     NotFoundError: Row(404, "invalid_request_error", "not_found", "not_found"),
     ModelNotFoundError: Row(404, "invalid_request_error", "model_not_found", "unknown_model"),
     RouteNotFoundError: Row(404, "invalid_request_error", None, "not_found"),
@@ -192,6 +204,9 @@ ERROR_TABLE: dict[type[GatewayError], Row] = {
     RequestTimeoutError: Row(408, "invalid_request_error", "request_timeout", "client_timeout"),
     TooManyRequestsError: Row(
         429, "rate_limit_error", "too_many_concurrent_requests", "tenant_limit"
+    ),
+    TooManyFramesError: Row(
+        429, "rate_limit_error", "websocket_queue_full", "websocket_queue_full"
     ),
     UpstreamError: Row(502, "upstream_error", "bad_gateway", "upstream_error"),
     UpstreamUnreachableError: Row(

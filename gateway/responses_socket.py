@@ -10,13 +10,21 @@ socket stays open for the next request. The rules this module keeps:
   (authentication, parsing, compaction, reactive retry, metrics, event log, agent compaction
   answers), and the SSE answer is cut into frames. Nothing here compacts or retries.
 - The socket is authenticated once, at the upgrade, exactly as an HTTP request (401 and 403
-  before the socket opens); every request on it belongs to that tenant.
-- Requests on one socket run one after the other, in the order they came.
+  before the socket opens); every request on it belongs to that tenant. A browser's upgrade
+  (it carries `Origin`) is refused before the socket opens as an HTTP request from that page
+  would be: an origin `server.cors_origins` does not allow, or a Host a DNS-rebinding page
+  could use (`cors.Origins`, `hosts`; design D16.7).
+- Requests on one socket run one after the other, in the order they came. The frames waiting
+  behind the one being answered are bounded (`server.websocket_queue_bytes`, `FrameQueue`):
+  past it the client gets an error frame (429 `websocket_queue_full`) and the socket is
+  closed. When the client leaves, the frames still waiting are dropped: nothing it queued is
+  sent upstream after it has gone (design D9.8).
 - A request that fails gets one `error` frame in the shape Codex reads on this transport,
   `{"type": "error", "status": N, "error": {...}, "headers": {...}}`, and the socket stays
-  usable. Nothing is sent for a request after its last frame (`response.completed`,
-  `response.failed`, `response.incomplete` or `error`): a stray frame would be read as the
-  start of the next answer.
+  usable; it carries the `sequence_number` after the last frame of its answer. Nothing is sent
+  for a request after its last frame (`response.completed`, `response.failed`,
+  `response.incomplete` or `error`): a stray frame would be read as the start of the next
+  answer.
 - Codex sends a follow-up as `previous_response_id` plus only the new input items, expecting
   the server to remember the last response of the socket (it sends `store: false`, so no
   upstream holds it). The socket remembers the last request's full input and the items its
@@ -37,6 +45,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,7 +58,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from . import admin
 from .asgi import Message, Receive, Scope, Send, header
 from .config import ServerConfig
-from .errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
+from .cors import Origins
+from .errors import (
+    GatewayError,
+    InvalidRequestError,
+    TooManyFramesError,
+    UpstreamError,
+    status_of_code,
+)
 from .wire.base import json_or_none, sse_events
 from .wire.request import serialise
 
@@ -95,6 +111,12 @@ class SocketMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.overflows = Counter(
+            "compactgate_websocket_queue_overflows",
+            "Responses WebSockets closed because more frames waited than "
+            "server.websocket_queue_bytes allows",
+            registry=registry,
+        )
         self.requests = Counter(
             "compactgate_websocket_requests",
             "Frames that asked for an answer on a Responses WebSocket, by HTTP-equivalent status "
@@ -102,6 +124,49 @@ class SocketMetrics:
             ["status"],
             registry=registry,
         )
+
+
+class FrameQueue:
+    """The frames a client sent that wait behind the request being answered: at most `limit`
+    bytes of them (each counted with a little overhead, so tiny frames are bounded too), except
+    that one frame may always wait whatever its size (the frame size has its own limit,
+    `ws_max_size`). Closed, it drops what waits and gives None."""
+
+    OVERHEAD = 64  # bytes a waiting frame costs beyond its text
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._frames: deque[str | bytes] = deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def put(self, frame: str | bytes) -> bool:
+        """Queue `frame`; False (nothing queued) when it would pass the bound."""
+        size = len(frame) + self.OVERHEAD
+        if self._frames and self._bytes + size > self.limit:
+            return False
+        self._frames.append(frame)
+        self._bytes += size
+        self._ready.set()
+        return True
+
+    async def get(self) -> str | bytes | None:
+        """The next frame, waiting for one; None once closed."""
+        while not self._frames and not self._closed:
+            self._ready.clear()
+            await self._ready.wait()
+        if self._closed:
+            return None
+        frame = self._frames.popleft()
+        self._bytes -= len(frame) + self.OVERHEAD
+        return frame
+
+    def close(self) -> None:
+        self._closed = True
+        self._frames.clear()
+        self._bytes = 0
+        self._ready.set()
 
 
 @dataclass(slots=True)
@@ -157,6 +222,7 @@ class FrameRelay:
         self.output: list[Any] = []
         self._pending = b""
         self._body: list[bytes] = []
+        self._sequence: int | None = None  # the highest sequence_number relayed
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -204,8 +270,19 @@ class FrameRelay:
         self.headers.update(error.headers)
         await self._error_frame(error.status, body)
 
-    async def _error_frame(self, status: int, error: dict[str, Any]) -> None:
-        event = {"type": "error", "status": status, "error": error, "headers": self.headers}
+    async def _error_frame(
+        self, status: int, error: dict[str, Any], sequence: int | None = None
+    ) -> None:
+        """The answer's final error frame, numbered after the frames relayed before it."""
+        if sequence is None:
+            sequence = 0 if self._sequence is None else self._sequence + 1
+        event = {
+            "type": "error",
+            "status": status,
+            "error": error,
+            "headers": self.headers,
+            "sequence_number": sequence,
+        }
         await self.send_event(event)
         self.ended = True
 
@@ -226,8 +303,12 @@ class FrameRelay:
         kind = document.get("type") if isinstance(document, dict) else None
         if kind is None:
             return  # not an event of this API (a `[DONE]`, a comment)
+        number = document.get("sequence_number")
+        if isinstance(number, int) and not isinstance(number, bool):
+            self._sequence = number if self._sequence is None else max(self._sequence, number)
         if kind == "error":  # final on this transport only with a status
-            await self._error_frame(*_stream_error(document))
+            status, error = _stream_error(document)
+            await self._error_frame(status, error, number if isinstance(number, int) else None)
             return
         if kind == "response.output_item.done" and "item" in document:
             self.output.append(document["item"])
@@ -276,15 +357,20 @@ class ResponsesSocket:
     """The WebSocket endpoint: accepts the socket, then serves its frames one at a time through
     `endpoint` (the HTTP Responses endpoint, an ASGI app)."""
 
-    def __init__(self, gateway: Gateway, endpoint: ASGIApp, server: ServerConfig) -> None:
+    def __init__(
+        self, gateway: Gateway, endpoint: ASGIApp, server: ServerConfig, origins: Origins
+    ) -> None:
         self.gw = gateway
         self.endpoint = endpoint
         self.server = server
+        self.origins = origins
         self.metrics = SocketMetrics(gateway.metrics.registry)
 
     async def session(self, websocket: WebSocket) -> None:
         scope = websocket.scope
-        refused = admin.refusal(scope, self.server)
+        refused = admin.refusal(scope, self.server, self.origins.hosts) or self.origins.refusal(
+            scope
+        )
         try:
             if refused is not None:
                 raise refused
@@ -295,9 +381,9 @@ class ResponsesSocket:
         await websocket.accept()
         self.metrics.connections.inc()
         self.metrics.open.inc()
-        frames: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        frames = FrameQueue(self.server.websocket_queue_bytes)
         closed = asyncio.Event()
-        reader = asyncio.create_task(_read(websocket, frames, closed))
+        reader = asyncio.create_task(self._read(websocket, frames, closed))
         history = SocketHistory()
         exchange_frames = (header(scope, EXCHANGE_HEADER) or b"").lower() in (b"on", b"1")
         served = 0
@@ -312,8 +398,40 @@ class ResponsesSocket:
             pass  # the client left mid-answer: the endpoint has already dropped the upstream
         finally:
             reader.cancel()
+            frames.close()
             self.metrics.open.dec()
             log.info("websocket closed after %d requests", served)
+
+    async def _read(self, websocket: WebSocket, frames: FrameQueue, closed: asyncio.Event) -> None:
+        """Queue every frame the client sends until it leaves: then `closed` is set and the
+        frames still waiting are dropped (nothing queued goes upstream after a disconnect). Past
+        the queue's bound the client gets an error frame and the socket is closed."""
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if not frames.put(text if text is not None else message.get("bytes") or b""):
+                    await self._overflowed(websocket, frames)
+                    break
+        finally:
+            closed.set()
+            frames.close()
+
+    async def _overflowed(self, websocket: WebSocket, frames: FrameQueue) -> None:
+        self.metrics.overflows.inc()
+        error = TooManyFramesError(
+            f"More than {frames.limit} bytes of frames are waiting on this socket behind the "
+            "request being answered (server.websocket_queue_bytes): send the next request after "
+            "the last one's final event. The socket is closed."
+        )
+        log.warning("websocket closed: %s", error.message)
+        body = orjson.loads(error.body())["error"]
+        event = {"type": "error", "status": error.status, "error": body, "headers": {}}
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+            await websocket.send_text(orjson.dumps(event).decode())
+            await websocket.close(code=1008, reason="too many frames queued")
 
     async def serve(
         self,
@@ -437,22 +555,6 @@ def _receive(body: bytes, closed: asyncio.Event) -> Receive:
         return {"type": "http.disconnect"}
 
     return receive
-
-
-async def _read(
-    websocket: WebSocket, frames: asyncio.Queue[str | bytes | None], closed: asyncio.Event
-) -> None:
-    """Queue every frame the client sends until it leaves (then None, and `closed` is set)."""
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            text = message.get("text")
-            frames.put_nowait(text if text is not None else message.get("bytes") or b"")
-    finally:
-        closed.set()
-        frames.put_nowait(None)
 
 
 async def _deny(websocket: WebSocket, error: GatewayError) -> None:

@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -484,6 +484,32 @@ def _expanded(payload: Mapping[str, Any], step: JSON) -> JSON:
     return {**step, "kind": "tool_calls", "tool_calls": [call, *step.get("also", [])]}
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def tracked(state: Any, handler: Handler) -> Handler:
+    """`handler` counted in the fake's counters as its chat route is (`/_fake/inflight`:
+    in flight, started, completed, and cancelled by the client hanging up)."""
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        state.tasks.add(task)
+        state.started += 1
+        try:
+            response = await handler(request)
+        except (asyncio.CancelledError, ConnectionResetError):
+            if task in state.tasks:  # not a reset
+                state.cancelled += 1
+            raise
+        finally:
+            state.tasks.discard(task)
+        state.completed += 1
+        return response
+
+    return counted
+
+
 def add_routes(app: web.Application, state: Any) -> None:
     """Register the endpoints on the fake's app (before its catch-all passthrough)."""
 
@@ -628,9 +654,9 @@ def add_routes(app: web.Application, state: Any) -> None:
             {"input_tokens": prompt_tokens(payload, state.config.chars_per_token)}
         )
 
-    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/responses", tracked(state, responses))
     app.router.add_post("/v1/responses/compact", compact)
-    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages", tracked(state, messages))
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
 
 

@@ -17,8 +17,9 @@ Control endpoints (JSON; nothing under /_fake/ is recorded):
     POST /_fake/release    let a held-back streamed legacy completion finish
     POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X",
                             "remote_compaction": bool}
-    GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"}; `cancelled` counts
-                           chat requests ended by the client disconnecting
+    GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"} of the chat,
+                           Responses and Messages routes; `cancelled` counts requests ended by
+                           the client disconnecting
 
 Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
 
