@@ -34,7 +34,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from .metrics import Metrics
+from .ops.metrics import Metrics
 
 log = logging.getLogger("compactgate.store")
 

@@ -23,7 +23,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.wire import CHAT, COUNT_TOKENS, MESSAGES, RESPONSES, Wire
-from gateway.wire.base import sse_events
+from gateway.wire.usage import sse_events
 
 MARK = "x-fuzz-example"
 PATHS = {

@@ -34,7 +34,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from gateway.compaction_refs import PREFIX as OUR_COMPACTION
+from gateway.agents.refs import PREFIX as OUR_COMPACTION
 
 settings.register_profile(
     "fuzz-ci",

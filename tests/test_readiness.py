@@ -97,7 +97,7 @@ async def test_one_models_dead_upstream_leaves_the_replica_ready_and_healthz_say
 async def test_a_draining_replica_is_not_ready(start_app: AppStarter) -> None:
     app = await start_app({"server": {"readiness_cache_s": 60}})
     assert (await app.http.get(f"{app.url}/readyz")).status_code == 200
-    app.app.app.state.gateway.readiness.drain()  # what SIGTERM does under `serve`
+    app.app.core.readiness.drain()  # what SIGTERM does under `serve`
     down = await app.http.get(f"{app.url}/readyz")
     assert down.status_code == 503  # at once, whatever the cache says
     assert down.json() == {

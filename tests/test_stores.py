@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.stores import (
     ENTRY_OVERHEAD,
     MemoryStore,

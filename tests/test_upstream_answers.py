@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.echo_upstream import completion_body, stream_frames
+from gateway.devtools.echo_upstream import completion_body, stream_frames
 from gateway.errors import UpstreamMalformedError
 from gateway.wire import WIRES
-from gateway.wire.base import sse_events
 from gateway.wire.framing import StreamCheck
+from gateway.wire.usage import sse_events
 from tests.fake_agent_apis import (
     _frame,
     messages_body,

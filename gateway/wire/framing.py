@@ -70,6 +70,13 @@ class StreamCheck:
         relayed, or the count of events relayed when the upstream numbers none."""
         return self._events if self._sequence is None else self._sequence + 1
 
+    async def begin(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`chunks` checked, their first complete events read already: a stream that is not
+        the API's raises here, before its caller has sent anything."""
+        checked = self.checked(chunks)
+        first = await anext(aiter(checked), b"")
+        return _then(first, checked)
+
     async def checked(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """`chunks` as the complete, checked events they carry; then `end`."""
         async for chunk in chunks:
@@ -140,6 +147,13 @@ class StreamCheck:
 
     def _fault(self, why: str) -> UpstreamMalformedError:
         return UpstreamMalformedError(NOT_A_STREAM.format(api=self._wire.name, why=why))
+
+
+async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
 
 
 def _field(line: bytes) -> tuple[bytes | None, bytes]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
-from .request import EXTENSION, NO_MARKS, Marks, read_marks, serialise
+from .fields import EXTENSION, NO_MARKS, Marks, read_marks, serialise
 
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`

@@ -13,7 +13,7 @@ from typing import Any
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .request import EXTENSION, NO_MARKS, Marks, read_marks, serialise
+from .fields import EXTENSION, NO_MARKS, Marks, read_marks, serialise
 
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 INSTRUCTIONS = -1  # layout entry of the canonical message made from `instructions`
