@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import GatewayError
+from gateway.summaries.transcript import SYSTEM_PROMPT
 from gateway.wire import CHAT, COUNT_TOKENS, MESSAGES, RESPONSES, Wire
 from gateway.wire.usage import sse_events
 
@@ -169,6 +170,13 @@ def upstream_problems(
                     f"{record['path']} received what no client may send ({error.message}): {raw[:300]!r}"
                 )
     return problems
+
+
+def summary_call(body: Any) -> bool:
+    """Whether a chat body the upstream received is the gateway's own summariser call."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    first = messages[0] if isinstance(messages, list) and messages else None
+    return isinstance(first, dict) and first.get("content") == SYSTEM_PROMPT
 
 
 def _json(data: bytes) -> Any:
