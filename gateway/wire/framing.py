@@ -90,10 +90,16 @@ class StreamCheck:
         complete, self._pending = data[:end], data[end:]
         if complete:
             self._judged = 0
-            for block in complete.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
+            text = (
+                complete.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                if b"\r" in complete
+                else complete
+            )
+            for block in text.split(b"\n\n"):
                 if block:
                     self._event(block)
-        self._judge_lines()
+        if self._pending:
+            self._judge_lines()
         return complete
 
     def end(self) -> None:
@@ -108,6 +114,12 @@ class StreamCheck:
         name = b""
         data: list[bytes] = []
         for line in block.split(b"\n"):
+            if line.startswith(b"data: "):  # the usual lines, read without `_field`
+                data.append(line[6:])
+                continue
+            if line.startswith(b"event: "):
+                name = line[7:]
+                continue
             field, value = _field(line)
             if field is None:
                 raise self._fault(f"a line that is not an SSE field: {line[:60]!r}")
@@ -125,9 +137,9 @@ class StreamCheck:
             except orjson.JSONDecodeError:
                 raise self._fault(f"an event whose data is not JSON: {payload[:60]!r}") from None
         self._events += 1
-        if isinstance(document, dict):
+        if type(document) is dict:
             number = document.get("sequence_number")
-            if isinstance(number, int) and not isinstance(number, bool):
+            if type(number) is int:
                 self._sequence = number if self._sequence is None else max(self._sequence, number)
         if self._wire.final_event(name, payload, document):
             self.finished = True
@@ -170,6 +182,8 @@ def _field(line: bytes) -> tuple[bytes | None, bytes]:
 
 def _boundary(data: bytes) -> int:
     """Where the last complete event of `data` ends (0: none has)."""
+    if b"\r" not in data:  # the usual framing: one scan
+        return data.rfind(b"\n\n") + 2 if b"\n\n" in data else 0
     ends = [data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4, data.rfind(b"\r\r") + 2]
     found = [end for end, size in zip(ends, (2, 4, 2), strict=True) if end >= size]
     return max(found, default=0)
