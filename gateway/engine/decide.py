@@ -25,7 +25,7 @@ from policies.summarising import SummarisingStep
 
 from ..counting.prefix import Counted
 from ..counting.tokens import PRIMING_TOKENS
-from ..errors import ContextLengthExceededError
+from ..errors import ContextLengthExceededError, GatewayError
 from ..ops.metrics import Metrics
 from ..routing import Route
 from ..summaries import SummaryAsk, SummaryService, unsummarisable
@@ -200,6 +200,12 @@ class Decision:
                 )
             except UnwritableError as error:  # a message nested too deeply to be summarised
                 raise unsummarisable(error) from None
+            except GatewayError:
+                raise
+            except Exception:  # a fault in a step must not fail a request (design D1.9)
+                self._metrics.policy_errors.inc()
+                log.exception("compaction abandoned: a policy step failed; sent as it came")
+                return request, budget, None
             if chain.error is not None:
                 raise ContextLengthExceededError(chain.error, param="messages")
             if chain.changed and not self._valid(conversation, chain):
