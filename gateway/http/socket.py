@@ -15,11 +15,10 @@ socket stays open for the next request. The rules this module keeps:
   would be: an origin `server.cors_origins` does not allow, or a Host a DNS-rebinding page
   could use (`cors.Origins`, `hosts`; design D16.7).
 - Requests on one socket run one after the other, in the order they came. The frames waiting
-  behind the one being answered are bounded (`server.websocket_queue_bytes`,
-  `socket_frames.FrameQueue`):
-  past it the client gets an error frame (429 `websocket_queue_full`) and the socket is
-  closed. When the client leaves, the frames still waiting are dropped: nothing it queued is
-  sent upstream after it has gone (design D9.8).
+  behind the one being answered are bounded (`server.websocket_queue_bytes`, see
+  `socket_frames`): past it the client gets an error frame (429 `websocket_queue_full`) and
+  the socket is closed. When the client leaves, the frames still waiting are dropped: nothing
+  it queued is sent upstream after it has gone (design D9.8).
 - A request that fails gets one `error` frame in the shape Codex reads on this transport,
   `{"type": "error", "status": N, "error": {...}, "headers": {...}}`, and the socket stays
   usable; it carries the `sequence_number` after the last frame of its answer. Nothing is sent
@@ -57,11 +56,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..asgi import Message, Receive, Scope, Send, header
 from ..config import ServerConfig
-from ..errors import (
-    GatewayError,
-    InvalidRequestError,
-    TooManyFramesError,
-)
+from ..errors import GatewayError, InvalidRequestError, TooManyFramesError
 from ..wire.fields import serialise
 from . import admin
 from .auth import Authenticator
