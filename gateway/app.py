@@ -42,6 +42,7 @@ from .engine.engine import Engine
 from .expansion import Expansion
 from .http.admin import AdminViews
 from .http.auth import Authenticator
+from .http.compress import CompressEndpoint
 from .http.dispatch import Dispatch, logged
 from .http.endpoints import CountTokens, Doorway, Endpoint, MessagesEndpoint, Serving
 from .http.limits import ConcurrencyLimits, register_gauges
@@ -271,6 +272,10 @@ def compacting(core: Core, door: Doorway) -> dict[str, Endpoint]:
         # A count is not a generation: it saves nothing.
         "/v1/messages/count_tokens": CountTokens(
             door, serving, COUNT_TOKENS, books("count_tokens", saves=False), sender
+        ),
+        # Another gateway's compressor: the engine's answer, nothing sent upstream.
+        "/v1/compress": CompressEndpoint(
+            door, serving, books("compress"), core.tool_outputs, defaults=not config.models
         ),
     }
 

@@ -74,6 +74,7 @@ class Router:
         self._exact: dict[str, Route] = {}
         self._globs: list[ModelConfig] = []
         self._resolved: dict[str, Route | None] = {}
+        self._defaults: dict[str, Route] = {}
         for model in config.models:
             if any(ch in model.name for ch in "*?["):
                 self._globs.append(model)
@@ -99,6 +100,19 @@ class Router:
             self._resolved.pop(next(iter(self._resolved)))
         self._resolved[name] = found
         return found
+
+    def default_route(self, name: str) -> Route:
+        """`name` with every model setting at its default (the registry's window and
+        tokenizer, the default policy, no upstream): for `/v1/compress` on a config that lists
+        no models. Never what `resolve` answers: nothing could be forwarded on it. Bounded
+        like the names matched by a glob."""
+        route = self._defaults.get(name)
+        if route is None:
+            route = self._build(name, ModelConfig(name=name, upstream=UpstreamConfig()))
+            if len(self._defaults) >= _MAX_GLOB_ROUTES:
+                self._defaults.pop(next(iter(self._defaults)))
+            self._defaults[name] = route
+        return route
 
     def _counter(self, spec: str) -> MessageCounter:
         counter = self._counters.get(spec)

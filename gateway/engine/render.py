@@ -48,17 +48,28 @@ class Render:
         conversation: Conversation | None = None,
         chain: ChainResult | None = None,
         late: asyncio.Future[ExactCount] | None = None,
+        offer_expansion: bool = True,
     ) -> Prepared:
         """What to forward and its figures. Without a `conversation` (no chain was needed) the
         client's request goes as it is, its figures summed from `counts` (with `late`, those
         and `tools_tokens` are upper bounds and `late` makes the exact ones); with one, the
-        chain's result when it changed anything (not in shadow mode), else the request."""
+        chain's result when it changed anything (not in shadow mode), else the request.
+        `offer_expansion`: False when the caller cannot run the expansion tools (it forwards
+        the messages alone): they are not added."""
         if conversation is None:
             return self._unchanged(
                 request, route, counted, counts, tools_tokens, budget, observe, late
             )
         return self._compacted(
-            request, route, counted, conversation, chain, budget, tools_tokens, observe
+            request,
+            route,
+            counted,
+            conversation,
+            chain,
+            budget,
+            tools_tokens,
+            observe,
+            offer_expansion,
         )
 
     def _unchanged(
@@ -121,6 +132,7 @@ class Render:
         budget: Budget | None,
         tools_tokens: int,
         observe: bool,
+        offer_expansion: bool = True,
     ) -> Prepared:
         """The body to forward (the chain's result, or the request as sent when nothing
         changed or the gateway only observes) and the figures reported about it."""
@@ -137,7 +149,7 @@ class Render:
             sent: list[Any] = request.messages
         else:
             payload = request.forward_payload(result.messages, rename, inject, counted.uids)
-            cache = self._expansion_offered(chain, budget, route)
+            cache = self._expansion_offered(chain, budget, route) if offer_expansion else None
             if cache is not None:
                 offered = offer(request.api, payload, cache)
                 if offered is not None:
