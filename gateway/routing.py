@@ -17,7 +17,15 @@ from urllib.parse import urlsplit
 from policies import Policy, build_policy
 
 from . import model_registry
-from .config import Config, ModelConfig, PolicyConfig, PricingConfig, RetryConfig, UpstreamConfig
+from .config import (
+    DEFAULT_UPSTREAM,
+    Config,
+    ModelConfig,
+    PolicyConfig,
+    PricingConfig,
+    RetryConfig,
+    UpstreamConfig,
+)
 from .counting.cache import CountCache
 from .counting.tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
 from .counting.tokens import MessageCounter
@@ -103,12 +111,13 @@ class Router:
 
     def default_route(self, name: str) -> Route:
         """`name` with every model setting at its default (the registry's window and
-        tokenizer, the default policy, no upstream): for `/v1/compress` on a config that lists
-        no models. Never what `resolve` answers: nothing could be forwarded on it. Bounded
-        like the names matched by a glob."""
+        tokenizer, the default policy, the default upstream for its summaries): for
+        `/v1/compress` on a config that lists no models. Never what `resolve` answers (such a
+        config forwards nothing). Bounded like the names matched by a glob."""
         route = self._defaults.get(name)
         if route is None:
-            route = self._build(name, ModelConfig(name=name, upstream=UpstreamConfig()))
+            upstream = UpstreamConfig(base_url=DEFAULT_UPSTREAM)  # summaries' (as `serve`'s)
+            route = self._build(name, ModelConfig(name=name, upstream=upstream))
             if len(self._defaults) >= _MAX_GLOB_ROUTES:
                 self._defaults.pop(next(iter(self._defaults)))
             self._defaults[name] = route
