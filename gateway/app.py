@@ -110,12 +110,15 @@ class Core:
 
 
 async def assemble_core(
-    config: Config, in_process: Mapping[str, ServerFactory] | None = None
+    config: Config,
+    in_process: Mapping[str, ServerFactory] | None = None,
+    metrics: Metrics | None = None,
 ) -> Core:
     """The core, ready to serve: its store opened, the references' key resolved before
     anything that signs with it is built, the upstream client started. Runs in the event loop
-    that will serve: the upstream client and the store connect from it."""
-    metrics = Metrics()
+    that will serve: the upstream client and the store connect from it. `metrics`: an
+    embedding program's own (`integrations`), else new."""
+    metrics = metrics if metrics is not None else Metrics()
     store = open_store(config.store, metrics)
     secret = await ref_secret(config, store)
     core = build_core(config, in_process, secret=secret, metrics=metrics, store=store)

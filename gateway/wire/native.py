@@ -106,11 +106,16 @@ def parse_native(
 
 
 def native(
-    model: str, messages: list[Any], max_messages: int, extra: Mapping[str, Any] | None = None
+    model: str,
+    messages: list[Any],
+    max_messages: int,
+    extra: Mapping[str, Any] | None = None,
+    api: str | None = None,
 ) -> WireRequest:
     """`messages` for `model` parsed by the adapter of the API they are written in, as that
-    API's endpoint parses them (`extra`: more of that API's request fields)."""
-    shape = shape_of(messages)
+    API's endpoint parses them (`extra`: more of that API's request fields; `api`: the API the
+    caller knows they came from, for a list whose fields do not tell)."""
+    shape = shape_of(messages, api)
     synthetic = {**(extra or {}), "model": model, LIST_FIELD[shape]: messages}
     try:
         body = orjson.dumps(synthetic)
@@ -122,8 +127,9 @@ def native(
         raise _as_messages(error, LIST_FIELD[shape]) from None
 
 
-def shape_of(messages: Sequence[Any]) -> str:
-    """Which API `messages` are written in (module docstring); 400 when they mix two."""
+def shape_of(messages: Sequence[Any], default: str | None = None) -> str:
+    """Which API `messages` are written in (module docstring); 400 when they mix two;
+    `default` (else chat) when no message says."""
     found: dict[str, int] = {}
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -139,7 +145,7 @@ def shape_of(messages: Sequence[Any]) -> str:
             f"messages[{then}] as {_NAMES[second]}; send one API's messages.",
             param=f"messages[{then}]",
         )
-    return next(iter(found), "chat")
+    return next(iter(found), default or "chat")
 
 
 _NAMES = {"chat": "OpenAI chat", "messages": "Anthropic Messages", "responses": "Responses items"}
