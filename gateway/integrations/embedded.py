@@ -182,8 +182,9 @@ class Embedded:
         exchange.status, exchange.retries = 200, attempt - 1
         self._books.note(exchange, prepared)
         self._books.record(exchange)
-        changed = bool(prepared.changed_steps) and not prepared.observe
         messages, system = answer(request, prepared.body)
+        # Changed: a chain's result or a held one (not a renamed body, not shadow mode).
+        changed = not prepared.observe and (messages, system) != answer(request, request.body)
         if changed:
             self._remember(messages, request, route, tenant, prepared, attempt)
         count(core.metrics, ("recompacted" if retry else "compacted") if changed else "unchanged")

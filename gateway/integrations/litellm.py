@@ -38,8 +38,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import litellm
 import orjson
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # (a test process) never fetch it
+import litellm
 from litellm.integrations.custom_logger import CustomLogger
 
 from ..config import Config, load_config
