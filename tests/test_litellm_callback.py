@@ -1,4 +1,4 @@
-"""The LiteLLM callback, `gateway.integrations.litellm.hook`, in the real LiteLLM proxy (issue 42).
+"""The LiteLLM callback, `gateway.integrations.litellm.hook`, in the real LiteLLM proxy.
 
 One proxy for the module (`litellm --config`, the pinned litellm[proxy] of the lock, no
 database, the cost map read locally), its model group `m` a deployment on the fake upstream
@@ -37,6 +37,7 @@ OUTPUT = 1024
 MASTER_KEY = "sk-master-callback"
 SYSTEM = "You are a careful coding agent. Keep answers short."
 JSON = dict[str, Any]
+pytestmark = pytest.mark.slow  # LiteLLM's proxy takes seconds to start, and 180 requests
 
 
 def proxy_config(upstream: FakeUpstream) -> str:

@@ -91,9 +91,8 @@ class Engine:
         for the plan, only stored summaries are used). `remember`: hold a compaction event's
         result for the conversation's next requests (a question about a request, plan or
         count_tokens, reads what is held only). `count_late`: a request whose upper bound fits
-        may be forwarded before it is counted exactly (`bounded`). `offer_expansion`: False for
-        a caller that forwards the messages alone (`/v1/compress`, the LiteLLM callback), which
-        cannot run the expansion tools: they are not added (design D13.4).
+        may be forwarded before it is counted exactly (`bounded`). `offer_expansion`: False
+        where the caller forwards the messages alone (design D13.4).
         """
         measure = self.measure
         decision = self.decision

@@ -60,16 +60,9 @@ class Render:
             return self._unchanged(
                 request, route, counted, counts, tools_tokens, budget, observe, late
             )
+        offered = self._expansion_offered(chain, budget, route) if offer_expansion else None
         return self._compacted(
-            request,
-            route,
-            counted,
-            conversation,
-            chain,
-            budget,
-            tools_tokens,
-            observe,
-            offer_expansion,
+            request, route, counted, conversation, chain, budget, tools_tokens, observe, offered
         )
 
     def _unchanged(
@@ -132,10 +125,10 @@ class Render:
         budget: Budget | None,
         tools_tokens: int,
         observe: bool,
-        offer_expansion: bool = True,
+        offered: ToolOutputCache | None,
     ) -> Prepared:
         """The body to forward (the chain's result, or the request as sent when nothing
-        changed or the gateway only observes) and the figures reported about it."""
+        changed or the gateway only observes), the tools of `offered` added, and its figures."""
         result = chain.conversation if chain is not None and chain.changed else conversation
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
@@ -149,11 +142,10 @@ class Render:
             sent: list[Any] = request.messages
         else:
             payload = request.forward_payload(result.messages, rename, inject, counted.uids)
-            cache = self._expansion_offered(chain, budget, route) if offer_expansion else None
-            if cache is not None:
-                offered = offer(request.api, payload, cache)
-                if offered is not None:
-                    payload, expandable = offered, True
+            if offered is not None:
+                with_tools = offer(request.api, payload, offered)
+                if with_tools is not None:
+                    payload, expandable = with_tools, True
             body = serialise(payload)
             sent = result.data()
         counts = Counter(m.role for m in (conversation if observe else result).messages)
