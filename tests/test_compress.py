@@ -23,9 +23,11 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 
 from gateway.counting.tokenizers import load_tokenizer
 from gateway.counting.tokens import MessageCounter
+from tests.conftest import REPO_ROOT
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 WINDOW = 8192
@@ -443,3 +445,79 @@ async def test_compacting_is_bounded_in_time(
     assert took < 5
     fits = await compress(gw, chat_agent(1))
     assert fits.status_code == 200
+
+
+# -- docs/integrations/agentgateway.md ----------------------------------------------------------
+
+AGENTGATEWAY_PAGE = REPO_ROOT / "docs" / "integrations" / "agentgateway.md"
+# What agentgateway forwards to its engine when `forwardHeaderMatches` is left empty.
+AGENTGATEWAY_HEADERS = {
+    "anthropic-version": "2023-06-01",
+    "anthropic-beta": "prompt-caching-2024-07-31",
+    "cache-control": "no-transform",
+}
+
+
+def agentgateway_block() -> JSON:
+    text = AGENTGATEWAY_PAGE.read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    loaded = yaml.safe_load(block)
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def one_sided_ids(messages: list[JSON]) -> set[str]:
+    """Tool-call ids on only one side of a call and its result, across the three APIs: what
+    agentgateway refuses to take from an engine when the original had no such id."""
+    calls: set[str] = set()
+    results: set[str] = set()
+    for m in messages:
+        calls |= {c.get("id") for c in m.get("tool_calls") or () if isinstance(c, dict)}
+        if isinstance(m.get("tool_call_id"), str):
+            results.add(m["tool_call_id"])
+        for block in m["content"] if isinstance(m.get("content"), list) else ():
+            if block.get("type") == "tool_use":
+                calls.add(block.get("id"))
+            elif block.get("type") == "tool_result":
+                results.add(block.get("tool_use_id"))
+        if m.get("type") == "function_call":
+            calls.add(m.get("call_id"))
+        elif m.get("type") == "function_call_output":
+            results.add(m.get("call_id"))
+    return calls ^ results
+
+
+def test_the_documented_agentgateway_block_uses_its_field_names_and_defaults() -> None:
+    [model] = agentgateway_block()["llm"]["models"]
+    policy = model["contextCompression"]
+    assert set(policy) <= {"target", "path", "failureMode", "minSizeBytes", "forwardHeaderMatches"}
+    assert set(policy["target"]) == {"host"} and ":" in policy["target"]["host"]
+    assert policy["path"] == "/v1/compress"
+    assert policy["failureMode"] == "failOpen" and policy["minSizeBytes"] == 16 * 1024
+
+
+@pytest.mark.parametrize("shape", ["chat", "anthropic"])
+async def test_agentgateways_call_gets_an_answer_it_accepts(
+    start_app: AppStarter, shape: str
+) -> None:
+    """Called as agentgateway calls its engine (the documented path, its default headers, the
+    raw message list over 16 KiB), the answer passes agentgateway's checks: 200, a non-empty
+    array of objects, no tool id left on one side, and `tokens_saved` an integer."""
+    gw = await start_app(config())
+    path = agentgateway_block()["llm"]["models"][0]["contextCompression"]["path"]
+    original = chat_agent(60) if shape == "chat" else anthropic_agent(60)
+    if shape == "anthropic":
+        assert "system" not in json.dumps([m["role"] for m in original])
+    body = orjson.dumps({"messages": original, "model": "m"})
+    assert len(body) > 16 * 1024
+    response = await gw.http.post(
+        f"{gw.url}{path}",
+        content=body,
+        headers={"content-type": "application/json", **AGENTGATEWAY_HEADERS},
+    )
+    assert response.status_code == 200
+    answer = response.json()
+    messages = answer["messages"]
+    assert messages and all(isinstance(m, dict) for m in messages)
+    assert not one_sided_ids(messages) - one_sided_ids(original)
+    assert isinstance(answer["tokens_saved"], int) and answer["tokens_saved"] > 0

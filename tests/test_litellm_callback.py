@@ -1,9 +1,10 @@
 """The LiteLLM callback, `gateway.integrations.litellm.hook`, in the real LiteLLM proxy.
 
 One proxy for the module (`litellm --config`, the pinned litellm[proxy] of the lock, no
-database, the cost map read locally), its model group `m` a deployment on the fake upstream
-with an 8k window in LiteLLM's own `model_info` (no COMPACTGATE_CONFIG: the callback reads the
-window there), `m-compacted` the same deployment as its context-window fallback.
+database, the cost map read locally) with the config docs/integrations/litellm.md shows: its
+model group `m` a deployment on the fake upstream with an 8k window in LiteLLM's own
+`model_info` (no COMPACTGATE_CONFIG: the callback reads the window there), `m-compacted` the
+same deployment as its context-window fallback.
 
 - A 120-turn agent chat (tool calls and results every other turn) through the proxy with the
   official openai SDK: every request the fake upstream received fits the window and keeps the
@@ -27,8 +28,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+import yaml
 
-from tests.conftest import Starter, free_port
+from tests.conftest import REPO_ROOT, Starter, free_port
 from tests.fake_upstream import FakeUpstream
 from tests.test_compress import chat_pairs_intact, count, in_order
 
@@ -40,26 +42,21 @@ JSON = dict[str, Any]
 pytestmark = pytest.mark.slow  # LiteLLM's proxy takes seconds to start, and 180 requests
 
 
-def proxy_config(upstream: FakeUpstream) -> str:
-    deployment = {
-        "model": "openai/gpt-4o-mini",  # its tokenizer (o200k) for the callback's counts
-        "api_base": upstream.base_url,
-        "api_key": "sk-fake-upstream",
-    }
-    info = {"max_input_tokens": WINDOW, "max_output_tokens": OUTPUT}
-    config = {
-        "model_list": [
-            {"model_name": name, "litellm_params": deployment, "model_info": info}
-            for name in ("m", "m-compacted")
-        ],
-        "litellm_settings": {
-            "callbacks": "gateway.integrations.litellm.hook",
-            "telemetry": False,
-        },
-        "router_settings": {"context_window_fallbacks": [{"m": ["m-compacted"]}]},
-        "general_settings": {"master_key": MASTER_KEY},
-    }
-    return json.dumps(config)  # JSON is YAML
+PAGE = REPO_ROOT / "docs" / "integrations" / "litellm.md"
+
+
+def proxy_config() -> str:
+    """The proxy config docs/integrations/litellm.md shows (its first YAML block), as it is."""
+    return PAGE.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_config_is_the_one_described() -> None:
+    config = yaml.safe_load(proxy_config())
+    assert config["litellm_settings"]["callbacks"] == "gateway.integrations.litellm.hook"
+    groups = {m["model_name"]: m for m in config["model_list"]}
+    assert groups["m"]["model_info"]["max_input_tokens"] == WINDOW
+    assert groups["m"]["litellm_params"] == groups["m-compacted"]["litellm_params"]
+    assert config["router_settings"]["context_window_fallbacks"] == [{"m": ["m-compacted"]}]
 
 
 class Proxy:
@@ -90,13 +87,16 @@ def proxy(
 ) -> Iterator[Proxy]:
     directory: Path = tmp_path_factory.mktemp("litellm")
     config = directory / "litellm.yaml"
-    config.write_text(proxy_config(fake_upstream_server))
+    config.write_text(proxy_config())
     port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "LITELLM_TELEMETRY": "False",
         "COMPACTGATE_METRICS_PORT": str(metrics_port),
+        "UPSTREAM_BASE_URL": fake_upstream_server.base_url,
+        "UPSTREAM_API_KEY": "sk-fake-upstream",
+        "LITELLM_MASTER_KEY": MASTER_KEY,
     }
     env.pop("DATABASE_URL", None)
     env.pop("COMPACTGATE_CONFIG", None)
