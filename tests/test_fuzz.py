@@ -559,6 +559,103 @@ def test_chunked_body_and_a_body_shorter_than_declared(
     assert_still_serving(gateway)
 
 
+# -- POST /v1/compress (design D9.10) -------------------------------------------------------------
+
+
+@st.composite
+def anthropic_messages(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Anthropic Messages as agentgateway sends them (no system): text, tool_use and
+    tool_result blocks (ids may collide or dangle), thinking, cache_control markers."""
+    out: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(1, 5))):
+        text = {"type": "text", "text": draw(texts)}
+        if draw(st.booleans()):
+            text["cache_control"] = {"type": "ephemeral"}
+        out.append({"role": "user", "content": draw(st.sampled_from([draw(texts), [text]]))})
+        ids = draw(st.lists(call_ids, max_size=2))
+        blocks: list[dict[str, Any]] = [
+            {"type": "tool_use", "id": i, "name": "read", "input": draw(json_values)} for i in ids
+        ]
+        if draw(st.booleans()):
+            blocks.insert(0, {"type": "thinking", "thinking": draw(texts), "signature": "c2ln"})
+        out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": "ok"}]})
+        if ids:
+            answered = ids if draw(st.booleans()) else draw(st.lists(call_ids, max_size=2))
+            out.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": i, "content": draw(texts)}
+                        for i in answered
+                    ]
+                    or [{"type": "text", "text": "-"}],
+                }
+            )
+    out.append({"role": "user", "content": [{"type": "text", "text": draw(texts)}]})
+    return out
+
+
+@st.composite
+def compress_bodies(draw: st.DrawFn) -> Any:
+    """`{"messages", "model"}` with OpenAI chat or Anthropic messages, valid a third of the
+    time, else with one to three faults as in `bodies` (a fault may mix the two shapes)."""
+    if draw(st.booleans()):
+        messages = draw(valid_bodies())["messages"]
+    else:
+        messages = draw(anthropic_messages())
+    body: Any = {"model": draw(st.sampled_from((*MODELS, "unknown"))), "messages": messages}
+    for _ in range(draw(st.integers(0, 3)) if draw(st.integers(0, 2)) else 0):
+        places = list(_places(body, ()))
+        path = draw(st.sampled_from(places))
+        action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+        body = _apply(body, path, action, draw(json_values), draw(st.text(max_size=12)))
+    return body
+
+
+def check_compress(
+    gateway: GatewayProcess, fake: FakeUpstream, http: httpx.Client, raw: bytes
+) -> httpx.Response:
+    """Never a 5xx (nothing is relayed here), a 4xx in OpenAI's shape, an answer in the
+    contract's shape, nothing sent upstream but summaries, and the process alive."""
+    fake.reset()
+    response = http.post(
+        "/compress",
+        content=raw,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz"},
+    )
+    assert response.status_code < 500, (
+        f"gateway {response.status_code}: {response.text[:500]}\n{gateway.output()[-4000:]}"
+    )
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+    else:
+        answer = response.json()
+        assert set(answer) == {"messages", "tokens_saved"}
+        assert isinstance(answer["messages"], list) and answer["messages"]
+        assert isinstance(answer["tokens_saved"], int) and answer["tokens_saved"] >= 0
+    assert _client_calls(fake) == []
+    assert gateway.process.popen.poll() is None, gateway.output()[-3000:]
+    return response
+
+
+@FUZZ
+@given(body=compress_bodies())
+def test_compress_bodies(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, body: Any
+) -> None:
+    check_compress(gateway, fake_upstream, http, encode(body))
+
+
+@settings(FUZZ, max_examples=60)
+@given(raw=mangled())
+def test_compress_mangled_bytes(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes
+) -> None:
+    check_compress(gateway, fake_upstream, http, raw)
+
+
 def test_still_serving_after_the_fuzzing(
     gateway: GatewayProcess, fake_upstream: FakeUpstream
 ) -> None:

@@ -156,7 +156,8 @@ def _marks(message: Mapping[str, Any]) -> set[str]:
     marks: set[str] = set()
     if "type" in message:
         marks.add("responses")
-    if message.get("role") in CHAT_ROLES or any(field in message for field in CHAT_FIELDS):
+    role = message.get("role")
+    if (isinstance(role, str) and role in CHAT_ROLES) or any(f in message for f in CHAT_FIELDS):
         marks.add("chat")
     content = message.get("content")
     if isinstance(content, list):
@@ -164,6 +165,8 @@ def _marks(message: Mapping[str, Any]) -> set[str]:
             if not isinstance(part, dict):
                 continue
             kind = part.get("type")
+            if not isinstance(kind, str):  # the adapter says what is wrong with it
+                continue
             if kind in ANTHROPIC_BLOCKS or "cache_control" in part:
                 marks.add("messages")
             elif kind == "image" and "source" in part:
