@@ -150,6 +150,28 @@ async def test_a_responses_tool_session_outgrowing_the_window_finishes(
         assert "tool_output_cache" in ",".join(seen)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_responses_session_learns_a_smaller_upstream_window_after_at_most_two_errors(
+    start_app: AppStarter, local_upstream: LocalUpstream, stream: bool
+) -> None:
+    """Configured for 3x the window the upstream really has, whose errors (the Responses API's)
+    state no numbers: the refused request's size teaches the window, so a growing Codex-like
+    session costs at most two context errors in all (each retried and answered), and
+    /v1/models then says the window the gateway compacts to is below what was configured."""
+    configured = 3 * WINDOW
+    model = {"tokenizer": "chars:4", "context_window": configured, "max_output_tokens": 500}
+    steps = [{"type": "tool_output_cache"}, {"type": "fifo"}]
+    gw = await start_app(one_model(local_upstream.base_url, steps, **model))
+    local_upstream.configure({"context_limit": WINDOW})
+    final, _ = await responses_session(gw, local_upstream, 24, stream)
+    assert final.output_text == "Fixed: module_3 divided by zero."
+    sent = sizes(local_upstream, "/v1/responses")
+    refused = [size for size in sent if size > WINDOW]
+    assert 1 <= len(refused) <= 2, sent
+    listed = (await gw.http.get(f"{gw.base_url}/models")).json()["data"]
+    assert listed[0]["context_window"] < configured
+
+
 async def test_responses_context_error_is_recovered_and_errors_have_openais_shape(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
@@ -164,10 +186,6 @@ async def test_responses_context_error_is_recovered_and_errors_have_openais_shap
     local_upstream.script([{"kind": "context_limit", "limit": 2000}])
     reply = await client.responses.create(model="m", input=history)
     assert reply.output_text == "fake answer"
-    # A stream whose first event is the context error is retried the same way.
-    local_upstream.script([{"kind": "stream_error_event"}])
-    async with client.responses.stream(model="m", input=history) as events:
-        assert (await events.get_final_response()).output_text == "fake answer"
     with pytest.raises(openai.NotFoundError) as missing:
         await client.responses.create(model="no-such-model", input="hi")
     assert "no-such-model" in missing.value.message
@@ -182,6 +200,25 @@ async def test_responses_context_error_is_recovered_and_errors_have_openais_shap
         "param",
         "code",
     }
+
+
+async def test_a_responses_stream_opening_with_a_context_error_is_retried(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """A stream whose first event is the context error (no numbers, as OpenAI's) is compacted
+    and retried before any byte reaches the client. A gateway of its own: after a first
+    refusal the gateway has learnt a smaller window and compacts before sending."""
+    gw = await start_app(config(local_upstream))
+    history = [
+        {"role": "user", "content": "question " + "word " * 1500},
+        {"role": "assistant", "content": "answer " + "word " * 1500},
+        {"role": "user", "content": "and now?"},
+    ]
+    local_upstream.script([{"kind": "stream_error_event"}])
+    async with gw.openai().responses.stream(model="m", input=history) as events:
+        assert (await events.get_final_response()).output_text == "fake answer"
+    sent = sizes(local_upstream, "/v1/responses")
+    assert len(sent) == 2 and sent[1] < sent[0]
 
 
 async def test_responses_expansion_is_answered_by_the_gateway(

@@ -44,7 +44,7 @@ from ..upstream import UpstreamResponse
 from ..upstream.failover import Destination
 from ..upstream.retry import Sender
 from ..wire import Wire, WireRequest
-from ..wire.context_errors import ContextError, classify
+from ..wire.context_errors import classify
 from .accounting import Accounting
 from .exchange import Exchange
 from .outcome import (
@@ -111,7 +111,7 @@ class Forwarder:
                     await self.relay_failure(send, call, exchange, prepared, outcome)
                     return
                 case Overflow():
-                    self.overflowed(call.route, exchange, outcome.error)
+                    self.overflowed(call.route, exchange, outcome, prepared)
                     if not retries.left:
                         await self.answer_overflow(send, call, exchange, prepared, outcome)
                         return
@@ -240,6 +240,8 @@ class Forwarder:
         books = call.books
         books.note(exchange, prepared)
         exchange.status = status
+        if 200 <= status < 300:
+            self._windows.served(call.route, prepared.sent_tokens)
         usage = None if "content-encoding" in response.headers else call.wire.usage(data)
         books.account(prepared, exchange, usage)  # known before the headers: they say it
         if status == 200:
@@ -257,11 +259,24 @@ class Forwarder:
                 break
         return head
 
-    def overflowed(self, route: Route, exchange: Exchange, error: ContextError) -> None:
-        """Count a context error and learn the window it states."""
+    def overflowed(
+        self, route: Route, exchange: Exchange, overflow: Overflow, prepared: Prepared
+    ) -> None:
+        """Count a context error and learn the window from it (design D2.4): the limit it
+        states, or, when it states none (the Responses API's errors), the refused request's own
+        size with the output it reserved, an upper bound of the window in the gateway's units
+        whether or not the upstream counts the output (unless a request as large was answered
+        before: `Windows.refused`). An empty stream is only a guess at an overflow and teaches
+        nothing."""
+        error = overflow.error
         self._metrics.context_errors.labels(error.signature).inc()
         exchange.context_errors.append(error.signature)
-        self._windows.learn(route, error.limit, error.signature)
+        if error.limit is not None:
+            self._windows.learn(route, error.limit, error.signature)
+        elif overflow.failed is not None or overflow.head:
+            budget = prepared.budget
+            reserved = budget.reserved_output if budget is not None else 0
+            self._windows.refused(route, prepared.sent_tokens, reserved, error.signature)
 
     async def answer_overflow(
         self, send: Send, call: Call, exchange: Exchange, prepared: Prepared, overflow: Overflow
@@ -336,6 +351,8 @@ class Forwarder:
         books, wire = call.books, call.wire
         books.note(exchange, prepared)
         exchange.status = response.status
+        if 200 <= response.status < 300 and not exchange.failed_in_stream:
+            self._windows.served(call.route, prepared.sent_tokens)
         await send(
             {
                 "type": "http.response.start",
