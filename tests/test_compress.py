@@ -261,7 +261,7 @@ async def test_masked_tool_outputs_are_stored_for_the_tenant(start_app: AppStart
     gw = await start_app(config(tenant_header="x-tenant"))
     original = chat_agent(60)
     out = (await compress(gw, original, **{"x-tenant": "ag"})).json()["messages"]
-    refs = [m["content"].split("ref=")[1].split("]")[0] for m in out if "ref=" in str(m)]
+    refs = [r for m in out for r in re.findall(r"ref_[0-9a-f]{24}", str(m.get("content")))]
     assert refs
     core = gw.app.core
     read = core.tool_outputs.config.read_tool
