@@ -67,7 +67,7 @@ SHAPES: dict[str, tuple[str, str, tuple[str, ...], str | None]] = {
 REFUSED = 1024  # refusals remembered until their fallback is prepared
 
 
-class CompactGateHook(CustomLogger):  # type: ignore[misc]  # litellm is untyped here
+class CompactGateHook(CustomLogger):
     """LiteLLM's callback (module docstring)."""
 
     def __init__(self) -> None:
