@@ -83,7 +83,7 @@ class CompactGateHook(CustomLogger):
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: str
     ) -> dict[str, Any]:
         """`data` with its conversation compacted; as it came when anything fails."""
-        shape = SHAPES.get(str(call_type))
+        shape = SHAPES.get(str(getattr(call_type, "value", call_type)))  # a str, or CallTypes
         field = shape[0] if shape is not None else None
         if shape is None or not isinstance(data.get(field or ""), list) or not data[field or ""]:
             return data
