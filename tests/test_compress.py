@@ -318,7 +318,13 @@ async def test_responses_items_keep_their_shape(start_app: AppStarter) -> None:
     """Responses input items (agentgateway sends `input` as its `messages` for /v1/responses):
     function calls stay with their outputs, items keep their types."""
     gw = await start_app(config())
-    items: list[JSON] = []
+    items: list[JSON] = [  # Codex's instructions item: a developer message (a chat role too)
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "Be brief."}],
+        }
+    ]
     for t in range(60):
         items += [
             {

@@ -14,7 +14,8 @@ Telling the shapes apart. The fields only one API has decide:
   `redacted_thinking`, `document`, `image` with a `source`, a server tool's blocks, `compaction`,
   or any block carrying `cache_control`.
 - Responses: an item with a `type` (`message`, `function_call`, `function_call_output`,
-  `reasoning`, ...) or a content part of type `input_text`, `output_text`, `input_image`.
+  `reasoning`, ...; whatever its role) or a content part of type `input_text`, `output_text`,
+  `input_image`.
 A list with the marks of two APIs is refused (400); a list with none (plain text from users and
 assistants) reads the same in every API and is parsed as chat.
 
@@ -153,9 +154,9 @@ _NAMES = {"chat": "OpenAI chat", "messages": "Anthropic Messages", "responses": 
 
 def _marks(message: Mapping[str, Any]) -> set[str]:
     """The APIs whose fields `message` carries."""
+    if "type" in message:  # only Responses items have one (their roles include developer)
+        return {"responses"}
     marks: set[str] = set()
-    if "type" in message:
-        marks.add("responses")
     role = message.get("role")
     if (isinstance(role, str) and role in CHAT_ROLES) or any(f in message for f in CHAT_FIELDS):
         marks.add("chat")
