@@ -42,6 +42,7 @@ from .engine.engine import Engine
 from .expansion import Expansion
 from .http.admin import AdminViews
 from .http.auth import Authenticator
+from .http.compress import CompressEndpoint
 from .http.cors import Origins
 from .http.dispatch import Dispatch, logged
 from .http.endpoints import CountTokens, Doorway, Endpoint, MessagesEndpoint, Serving
@@ -116,12 +117,15 @@ class Core:
 
 
 async def assemble_core(
-    config: Config, in_process: Mapping[str, ServerFactory] | None = None
+    config: Config,
+    in_process: Mapping[str, ServerFactory] | None = None,
+    metrics: Metrics | None = None,
 ) -> Core:
     """The core, ready to serve: its store opened, the references' key resolved before
     anything that signs with it is built, the upstream client started. Runs in the event loop
-    that will serve: the upstream client and the store connect from it."""
-    metrics = Metrics()
+    that will serve: the upstream client and the store connect from it. `metrics`: an
+    embedding program's own (`integrations`), else new."""
+    metrics = metrics if metrics is not None else Metrics()
     store = open_store(config.store, metrics)
     secret = await ref_secret(config, store)
     core = build_core(config, in_process, secret=secret, metrics=metrics, store=store)
@@ -280,6 +284,10 @@ def compacting(core: Core, door: Doorway) -> dict[str, Endpoint]:
         # A count is not a generation: it saves nothing.
         "/v1/messages/count_tokens": CountTokens(
             door, serving, COUNT_TOKENS, books("count_tokens", saves=False), sender
+        ),
+        # Another gateway's compressor: the engine's answer, nothing sent upstream.
+        "/v1/compress": CompressEndpoint(
+            door, serving, books("compress"), core.tool_outputs, defaults=not config.models
         ),
     }
 

@@ -89,6 +89,14 @@ class ServerConfig(_Strict):
     header_read_timeout_s: float = Field(
         10.0, gt=0, description="A client trickling its request line and headers is cut off"
     )
+    compress_timeout_s: float = Field(
+        8.0,
+        gt=0,
+        description=(
+            "POST /v1/compress answers within this or 503 compress_timeout (agentgateway waits "
+            "10 s for its compressor, then fails open)"
+        ),
+    )
     max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
     max_open_files: int | None = Field(
         None, gt=0, description="Soft RLIMIT_NOFILE set by serve; default: the hard limit"

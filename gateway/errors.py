@@ -26,6 +26,7 @@ code. The hierarchy:
     │   └── UpstreamMalformedError      code upstream_malformed (a 2xx not in the API's format)
     ├── UpstreamTimeoutError         504 upstream_timeout
     ├── ShuttingDownError            503 (the shutdown deadline ended a response)
+    ├── CompressTimeoutError         503 (POST /v1/compress past server.compress_timeout_s)
     └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
@@ -170,6 +171,10 @@ class ShuttingDownError(GatewayError):
     """The server's shutdown deadline passed before this response could finish."""
 
 
+class CompressTimeoutError(GatewayError):
+    """Compacting a `/v1/compress` conversation took longer than its configured bound."""
+
+
 class Row(NamedTuple):
     """What a failure kind means to the client (status, OpenAI `type`, default `code`) and to
     the operator (`reason`, the failure kind its request's log line names)."""
@@ -215,6 +220,7 @@ ERROR_TABLE: dict[type[GatewayError], Row] = {
     UpstreamMalformedError: Row(502, "upstream_error", "upstream_malformed", "upstream_malformed"),
     UpstreamTimeoutError: Row(504, "upstream_error", "upstream_timeout", "upstream_timeout"),
     ShuttingDownError: Row(503, "server_error", "shutting_down", "shutting_down"),
+    CompressTimeoutError: Row(503, "server_error", "compress_timeout", "compress_timeout"),
 }
 
 

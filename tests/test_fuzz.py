@@ -28,22 +28,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 
+from gateway.summaries.transcript import SYSTEM_PROMPT
 from tests.asgi_socket import FINALS
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.fuzz_oracle import MARK, PATHS, answer_problems, socket_problems, upstream_problems
 from tests.fuzz_strategies import (
     FUZZ,
+    MODELS,
+    call_ids,
     chat_bodies,
     compact_bodies,
     count_tokens_bodies,
     encode,
     fuzz_config,
+    json_values,
     mangled,
     messages_bodies,
     mutated,
     responses_bodies,
     socket_frames,
+    texts,
 )
 from tests.gateway_process import gateway_process
 
@@ -419,6 +424,110 @@ def test_chunked_body_and_a_body_shorter_than_declared(
     time.sleep(0.2)
     assert fake_upstream.chat_requests() == []
     assert_still_serving(gateway)
+
+
+# -- POST /v1/compress (design D9.10) -------------------------------------------------------------
+
+
+@st.composite
+def anthropic_messages(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Anthropic Messages as agentgateway sends them (no system): text, tool_use and
+    tool_result blocks (ids may collide or dangle), thinking, cache_control markers."""
+    out: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(1, 5))):
+        text = {"type": "text", "text": draw(texts)}
+        if draw(st.booleans()):
+            text["cache_control"] = {"type": "ephemeral"}
+        out.append({"role": "user", "content": draw(st.sampled_from([draw(texts), [text]]))})
+        ids = draw(st.lists(call_ids, max_size=2))
+        blocks: list[dict[str, Any]] = [
+            {"type": "tool_use", "id": i, "name": "read", "input": draw(json_values)} for i in ids
+        ]
+        if draw(st.booleans()):
+            blocks.insert(0, {"type": "thinking", "thinking": draw(texts), "signature": "c2ln"})
+        out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": "ok"}]})
+        if ids:
+            answered = ids if draw(st.booleans()) else draw(st.lists(call_ids, max_size=2))
+            out.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": i, "content": draw(texts)}
+                        for i in answered
+                    ]
+                    or [{"type": "text", "text": "-"}],
+                }
+            )
+    out.append({"role": "user", "content": [{"type": "text", "text": draw(texts)}]})
+    return out
+
+
+@st.composite
+def compress_bodies(draw: st.DrawFn) -> Any:
+    """`{"messages", "model"}` with OpenAI chat or Anthropic messages, valid half the time, else
+    with structural faults (`fuzz_strategies.mutated`; a fault may mix the two shapes)."""
+    if draw(st.booleans()):
+        messages = draw(chat_bodies())["messages"]
+    else:
+        messages = draw(anthropic_messages())
+    body: Any = {"model": draw(st.sampled_from((*MODELS, "unknown"))), "messages": messages}
+    return draw(mutated(st.just(body))) if draw(st.booleans()) else body
+
+
+def _client_calls(fake: FakeUpstream) -> list[Any]:
+    """Requests that came from a client, not the summaries an earlier example's request left
+    being made in the background (they may reach the upstream after the next `reset`)."""
+    return [r for r in fake.chat_requests() if not _summary_call(r.get("json"))]
+
+
+def _summary_call(body: Any) -> bool:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    first = messages[0] if isinstance(messages, list) and messages else None
+    return isinstance(first, dict) and first.get("content") == SYSTEM_PROMPT
+
+
+def check_compress(
+    gateway: GatewayProcess, fake: FakeUpstream, http: httpx.Client, raw: bytes
+) -> httpx.Response:
+    """Never a 5xx (nothing is relayed here), a 4xx in OpenAI's shape, an answer in the
+    contract's shape, nothing sent upstream but summaries, and the process alive."""
+    fake.reset()
+    response = http.post(
+        "/compress",
+        content=raw,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz"},
+    )
+    assert response.status_code < 500, (
+        f"gateway {response.status_code}: {response.text[:500]}\n{gateway.output()[-4000:]}"
+    )
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+    else:
+        answer = response.json()
+        assert set(answer) == {"messages", "tokens_saved"}
+        assert isinstance(answer["messages"], list) and answer["messages"]
+        assert isinstance(answer["tokens_saved"], int) and answer["tokens_saved"] >= 0
+    assert _client_calls(fake) == []
+    assert gateway.process.popen.poll() is None, gateway.output()[-3000:]
+    return response
+
+
+@FUZZ
+@given(body=compress_bodies())
+def test_compress_bodies(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, body: Any
+) -> None:
+    check_compress(gateway, fake_upstream, http, encode(body))
+
+
+@settings(FUZZ, max_examples=60)
+@given(raw=mangled(compress_bodies()))
+def test_compress_mangled_bytes(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes
+) -> None:
+    check_compress(gateway, fake_upstream, http, raw)
 
 
 def test_still_serving_after_the_fuzzing(

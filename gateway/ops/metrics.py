@@ -148,6 +148,13 @@ class Metrics:
             ["model", "api"],
             registry=r,
         )
+        self.embedded = Counter(
+            "compactgate_embedded",
+            "Conversations handed to the engine inside another program (the LiteLLM callback), "
+            "by outcome: compacted, unchanged, recompacted, unknown_model, failed_open",
+            ["outcome"],
+            registry=r,
+        )
         self.compactions = Counter(
             "compactgate_compactions",
             "Requests changed by a step, by step type",

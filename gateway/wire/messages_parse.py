@@ -132,7 +132,7 @@ class Builder:
         before = len(self.messages)
         role = message.get("role")
         content = message.get("content")
-        if not isinstance(role, str) or role not in ROLES:
+        if type(role) is not str or role not in ROLES:  # (a list is no role, and unhashable)
             where = f"messages.{index}.role"
             raise InvalidRequestError(
                 f"{where}: Input should be 'user' or 'assistant'", param=where
