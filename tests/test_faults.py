@@ -6,7 +6,7 @@ exactly one response, in time: the gateway maps timeouts to 504, never retries w
 to reach the client, and once a stream has begun it ends it with an SSE error event. All the
 while, requests to a healthy upstream through the same gateway keep succeeding.
 
-Why these stay real processes (design D19.6): each depends on a real socket or on real time.
+Why these stay real processes (design D19.7): each depends on a real socket or on real time.
 The timeouts (first byte, stream idle, total) are clocks running against an upstream that
 really stalls; a stream broken off half-way is seen only by a client reading chunks as they
 arrive, and the in-process layer hands an answer over whole (tests/in_process.py). Everything
