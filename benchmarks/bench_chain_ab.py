@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.fidelity_sessions import session
+from tests.fidelity_sessions import session
 
 HERE = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "chain_worker.py"

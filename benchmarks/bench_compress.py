@@ -3,7 +3,7 @@
     python -m benchmarks.bench_compress [--halves dev,heldout] [--seeds 1] [--fraction 0.5]
         [--shapes aider,codex,...] [--languages en,zh,ja] [--json out.json]
 
-Sessions come from `benchmarks/corpus` (both halves unless told: `dev` may be tuned on,
+Sessions come from `tests/corpus` (both halves unless told: `dev` may be tuned on,
 `heldout` is judged only). Every request of a session whose body is at least 16 KiB (what
 agentgateway's `contextCompression` sends on by default) becomes what agentgateway sends its
 engine: `{"messages": <the request's message list or Responses input>, "model": ...}`, without
@@ -46,8 +46,8 @@ import orjson
 
 from benchmarks import peers, targets
 from benchmarks.bench_fidelity import _strings, normalised
-from benchmarks.corpus import HALVES, LANGUAGES, SHAPES, Session, sessions
 from gateway.counting.tokenizers import load_tokenizer
+from tests.corpus import HALVES, LANGUAGES, SHAPES, Session, sessions
 
 JSON = dict[str, Any]
 MIN_BODY = 16 * 1024  # agentgateway's default minSizeBytes

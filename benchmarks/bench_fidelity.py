@@ -4,10 +4,10 @@
         [--shapes aider,codex,...] [--languages en,zh,ja] [--policy NAME] [--json out.json]
         [--gateway-root ../other-checkout]
 
-Sessions come from `benchmarks/corpus` (its docstring says which half is which: `dev` may be
+Sessions come from `tests/corpus` (its docstring says which half is which: `dev` may be
 tuned on, `heldout` is judged only; every run reports both unless told otherwise). They are
 sent request by request, as their clients send them, through `compactgate serve` in front of a
-recording fake upstream (`benchmarks/corpus_replay.py`), with a window per session that cuts
+recording fake upstream (`tests/corpus_replay.py`), with a window per session that cuts
 its last request to about `fraction` of its size (the policy's target there). No network, no
 LLM. Reported per half, fraction, shape and language:
 
@@ -44,8 +44,8 @@ from typing import Any
 import orjson
 
 from benchmarks import targets
-from benchmarks.corpus import HALVES, LANGUAGES, SHAPES, Content, Item, sessions
 from benchmarks.corpus_replay import Case, Replay
+from tests.corpus import HALVES, LANGUAGES, SHAPES, Content, Item, sessions
 
 JSON = dict[str, Any]
 LEDGER_HEADER = "[Stated earlier in this conversation, kept word for word:]"

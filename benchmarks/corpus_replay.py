@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from benchmarks import targets
-from benchmarks.corpus import Session, shapes
+from tests.corpus import Session, shapes
 
 JSON = dict[str, Any]
 PROBE_MODEL = "probe"

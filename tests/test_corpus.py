@@ -1,4 +1,4 @@
-"""The evaluation corpus (benchmarks/corpus): two halves, enough distinct items, every item
+"""The evaluation corpus (tests/corpus): two halves, enough distinct items, every item
 and every piece of content a final question depends on really sent by the client."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from benchmarks.corpus import HALVES, LANGUAGES, SHAPES, Content, all_items, load, sessions
+from tests.corpus import HALVES, LANGUAGES, SHAPES, Content, all_items, load, sessions
 
 
 def test_halves_say_which_they_are_and_share_no_item() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.corpus import sessions
 from policies.excerpts import NOTE_RE
 from tests.conftest import GatewayStarter
+from tests.corpus import sessions
 from tests.fake_upstream import FakeUpstream
 
 LEDGER_HEADER = "[Stated earlier in this conversation, kept word for word:]"

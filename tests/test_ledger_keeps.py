@@ -15,12 +15,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.corpus import sessions
 from policies import check, run_chain
 from policies.prose import prose_spans
 from policies.registry import DEFAULT_STEPS, build_policy
 from policies.salience import normalised
 from policies.steps.ledger import KIND, LedgerConfig
+from tests.corpus import sessions
 from tests.policy_strategies import budget, conv, env, msg
 
 DEFAULT = build_policy("d", [c.model_dump() for c in DEFAULT_STEPS])

@@ -1,6 +1,6 @@
 """Salience and the durable-facts ledger: what the user stated survives compaction.
 
-The sessions come from `benchmarks/fidelity_sessions.py` (the fidelity benchmark's generator);
+The sessions come from `tests/fidelity_sessions.py` (the fidelity benchmark's generator);
 a few hand-written statements in each language that the generator never uses check that the
 rules are not fitted to it.
 """
@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fidelity_sessions import LANGUAGES, SHAPES, forwarded_text, session, survived
 from gateway.config import parse_config
 from gateway.counting.prefix import PrefixCounts
 from gateway.devtools.parts import parts
@@ -26,6 +25,7 @@ from policies.salience import normalised, salience, salient, score
 from policies.steps.discard_low_rel import DiscardLowRel, DiscardLowRelConfig
 from policies.steps.ledger import KIND, Ledger, LedgerConfig
 from policies.steps.prioritize_recent import PrioritizeRecent, PrioritizeRecentConfig
+from tests.fidelity_sessions import LANGUAGES, SHAPES, forwarded_text, session, survived
 from tests.policy_strategies import FakeSummaries, budget, conv, env, msg
 
 pytestmark = pytest.mark.unit

@@ -12,10 +12,10 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fidelity_sessions import LANGUAGES, SHAPES, session
 from policies import salience
 from policies.conversation import content_text
 from policies.salience import _cue, _lowered, _seen, salient, score, sentences, statements
+from tests.fidelity_sessions import LANGUAGES, SHAPES, session
 
 # Cues of every kind and details of every kind, in the three languages, some at a word's edge
 # ("!never", "Stop!/etc") where a sentence's start and the text around it differ.

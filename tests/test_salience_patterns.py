@@ -13,9 +13,9 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fidelity_sessions import LANGUAGES, SHAPES, session
 from policies import salience
 from policies.salience import KIND_SCORES, sentences
+from tests.fidelity_sessions import LANGUAGES, SHAPES, session
 
 ORACLE_CUES = tuple(
     (

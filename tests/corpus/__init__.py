@@ -1,6 +1,6 @@
 """An evaluation corpus shaped like the traffic the gateway serves, in two halves.
 
-    from benchmarks.corpus import HALVES, sessions
+    from tests.corpus import HALVES, sessions
     for s in sessions("heldout"):
         for body in s.requests(): ...      # every request the client sends, in order
 
