@@ -5,10 +5,13 @@ The endpoint calls these at three fixed points of every compacting request:
     before(request)     an agent's own compaction request (`signatures.recognise`) is answered
                         at once from a summary made ahead of need when one covers its history
                         (`answers`); nothing then goes upstream
-    prepared(request)   a forwarded compaction request teaches where and how that agent
-                        compacts (`CompactionPoints`, the agent's request as a template)
-    after(answer)       ahead of need: the agent's next compaction summary when it is near,
+    prepared(request)   a forwarded compaction request teaches how that agent compacts (its
+                        request as a template); every one, answered or not, where (`timing`)
+    after(answer)       ahead of need: the agent's next compaction summary when it is due,
                         and the summaries the conversation's own policy will need (`Precompute`)
+
+An answered compaction reports real figures: `tokens-before` the request as it would have been
+sent, `tokens-after` the answer the agent keeps in its place.
 
 None of them ever fails a request: what they cannot do, they leave to the ordinary path.
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from ..asgi import Send, send_bytes
 from ..config import Signature
 from ..counting.prefix import Counted
+from ..counting.tokens import PRIMING_TOKENS
 from ..engine.prepared import Prepared, when_settled
 from ..ops.metrics import Metrics
 from ..path.accounting import Accounting
@@ -29,8 +33,8 @@ from ..path.windows import Windows
 from ..routing import Route
 from ..summaries import Precompute
 from ..wire import Usage, WireRequest, answers
-from .answers import CompactionAnswers
-from .signatures import CompactionPoints, recognise
+from .answers import CompactionAnswers, history_tokens
+from .signatures import recognise
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +53,18 @@ class AgentHooks:
     def __init__(
         self,
         signatures: Sequence[Signature],
-        points: CompactionPoints,
         answers: CompactionAnswers,
         precompute: Precompute,
         counts: Callable[[WireRequest, Route, str], Counted],
+        tools_tokens: Callable[[WireRequest, Route], int],
         windows: Windows,
         metrics: Metrics,
     ) -> None:
         self._signatures = signatures
-        self._points = points
         self._answers = answers
         self._precompute = precompute
         self._counts = counts
+        self._tools_tokens = tools_tokens
         self._windows = windows
         self._metrics = metrics
 
@@ -83,11 +87,19 @@ class AgentHooks:
         if not agent.answerable or observe:
             return Before(agent)
         counted = self._counts(request, route, exchange.tenant)
-        found = await self._answers.answer(exchange.tenant, request, counted.uids, counted.counts)
+        tools = self._tools_tokens(request, route)
+        tokens = sum(counted.counts) + tools + PRIMING_TOKENS  # as it would be sent
+        tenant = exchange.tenant
+        found = await self._answers.answer(
+            tenant, agent.name, request, counted.uids, counted.counts, tokens
+        )
         exchange.agent_reason = found.reason
+        uid = counted.uids[0] if counted.uids else None
+        exchange.agent_figures = self._answers.figures(tenant, request.api, uid)
         if found.text is None:
             return Before(agent)
-        exchange.tokens_before = sum(counted.counts)  # the history it replaces
+        exchange.tokens_before = tokens
+        exchange.tokens_after = route.counter.message({"role": "assistant", "content": found.text})
         # No upstream call, nothing billed (the summary was counted as the gateway's own spend).
         content_type, body = answers.answer(
             request.api, found.text, route.name, Usage(0), request.stream
@@ -106,10 +118,9 @@ class AgentHooks:
         agent = before.agent
         if agent is None:
             return
-        # Forwarded: where and how this agent compacts is learnt.
-        self._points.seen(tenant, agent.name, prepared.tokens_before)
+        # Forwarded: how this agent compacts is learnt (where: by `before`).
         if agent.answerable:
-            self._answers.learn(tenant, agent.name, request, prepared.tokens_before)
+            self._answers.learn(tenant, agent.name, request, history_tokens(prepared))
         self._metrics.agent_compactions.labels(agent.name, "forwarded").inc()
 
     def after(

@@ -84,6 +84,8 @@ class Compacted:
 
     item: dict[str, Any]
     outcome: str  # READY or SUMMARISED
+    tokens_before: int = 0  # the history it replaces, by the gateway's count
+    tokens_after: int = 0  # the summary that stands for it in later requests
 
 
 class RemoteCompaction:
@@ -195,7 +197,10 @@ class RemoteCompaction:
             )
         text, outcome, tokens = await self.summarise(request, route, tenant, headers)
         self._learn(tenant, request, tokens)
-        return Compacted(await self.issue(tenant, text), outcome)
+        counted = self._counts(request, route, tenant)  # the memo's: counted by `summarise`
+        self._answers.compacted(tenant, request.api, counted.uids, tokens)
+        after = route.counter.message(summary_item(text))
+        return Compacted(await self.issue(tenant, text), outcome, tokens, after)
 
     def _learn(self, tenant: str, request: WireRequest, tokens: int) -> None:
         """Teach `compaction_answers` where this tenant compacts, so that its next compaction
