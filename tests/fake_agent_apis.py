@@ -37,7 +37,8 @@ implement it. `compact_requests` counts what reached it.
 
 A request whose latest user text asks for a compaction summary (the phrases in
 `SUMMARY_PROMPTS`, as Codex CLI and Claude Code ask) is answered with a summary, as a model
-would, without consuming the script: `summary_requests` counts them.
+would (`/_fake/config` `summary_delay_s` later), without consuming the script:
+`summary_requests` counts them.
 
 The prompt size is the characters of the JSON of the system prompt, the conversation and the tools
 divided by the fake's `usage_tokenizer` ratio (chars:4 by default), and is reported as usage.
@@ -500,6 +501,7 @@ def add_routes(app: web.Application, state: Any) -> None:
         prompt = prompt_tokens(payload, state.config.chars_per_token)
         limit = state.config.context_limit
         if asks_for_summary(payload):
+            await asyncio.sleep(state.config.summary_delay_s)
             step: JSON = {"kind": "ok", "content": f"<summary>SUMMARY of {prompt} tokens</summary>"}
         else:
             step = {"kind": "ok"} if limit is not None and prompt > limit else behaviour()
@@ -586,6 +588,7 @@ def add_routes(app: web.Application, state: Any) -> None:
         prompt = prompt_tokens(payload, state.config.chars_per_token)
         limit = state.config.context_limit
         if asks_for_summary(payload):
+            await asyncio.sleep(state.config.summary_delay_s)
             step = {
                 "kind": "ok",
                 "content": f"<analysis>.</analysis><summary>SUMMARY of {prompt} tokens</summary>",

@@ -198,15 +198,13 @@ class CompactionAnswers:
         conversation = (tenant, request.api, uids[0])
         self.timing.compacted(tenant, agent, conversation, sum(counts[:history]))
         payback = self.payback
-        unused = payback.unused_so_far(conversation)
         if found.text is not None:
-            payback.answered(conversation, tokens)
+            unused = payback.answered(conversation, tokens)
             self._metrics.agent_saved_tokens.labels(agent).inc(tokens)
         else:
             if found.reason == NOT_READY and payback.sitting_out(conversation):
                 found = Found(None, BACKOFF)
-            unused += 1 if found.reason == STALE else 0
-            payback.forwarded(conversation, found.reason, tokens)
+            unused = payback.forwarded(conversation, found.reason, tokens)
             self._metrics.agent_forwarded.labels(agent, found.reason).inc()
         if unused:
             self._metrics.agent_unused_summaries.labels(agent).inc(unused)

@@ -79,22 +79,24 @@ class Payback:
 
     def answered(self, conversation: Hashable, tokens: int) -> int:
         """The compaction request (`tokens`) was answered from a summary made ahead of need;
-        the tokens it saved."""
+        how many made in this cycle went unused (all but the one that answered)."""
         books = self._open(conversation)
+        unused = max(0, books.made - 1)
         books.figures.answered += 1
         books.figures.saved_tokens += tokens
-        books.figures.summaries_unused += max(0, books.made - 1)
+        books.figures.summaries_unused += unused
         books.lost -= tokens
         books.unused_in_a_row = 0
         self._cycle_ends(books, tokens)
         if books.skip == 0:
             books.backoff = 0
-        return tokens
+        return unused
 
-    def forwarded(self, conversation: Hashable, reason: str, tokens: int) -> None:
+    def forwarded(self, conversation: Hashable, reason: str, tokens: int) -> int:
         """The compaction request (`tokens`) went upstream; `reason`: not_ready, stale or
-        backoff."""
+        backoff. How many summaries made in this cycle went unused (all)."""
         books = self._open(conversation)
+        unused = books.made
         figures = books.figures
         if reason == "stale":
             figures.forwarded_stale += 1
@@ -102,14 +104,10 @@ class Payback:
             figures.forwarded_backoff += 1
         else:
             figures.forwarded_not_ready += 1
-        figures.summaries_unused += books.made
-        books.unused_in_a_row += books.made
+        figures.summaries_unused += unused
+        books.unused_in_a_row += unused
         self._cycle_ends(books, tokens)
-
-    def unused_so_far(self, conversation: Hashable) -> int:
-        """Summaries made in this cycle that an answer would not use (all but the latest)."""
-        books = self._books.get(conversation)
-        return max(0, books.made - 1) if books is not None else 0
+        return unused
 
     def figures(self, conversation: Hashable) -> dict[str, int]:
         books = self._books.get(conversation)
