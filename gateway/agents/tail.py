@@ -47,14 +47,15 @@ def with_tail(summary: str, messages: Sequence[Mapping[str, Any]]) -> str:
 def tail_share(messages: Sequence[Mapping[str, Any]], tokens: int) -> float:
     """The written tail's size against the `tokens` the messages hold, estimated from their
     characters (the same tokenizer reads both)."""
-    full = sum(len(render_message(m)) for m in messages)
+    full = len("\n\n".join(render_message(m) for m in messages))
     return len(render_tail(messages)) / full if full else 0.0
 
 
 def _render(message: Mapping[str, Any]) -> str:
     if message.get("role") == "tool":
-        label = f"tool result for {message.get('tool_call_id', '?')}"
-        return f"[{label}]\n{_result(content_text(message.get('content')))}"
+        label = f"[tool result for {message.get('tool_call_id', '?')}]"
+        text = content_text(message.get("content"))
+        return f"{label}\n{_result(text)}" if text else label
     shortened = dict(message)
     text = content_text(message.get("content"))
     if len(text) > TEXT_CHARS:
@@ -88,14 +89,15 @@ def _result(text: str) -> str:
         return _cut(text, RESULT_CHARS)
     left = len(lines) - len(head) - len(tail)
     omitted = len(text) - len(kept)
-    note = (
-        f"[... {left} lines ({omitted} characters) not shown; run the call again to see them ...]"
-    )
-    return "\n".join([*head, note, *tail])
+    note = f"[... {left} lines ({omitted} characters) not shown; run the call again for all ...]"
+    short = "\n".join([*head, note, *tail])
+    return short if len(short) < len(text) else text
 
 
 def _cut(text: str, chars: int) -> str:
+    """`text`'s head and tail, about `chars` characters (never longer than `text`)."""
     head = chars * 3 // 4
     tail = chars - head
     omitted = len(text) - head - tail
-    return f"{text[:head]}\n[... {omitted} characters not shown ...]\n{text[-tail:]}"
+    short = f"{text[:head]}\n[... {omitted} characters not shown ...]\n{text[-tail:]}"
+    return short if len(short) < len(text) else text
