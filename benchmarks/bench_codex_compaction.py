@@ -1,0 +1,293 @@
+"""The real Codex CLI compacting itself, through the gateway and straight to the upstream.
+
+Run: `python -m benchmarks.bench_codex_compaction [--steps 24] [--output-tokens 6000]
+[--limit 20000] [--summary-delay 0]`. About half a minute; loopback only; needs the agents
+(`scripts/install-agents`).
+
+One session, run twice against the same fake upstream (`tests/fake_upstream.py`, a process
+speaking the Responses API, counting every prompt as the characters of its JSON / 4 and
+answering a compaction prompt with a short summary): `codex exec` with a shell tool whose every
+call prints ~28 KB (4,000 numbered lines), of which Codex keeps `--output-tokens` tokens
+(`tool_output_token_limit`; ~6k tokens each, by the upstream's count), compacting its own
+history past `--limit` tokens (`model_auto_compact_token_limit`) for `--steps` steps, then the
+model's last answer. Straight: Codex talks to the upstream. Gateway: Codex talks to a
+`compactgate serve` process (one worker, memory store, `chars:4`, a 200k window so that only
+agents' compaction is at work) in front of the same upstream; the gateway is new, so Codex's
+first compaction is forwarded and teaches it.
+
+Printed, per arm: Codex's compaction requests (answered by the gateway / forwarded), requests
+and tokens the upstream read (split: Codex's ordinary turns, compaction requests that reached
+it, the gateway's own summaries made ahead of need), and the gateway arm's tokens as a share
+of the straight arm's. The targets (issue 40): at least 80 % of the compaction requests
+answered, and the upstream reading fewer tokens through the gateway than straight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.fake_agent_apis import asks_for_summary, prompt_tokens
+
+ROOT = Path(__file__).resolve().parent.parent
+CODEX = ROOT / "agents" / "node_modules" / ".bin" / "codex"
+FINAL = "All the numbered parts are listed."
+TASK = "List the numbered parts and report."
+ANSWERED_TARGET = 0.8
+CHARS_PER_TOKEN = 4.0  # the fake upstream's count, reported as its usage
+
+
+def script(steps: int, output_tokens: int) -> list[dict[str, Any]]:
+    """The model's moves: one shell call per step (4,000 numbered lines each), then the answer."""
+    calls = [
+        {
+            "kind": "tool_calls",
+            "reasoning": True,
+            "tool_calls": [
+                {
+                    "name": "exec_command",
+                    "arguments": {
+                        "cmd": f"seq {step}00000 {step}03999",
+                        "max_output_tokens": output_tokens,
+                    },
+                }
+            ],
+        }
+        for step in range(1, steps + 1)
+    ]
+    return [*calls, {"kind": "ok", "content": FINAL}]
+
+
+def settings(limit: int, output_tokens: int) -> str:
+    """Codex's config.toml lines for the session (before its provider's table)."""
+    return (
+        "model_context_window = 200000\n"
+        f"model_auto_compact_token_limit = {limit}\n"
+        f"tool_output_token_limit = {output_tokens}\n"
+    )
+
+
+def run_codex(base_url: str, directory: Path, lines: str, timeout: float = 600) -> str:
+    """`codex exec` on the task with `base_url` as its Responses provider; its JSON-lines
+    output, once it has finished without an error."""
+    home, work = directory / "codex-home", directory / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "m"\nmodel_provider = "upstream"\n{lines}'
+        "[model_providers.upstream]\n"
+        f'name = "Upstream"\nbase_url = "{base_url}"\n'
+        'env_key = "UPSTREAM_KEY"\nwire_api = "responses"\n'
+    )
+    env = {**os.environ, "CODEX_HOME": str(home), "UPSTREAM_KEY": "sk-codex", "NO_COLOR": "1"}
+    run = subprocess.run(
+        [str(CODEX), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access",
+         "--json", TASK],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if run.returncode != 0 or FINAL not in run.stdout:
+        raise RuntimeError(f"codex failed ({run.returncode}): {run.stderr[-3000:]}")
+    return run.stdout
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What the upstream read in one arm (its own count of each prompt)."""
+
+    requests: int
+    tokens: int
+    ordinary: int  # Codex's turns
+    compactions: int  # Codex's compaction requests that reached the upstream
+    compaction_tokens: int
+    background: int  # the gateway's own summaries made ahead of need
+    background_tokens: int
+
+    @classmethod
+    def of(cls, records: list[dict[str, Any]]) -> Tally:
+        """Codex always streams; the gateway's own summary calls do not."""
+        sent = [r["json"] for r in records if r["path"] == "/v1/responses" and r["json"]]
+        sizes = [prompt_tokens(body, CHARS_PER_TOKEN) for body in sent]
+        summary = [asks_for_summary(body) for body in sent]
+        own = [s and body.get("stream") is not True for s, body in zip(summary, sent, strict=True)]
+        agent = [s and not o for s, o in zip(summary, own, strict=True)]
+        return cls(
+            requests=len(sent),
+            tokens=sum(sizes),
+            ordinary=sum(not s for s in summary),
+            compactions=sum(agent),
+            compaction_tokens=sum(n for n, a in zip(sizes, agent, strict=True) if a),
+            background=sum(own),
+            background_tokens=sum(n for n, o in zip(sizes, own, strict=True) if o),
+        )
+
+
+def compactions_of(metrics: str) -> dict[str, float]:
+    """The gateway's `compactgate_agent_compactions_total` for Codex, by outcome."""
+    found = re.findall(
+        r'^compactgate_agent_compactions_total\{agent="codex",outcome="(\w+)"\} ([0-9.e+]+)$',
+        metrics,
+        re.M,
+    )
+    return {outcome: float(value) for outcome, value in found}
+
+
+def gateway_config(upstream: str) -> dict[str, Any]:
+    model = {
+        "name": "m",
+        "upstream": {"base_url": upstream},
+        "tokenizer": "chars:4",
+        "context_window": 200_000,
+        "max_output_tokens": 2000,
+    }
+    return {"models": [model]}
+
+
+class Process:
+    """A child process started until a line of its output matches `ready`."""
+
+    def __init__(self, argv: list[str], ready: str, log: Path) -> None:
+        self.log = log
+        self.handle = log.open("w")
+        self.process = subprocess.Popen(
+            argv, cwd=ROOT, stdout=self.handle, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = re.search(ready, log.read_text(), re.M)
+            if found:
+                self.match = found
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{argv[:4]} did not start: see {log}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.handle.close()
+
+
+def measure(
+    args: argparse.Namespace, directory: Path
+) -> tuple[Tally, Tally, dict[str, float], list[float]]:
+    fake = Process(
+        [sys.executable, "-m", "tests.fake_upstream", "--port", "0"],
+        r"^READY (\d+)$",
+        directory / "upstream.log",
+    )
+    root = f"http://127.0.0.1:{fake.match.group(1)}"
+    control = httpx.Client(base_url=root, timeout=30)
+    lines = settings(args.limit, args.output_tokens)
+    try:
+
+        def prepare() -> None:
+            control.post("/_fake/reset").raise_for_status()
+            control.post("/_fake/config", json={"summary_delay_s": args.summary_delay})
+            control.post("/_fake/script", json=script(args.steps, args.output_tokens))
+
+        prepare()
+        (directory / "straight").mkdir()
+        started = time.perf_counter()
+        run_codex(f"{root}/v1", directory / "straight", lines)
+        seconds = [time.perf_counter() - started]
+        straight = Tally.of(control.get("/_fake/requests").json())
+
+        prepare()
+        path = directory / "gateway.json"
+        path.write_text(json.dumps(gateway_config(f"{root}/v1")))
+        port = _free_port()
+        gateway = Process(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)],
+            r"Uvicorn running on|CompactGate listening on",
+            directory / "gateway.log",
+        )
+        try:
+            (directory / "through").mkdir()
+            started = time.perf_counter()
+            run_codex(f"http://127.0.0.1:{port}/v1", directory / "through", lines)
+            seconds.append(time.perf_counter() - started)
+            time.sleep(0.3)  # a summary still being made ahead is counted once it is in
+            through = Tally.of(control.get("/_fake/requests").json())
+            outcomes = compactions_of(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
+        finally:
+            gateway.stop()
+    finally:
+        fake.stop()
+    return straight, through, outcomes, seconds
+
+
+def report(
+    args: argparse.Namespace,
+    straight: Tally,
+    through: Tally,
+    outcomes: dict[str, float],
+    seconds: list[float],
+) -> None:
+    answered = int(outcomes.get("answered", 0))
+    forwarded = int(outcomes.get("forwarded", 0))
+    asked = answered + forwarded
+    share = answered / asked if asked else 0.0
+    ratio = through.tokens / straight.tokens
+    print(
+        f"Codex CLI, {args.steps} steps, ~{args.output_tokens}-token tool outputs, compacting "
+        f"past {args.limit} tokens; summaries take {args.summary_delay:g} s"
+    )
+    print(f"{'':34}{'straight':>12}{'gateway':>12}")
+    rows = [
+        ("compaction requests by Codex", straight.compactions, asked),
+        ("  answered by the gateway", 0, answered),
+        ("  forwarded to the upstream", straight.compactions, through.compactions),
+        ("upstream requests", straight.requests, through.requests),
+        ("  Codex's turns", straight.ordinary, through.ordinary),
+        ("  summaries made ahead of need", 0, through.background),
+        ("upstream tokens read", straight.tokens, through.tokens),
+        ("  by compaction requests", straight.compaction_tokens, through.compaction_tokens),
+        ("  by summaries made ahead", 0, through.background_tokens),
+    ]
+    for name, left, right in rows:
+        print(f"{name:34}{left:>12,}{right:>12,}")
+    print(f"{'session, seconds':34}{seconds[0]:>12.1f}{seconds[1]:>12.1f}")
+    verdict = "met" if share >= ANSWERED_TARGET and ratio < 1 else "NOT met"
+    print(
+        f"answered {answered}/{asked} ({share:.0%}, target >= {ANSWERED_TARGET:.0%}); upstream "
+        f"tokens through the gateway / straight: {ratio:.3f} (target < 1): {verdict}"
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=24)
+    parser.add_argument("--output-tokens", type=int, default=6000)
+    parser.add_argument("--limit", type=int, default=20_000)
+    parser.add_argument("--summary-delay", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    if not CODEX.exists():
+        raise SystemExit(f"{CODEX} is missing: run scripts/install-agents")
+    with tempfile.TemporaryDirectory() as directory:
+        report(args, *measure(args, Path(directory)))
+
+
+if __name__ == "__main__":
+    main()
