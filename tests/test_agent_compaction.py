@@ -533,3 +533,60 @@ async def test_the_replica_the_agents_turns_land_on_prepares_what_another_replic
     answer = await worker.http.post(url, headers=key, json=compaction(codex_history(10)))
     assert answer.headers["x-compactgate-agent-compaction"] == "codex; answered"
     assert len(local_upstream.requests()) == calls
+
+
+def claude_history(steps: int, result: str = "ok") -> list[Any]:
+    """A Claude-Code-like conversation: the task, then `steps` Bash calls and their results."""
+    messages: list[Any] = [{"role": "user", "content": "Fix the build."}]
+    for step in range(steps):
+        call = {"type": "tool_use", "id": f"toolu_{step}", "name": "Bash"}
+        call["input"] = {"command": f"make step{step}"}
+        messages.append({"role": "assistant", "content": [call]})
+        out = "\n".join(f"line {n} of step {step}: {result}" for n in range(60))
+        block = {"type": "tool_result", "tool_use_id": f"toolu_{step}", "content": out}
+        messages.append({"role": "user", "content": [block]})
+    return messages
+
+
+def claude_body(messages: list[Any], compacting: bool = False) -> dict[str, Any]:
+    """Claude Code's request; compacting, its prompt joins the turn answering the last call."""
+    if compacting:
+        prompt = fixture("claude_compact_request.json")["messages"][-1]["content"][-1]
+        last = messages[-1]
+        messages = [*messages[:-1], {**last, "content": [*last["content"], prompt]}]
+    return {"model": "m", "system": "You are Claude Code. " * 40, "messages": messages,
+            "max_tokens": 4096, "stream": False}  # fmt: skip
+
+
+async def test_an_agent_that_compacts_on_the_last_requests_size_gets_one_summary_per_cycle(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """Claude Code compacts on the usage of its last request: its compaction carries that
+    request's history. The turns before its first compaction already bracket where it comes,
+    so from the next cycle on one summary is made, after the turn it follows, and it answers
+    the compaction whole (nothing uncovered)."""
+    gw = await start_app(codex_model(local_upstream))
+    url = f"{gw.base_url}/messages"
+    agent = 'compactgate_agent_compactions_total{agent="claude-code",outcome="%s"}'
+    for cycle in range(3):
+        result = f"k{cycle}"
+        made = len(summary_requests(local_upstream.requests()))
+        for step in range(1, 10):
+            body = claude_body(claude_history(step, result))
+            assert (await gw.http.post(url, headers=KEY, json=body)).status_code == 200
+            await asyncio.sleep(0.05)
+        for _ in range(300):  # what the gateway started has reached the upstream and come back
+            asked = len(summary_requests(local_upstream.requests()))
+            done = await metric(gw, agent % "prepared") + await metric(gw, agent % "forwarded")
+            if asked == done:
+                break
+            await asyncio.sleep(0.02)
+        compacting = claude_body(claude_history(9, result), compacting=True)
+        answer = await gw.http.post(url, headers=KEY, json=compacting)
+        outcome = answer.headers["x-compactgate-agent-compaction"]
+        if cycle == 0:
+            assert outcome == "claude-code; forwarded"  # the first teaches
+            continue
+        assert outcome == "claude-code; answered"
+        assert len(summary_requests(local_upstream.requests())) == made + 1
+        assert "Steps after this summary" not in answer.json()["content"][0]["text"]

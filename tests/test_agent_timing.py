@@ -102,28 +102,32 @@ def test_a_cut_says_how_much_it_left_out() -> None:
 # -- when the next compaction comes ---------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     base=st.integers(500, 20_000),
     growth=st.integers(200, 8_000),
     limit_over=st.integers(1, 60_000),
     cycles=st.integers(2, 5),
+    codex=st.booleans(),
 )
 def test_the_summary_is_due_exactly_at_the_request_before_each_compaction(
-    base: int, growth: int, limit_over: int, cycles: int
+    base: int, growth: int, limit_over: int, cycles: int, codex: bool
 ) -> None:
-    """An agent whose history starts at `base` and grows `growth` per request, compacting
-    when the history it is about to send reaches its limit: after its first compaction, each
-    cycle the summary is due at the last ordinary request before the compaction, only there."""
+    """An agent whose history starts at `base` and grows `growth` per request, compacting at
+    its limit, as Codex does (the history it is about to send, the compaction carrying one
+    more step) or as Claude Code does (the last request's, the compaction carrying that
+    history): after its first compaction, each cycle the summary is due at the last ordinary
+    request before the compaction, and only there."""
     limit = base + limit_over
     timing = CompactionTiming()
     for cycle in range(cycles + 1):
         history = base
         due: list[bool] = []
         while True:  # the agent sends a request, and the answer brings one step
-            due.append(timing.ordinary("t", "codex", "conv", history))
-            if history + growth >= limit:  # what it would send next reaches its limit
-                timing.compacted("t", "codex", "conv", history + growth)
+            due.append(timing.ordinary("t", "agent", "conv", history))
+            checked = history + growth if codex else history
+            if checked >= limit:
+                timing.compacted("t", "agent", "conv", history + (growth if codex else 30))
                 break
             history += growth
         if cycle > 0:  # the first cycle teaches

@@ -278,18 +278,18 @@ class CompactionAnswers:
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
         """After an ordinary answer: make the agent's next compaction summary if it is due."""
+        if prepared is None or not prepared.uids or prepared.uids[0] is None:
+            return
+        key = (tenant, request.api, prepared.uids[0])
+        tokens = history_tokens(prepared)
+        self.timing.seen(key, tokens)  # before any compaction: the first one is bracketed too
         template = self._templates.get((tenant, request.api))
         if template is None:
             self._look_up(tenant, request.api)
             return
-        if prepared is None or not prepared.uids or request.stateful:
+        if request.stateful:
             return
-        uid = prepared.uids[0]
-        if uid is None:
-            return
-        key = (tenant, request.api, uid)
-        tokens = history_tokens(prepared)
-        due = self.timing.ordinary(tenant, template.agent, key, tokens, template.point)
+        due = self.timing.due(tenant, template.agent, key, template.point)
         if not due or key in self._making or not self.payback.may_prepare(key):
             return
         uids = tuple(prepared.uids)

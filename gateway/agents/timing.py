@@ -1,22 +1,24 @@
 """When an agent will compact next: learnt from where it compacted and how fast its history grows.
 
-An agent compacts when its history, by its own count, reaches its limit: right after the answer
-to the ordinary request whose history, plus the step that answer brings (the model's tool call
-and the tool's output), passes that limit. So each compaction request brackets the limit, per
-tenant and agent (`Point`): the compaction request's history had reached it (`at`), and the
-history of the conversation's ordinary request just before it had not (`below`). Per
-conversation the gateway keeps its last ordinary request's history and how much the request
-before it grew (`growth`; the agent's last one when the conversation has not grown yet).
+An agent compacts when its history, by its own count, reaches its limit. Codex checks the
+history it is about to send: its compaction request carries the last ordinary request's history
+plus the step that request's answer brought. Claude Code checks the usage the upstream reported
+for the last request: its compaction request carries that request's history, the prompt added.
+Either way the compaction follows the ordinary request whose history was the first to reach a
+level of its own, and that request is the one to summarise: its history is what the compaction
+request will carry, but for at most one step.
 
-After an ordinary request of `h` tokens the next request is expected at `h + growth`. When that
-reaches the middle of the bracket (`mark`), the agent's next request is most likely its
-compaction, and the summary for it is due now: made over this history, it leaves one step
-uncovered. Without a lower end (the compaction came first in its conversation), the mark is
-`MARGIN` under `at`; without any growth seen, a summary is due once `h` itself reaches the mark.
+So each compaction brackets that level, per tenant and agent (`Point`): the conversation's last
+ordinary request before it had reached it (`last`), the one before that had not (`previous`).
+Per conversation the gateway keeps its last two ordinary requests' histories and how much they
+grew. An ordinary request whose history reaches the middle of the bracket (`mark`) is taken to
+be the last before the compaction: the summary for it is due now. Without a bracket (the
+compaction came first in its conversation, as a remote compaction may), the compaction's own
+history stands in, less one request's growth and a `MARGIN`.
 
 Sizes are the gateway's own count of the messages (tool definitions left out: an agent's
-compaction request carries none, its ordinary ones do). Nothing here does I/O; tables are
-bounded.
+compaction request may carry none where its ordinary ones do). Nothing here does I/O; tables
+are bounded.
 """
 
 from __future__ import annotations
@@ -34,26 +36,31 @@ V = TypeVar("V")
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """Where an agent's latest compaction came: between `below` (an ordinary request's history
-    that had not reached its limit) and `at` (the compaction request's, that had)."""
+    """Where an agent's latest compaction came: after an ordinary request of `last` tokens of
+    history (the one before it had `previous`), with a history of `at` tokens."""
 
     at: int
-    below: int | None
+    last: int | None
+    previous: int | None
     growth: int | None  # how much that conversation's requests grew, as last seen
 
-    @property
-    def mark(self) -> float:
-        """The history from which the next request is taken to be the compaction."""
-        if self.below is not None and 0 < self.below < self.at:
-            return (self.below + self.at) / 2
-        return self.at * (1 - MARGIN)
+    def due(self, history: int, growth: int) -> bool:
+        """Whether an ordinary request of `history` tokens, in a conversation growing by
+        `growth` per request, is the last before the agent's compaction."""
+        if self.last is not None and self.previous is not None and self.previous < self.last:
+            return history >= (self.previous + self.last) / 2
+        if self.last is not None:
+            return history + growth / 2 >= self.last if growth else history >= self.last
+        return history + growth >= self.at * (1 - MARGIN)
 
 
 @dataclass(frozen=True, slots=True)
 class Seen:
-    """A conversation's last ordinary request: its history, and how much it grew."""
+    """A conversation's last ordinary request: its history, the one before's, and how much it
+    grew."""
 
     history: int
+    previous: int | None
     growth: int | None
 
 
@@ -72,33 +79,44 @@ class CompactionTiming:
         """The agent asked to compact `conversation` at `history` tokens."""
         seen = self._seen.pop(conversation, None)
         earlier = self._points.get((tenant, agent))
-        below = seen.history if seen is not None and seen.history < history else None
-        growth = history - below if below is not None else None
-        if growth is None:
-            growth = seen.growth if seen is not None and seen.growth else None
+        growth = seen.growth if seen is not None and seen.growth else None
         if growth is None and earlier is not None:
             growth = earlier.growth
-        self._keep(self._points, (tenant, agent), Point(history, below, growth))
+        if seen is None:
+            point = Point(history, None, None, growth)
+        else:
+            point = Point(history, seen.history, seen.previous, growth)
+        self._keep(self._points, (tenant, agent), point)
 
-    def ordinary(
-        self, tenant: str, agent: str, conversation: Hashable, history: int, fallback: int = 0
-    ) -> bool:
-        """An ordinary request of `conversation` had `history` tokens: whether the summary for
-        the agent's next compaction is due now. `fallback`: where the agent compacted, when only
-        another replica saw it (no bracket known here)."""
+    def seen(self, conversation: Hashable, history: int) -> None:
+        """An ordinary request of `conversation` had `history` tokens."""
         last = self._seen.get(conversation)
         growth = last.growth if last is not None else None
+        previous = None
         if last is not None and history > last.history:
-            growth = history - last.history
-        self._keep(self._seen, conversation, Seen(history, growth))
+            growth, previous = history - last.history, last.history
+        self._keep(self._seen, conversation, Seen(history, previous, growth))
+
+    def due(self, tenant: str, agent: str, conversation: Hashable, fallback: int = 0) -> bool:
+        """Whether the summary for the agent's next compaction is due after the latest
+        ordinary request of `conversation` (`seen`). `fallback`: where the agent compacted,
+        when only another replica saw it (no bracket known here)."""
+        last = self._seen.get(conversation)
+        if last is None:
+            return False
         point = self._points.get((tenant, agent))
         if point is None:
             if fallback <= 0:
                 return False
-            point = Point(fallback, None, None)
-        if growth is None:
-            growth = point.growth or 0
-        return history + growth >= point.mark
+            point = Point(fallback, None, None, None)
+        return point.due(last.history, last.growth or point.growth or 0)
+
+    def ordinary(
+        self, tenant: str, agent: str, conversation: Hashable, history: int, fallback: int = 0
+    ) -> bool:
+        """`seen`, then `due`."""
+        self.seen(conversation, history)
+        return self.due(tenant, agent, conversation, fallback)
 
     def _keep(self, table: OrderedDict[K, V], key: K, value: V) -> None:
         table[key] = value
