@@ -4,11 +4,11 @@ An agent compacts when its history passes its own limit: a full model call over 
 history, made while the user waits (`agent_compaction` recognises the request). The first one
 of a tenant's agent is forwarded, and teaches the gateway the agent's request (the compaction
 prompt, tools and settings: a `Template`); every one teaches where the agent compacts
-(`timing.CompactionTiming`). After each ordinary answer of that API, when the agent's next
-request is foreseen to be its compaction (the conversation's history plus its growth per
-request reaches the agent's compaction point), the gateway makes the same compaction call
-itself, in the background, over that request's history, with the client's credential, through
-its own compaction (so it fits the window), and keeps the answer per conversation.
+(`timing.CompactionTiming`: after which ordinary request). After an ordinary answer of that
+API that is foreseen to be the last before the agent's compaction, the gateway makes the same
+compaction call itself, in the background, over that request's history, with the client's
+credential, through its own compaction (so it fits the window), and keeps the answer per
+conversation.
 
 When the agent's compaction request comes, a summary still being made for its history is
 waited for (at most `wait_s`: it started earlier than the agent's own call would, so waiting
@@ -18,9 +18,11 @@ long tool outputs cut to their first and last lines), at once, in the client's w
 streamed or not. It is `stale`, and the request forwarded, only when the summary covers less
 than `MIN_COVERED` of the history's tokens or the written tail would still be more than
 `MAX_TAIL_SHARE` of them: then the answer would be a poor compaction, and the agent's own call
-makes a better one. Measured with the real Codex CLI (benchmarks/bench_codex_compaction.py),
-the summary made after the last ordinary request covers 60-70 % of the history and its
-one-step tail, written short, is a few hundred tokens.
+makes a better one. Measured with the real Codex CLI (benchmarks/bench_codex_compaction.py:
+~6k-token tool outputs, compacting at 20k tokens), the summary leaves one step uncovered, about
+a third of the history; written short it is ~150 tokens, and the upstream reads 13 % less
+than without the gateway. Kept verbatim instead, it made Codex compact twice as often and the
+upstream read 24 % more than without the gateway.
 
 A conversation whose summaries do not pay (never used, or costing more than they saved) sits
 out its next compactions (`payback.Payback`); each conversation's figures (answered, forwarded

@@ -14,8 +14,8 @@ part:
   the client gets exactly one `compaction` item whose `encrypted_content` is a signed,
   tenant-bound reference to it (`compaction_refs`). `/v1/responses/compact` answers in
   OpenAI's shape: the input's user messages, then that item.
-- **Ahead of need**: each compaction teaches `compaction_answers` the history size at which
-  this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
+- **Ahead of need**: each compaction teaches `compaction_answers` where this tenant compacts
+  (`timing`). Once a later conversation reaches that point, the summary for its next
   compaction is made in the background (with the gateway's compaction prompt, unless an agent's
   own is known for the tenant), so that compaction is answered at once.
 - **Reading back**: before a `/v1/responses` (or compact) request whose body may hold one of
