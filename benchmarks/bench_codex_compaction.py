@@ -1,8 +1,8 @@
 """The real Codex CLI compacting itself, through the gateway and straight to the upstream.
 
 Run: `python -m benchmarks.bench_codex_compaction [--steps 24] [--output-tokens 6000]
-[--limit 20000] [--summary-delay 0]`. About half a minute; loopback only; needs the agents
-(`scripts/install-agents`).
+[--limit 20000] [--model-delay 0] [--summary-delay 0]`. About ten seconds with no delays;
+loopback only; needs the agents (`scripts/install-agents`).
 
 One session, run twice against the same fake upstream (`tests/fake_upstream.py`, a process
 speaking the Responses API, counting every prompt as the characters of its JSON / 4 and
@@ -14,6 +14,11 @@ model's last answer. Straight: Codex talks to the upstream. Gateway: Codex talks
 `compactgate serve` process (one worker, memory store, `chars:4`, a 200k window so that only
 agents' compaction is at work) in front of the same upstream; the gateway is new, so Codex's
 first compaction is forwarded and teaches it.
+
+The fake answers a turn `--model-delay` seconds late and a summary `--summary-delay` seconds
+late, as a model takes its time: the session's wall time then shows what a compaction request
+costs Codex while it waits (a summary made ahead started while the turn before it was at the
+upstream).
 
 Printed, per arm: Codex's compaction requests (answered by the gateway / forwarded), requests
 and tokens the upstream read (split: Codex's ordinary turns, compaction requests that reached
@@ -48,12 +53,14 @@ ANSWERED_TARGET = 0.8
 CHARS_PER_TOKEN = 4.0  # the fake upstream's count, reported as its usage
 
 
-def script(steps: int, output_tokens: int) -> list[dict[str, Any]]:
-    """The model's moves: one shell call per step (4,000 numbered lines each), then the answer."""
+def script(steps: int, output_tokens: int, delay: float = 0.0) -> list[dict[str, Any]]:
+    """The model's moves: one shell call per step (4,000 numbered lines each), then the answer;
+    each `delay` seconds after the request."""
     calls = [
         {
             "kind": "tool_calls",
             "reasoning": True,
+            "delay_s": delay,
             "tool_calls": [
                 {
                     "name": "exec_command",
@@ -66,7 +73,7 @@ def script(steps: int, output_tokens: int) -> list[dict[str, Any]]:
         }
         for step in range(1, steps + 1)
     ]
-    return [*calls, {"kind": "ok", "content": FINAL}]
+    return [*calls, {"kind": "ok", "content": FINAL, "delay_s": delay}]
 
 
 def settings(limit: int, output_tokens: int) -> str:
@@ -197,7 +204,8 @@ def measure(
         def prepare() -> None:
             control.post("/_fake/reset").raise_for_status()
             control.post("/_fake/config", json={"summary_delay_s": args.summary_delay})
-            control.post("/_fake/script", json=script(args.steps, args.output_tokens))
+            moves = script(args.steps, args.output_tokens, args.model_delay)
+            control.post("/_fake/script", json=moves)
 
         prepare()
         (directory / "straight").mkdir()
@@ -244,7 +252,8 @@ def report(
     ratio = through.tokens / straight.tokens
     print(
         f"Codex CLI, {args.steps} steps, ~{args.output_tokens}-token tool outputs, compacting "
-        f"past {args.limit} tokens; summaries take {args.summary_delay:g} s"
+        f"past {args.limit} tokens; the model answers a turn in {args.model_delay:g} s and "
+        f"writes a summary in {args.summary_delay:g} s"
     )
     print(f"{'':34}{'straight':>12}{'gateway':>12}")
     rows = [
@@ -282,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-tokens", type=int, default=6000)
     parser.add_argument("--limit", type=int, default=20_000)
     parser.add_argument("--summary-delay", type=float, default=0.0)
+    parser.add_argument("--model-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     if not CODEX.exists():
         raise SystemExit(f"{CODEX} is missing: run scripts/install-agents")

@@ -13,6 +13,7 @@ envelopes. Behaviours they know:
     error               status, body
     context_limit       limit: the API's own context error iff the prompt is over it
     stream_error_event  a stream whose first event is the API's error event (prompt too long)
+    delay_s             (with ok or tool_calls, on /v1/responses) the answer starts this late
     expand              call the first tool the request offers (the gateway's read tool) with the
                         first `ref=` of a masked output in the request: {"ref_id": ...}; with
                         also: [tool_calls] the client's calls come in the same answer
@@ -527,6 +528,7 @@ def add_routes(app: web.Application, state: Any) -> None:
                     )
                 ],
             )
+        await asyncio.sleep(float(step.get("delay_s", 0)))  # the model's time to answer
         body = responses_body(payload, _expanded(payload, step), prompt)
         if not stream:
             return web.json_response(body, headers={"x-request-id": "req_fake"})

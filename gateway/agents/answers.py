@@ -4,11 +4,11 @@ An agent compacts when its history passes its own limit: a full model call over 
 history, made while the user waits (`agent_compaction` recognises the request). The first one
 of a tenant's agent is forwarded, and teaches the gateway the agent's request (the compaction
 prompt, tools and settings: a `Template`); every one teaches where the agent compacts
-(`timing.CompactionTiming`: after which ordinary request). After an ordinary answer of that
-API that is foreseen to be the last before the agent's compaction, the gateway makes the same
-compaction call itself, in the background, over that request's history, with the client's
-credential, through its own compaction (so it fits the window), and keeps the answer per
-conversation.
+(`timing.CompactionTiming`: after which ordinary request). When an ordinary request of that
+API is foreseen to be the last before the agent's compaction, the gateway makes the same
+compaction call itself over its history, in the background while that request is at the
+upstream, with the client's credential, through its own compaction (so it fits the window),
+and keeps the answer per conversation.
 
 When the agent's compaction request comes, a summary still being made for its history is
 waited for (at most `wait_s`: it started earlier than the agent's own call would, so waiting
@@ -271,7 +271,7 @@ class CompactionAnswers:
 
     # -- ahead of need ----------------------------------------------------------------------
 
-    def after_response(
+    def ordinary(
         self,
         tenant: str,
         route: Route,
@@ -279,7 +279,8 @@ class CompactionAnswers:
         prepared: Prepared | None,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        """After an ordinary answer: make the agent's next compaction summary if it is due."""
+        """An ordinary request, prepared and on its way upstream: start the agent's next
+        compaction summary if it is due (in the background, while this one is answered)."""
         if prepared is None or not prepared.uids or prepared.uids[0] is None:
             return
         key = (tenant, request.api, prepared.uids[0])

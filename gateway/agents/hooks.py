@@ -6,9 +6,11 @@ The endpoint calls these at three fixed points of every compacting request:
                         at once from a summary made ahead of need when one covers its history
                         (`answers`); nothing then goes upstream
     prepared(request)   a forwarded compaction request teaches how that agent compacts (its
-                        request as a template); every one, answered or not, where (`timing`)
-    after(answer)       ahead of need: the agent's next compaction summary when it is due,
-                        and the summaries the conversation's own policy will need (`Precompute`)
+                        request as a template); every one, answered or not, where (`timing`);
+                        an ordinary one that is the last before the agent's compaction starts
+                        that compaction's summary, while it is at the upstream
+    after(answer)       ahead of need: the summaries the conversation's own policy will need
+                        (`Precompute`)
 
 An answered compaction reports real figures: `tokens-before` the request as it would have been
 sent, `tokens-after` the answer the agent keeps in its place.
@@ -111,12 +113,28 @@ class AgentHooks:
         return Before(agent, answered=True)
 
     def prepared(
-        self, tenant: str, route: Route, request: WireRequest, before: Before, prepared: Prepared
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        before: Before,
+        prepared: Prepared,
+        headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        """The request is prepared and about to go upstream."""
+        """The request is prepared and about to go upstream. An ordinary one: the agent's next
+        compaction summary, if this is the last request before it, is started now, while this
+        one is at the upstream (judged on the exact count: once it is made, for a request
+        forwarded on its bound)."""
         self._precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
         agent = before.agent
         if agent is None:
+            answers = self._answers
+
+            def then(settled: Prepared | None) -> None:
+                exact = settled if settled is not None and not settled.bounded else None
+                answers.ordinary(tenant, route, request, exact, headers)
+
+            when_settled(prepared, then)
             return
         # Forwarded: how this agent compacts is learnt (where: by `before`).
         if agent.answerable:
@@ -132,17 +150,8 @@ class AgentHooks:
         headers: list[tuple[bytes, bytes]],
     ) -> None:
         """After an ordinary answer (2xx or the upstream's own error), ahead of need, never
-        delaying this answer: the agent's next compaction summary if it is near (judged on the
-        exact count: after it is made, for a request forwarded on its bound), and the
-        summaries the conversation's policy will need (not after a compaction made here)."""
-        if exchange.agent_compaction is None:
-            answers = self._answers
-
-            def then(prepared: Prepared | None) -> None:
-                exact = prepared if prepared is not None and not prepared.bounded else None
-                answers.after_response(tenant, route, request, exact, headers)
-
-            when_settled(exchange.prepared, then)
+        delaying this answer: the summaries the conversation's policy will need (not after a
+        compaction made here)."""
         if exchange.compacted is None:
             window = self._windows.effective(route)
             self._precompute.after_response(
