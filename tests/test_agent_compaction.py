@@ -590,3 +590,25 @@ async def test_an_agent_that_compacts_on_the_last_requests_size_gets_one_summary
         assert outcome == "claude-code; answered"
         assert len(summary_requests(local_upstream.requests())) == made + 1
         assert "Steps after this summary" not in answer.json()["content"][0]["text"]
+
+
+async def test_the_summary_is_made_while_the_turn_before_the_compaction_is_at_the_upstream(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """The turn that will be the last before the agent compacts is still being answered when
+    the gateway's summary call reaches the upstream: the model writes both at once, and the
+    compaction request, which comes after that turn, finds the summary ready or nearly so."""
+    gw = await start_app(codex_model(local_upstream))
+    await learn(gw, local_upstream)
+    await turns(gw, local_upstream, range(1, 9))
+    made = len(summary_requests(local_upstream.requests()))
+    local_upstream.script([{"kind": "ok", "delay_s": 2.0}])  # the model takes its time
+    body = ordinary(codex_history(9))
+    turn = asyncio.create_task(gw.http.post(f"{gw.base_url}/responses", headers=KEY, json=body))
+    for _ in range(150):
+        if len(summary_requests(local_upstream.requests())) > made:
+            break
+        await asyncio.sleep(0.01)
+    assert len(summary_requests(local_upstream.requests())) == made + 1
+    assert not turn.done()  # the turn is still at the upstream
+    assert (await turn).status_code == 200
