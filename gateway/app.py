@@ -241,10 +241,8 @@ def compacting(core: Core, door: Doorway) -> dict[str, Endpoint]:
     config, metrics, engine = core.config, core.metrics, core.engine
     server = config.server
     own_calls = OwnCalls(engine, core.sender, core.windows, core.spend, server.max_messages)
-    made = config.summaries
-    spawn = core.summaries.spawn
     answers = CompactionAnswers(
-        core.store, spawn, own_calls.complete, metrics, made.ttl_s, made.wait_s
+        core.store, core.summaries.spawn, own_calls.complete, metrics, config.summaries
     )
     remote = RemoteCompaction(
         core.store, core.summaries, engine.ref_secret, engine.counts, answers, config.summaries

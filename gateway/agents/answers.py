@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..config import SummariesConfig
 from ..counting.tokens import PRIMING_TOKENS
 from ..ops.metrics import Metrics
 from ..path.own_calls import OwnAnswer
@@ -142,15 +143,14 @@ class CompactionAnswers:
         spawn: Spawn,
         complete: Complete,
         metrics: Metrics,
-        ttl_s: float,
-        wait_s: float = 60.0,
+        config: SummariesConfig,
     ) -> None:
         self._store = store
         self._spawn = spawn  # background work, cancelled at shutdown with the summaries'
         self._complete = complete  # the gateway's own call (path.own_calls.OwnCalls.complete)
         self._metrics = metrics
-        self._ttl_s = ttl_s  # how long a summary made ahead of need is kept in the store
-        self._wait_s = wait_s  # the longest a compaction request waits for one being made
+        self._ttl_s = config.ttl_s  # how long a summary made ahead of need is kept in the store
+        self._wait_s = config.wait_s  # the longest a compaction request waits for one being made
         self.timing = CompactionTiming()
         self.payback = Payback()
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
