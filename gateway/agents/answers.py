@@ -383,6 +383,6 @@ def _judged(
     uncovered = sum(counts[covers:history])
     if total - uncovered < MIN_COVERED * total:
         return Found(None, STALE)
-    if uncovered * tail_share(tail, uncovered) > MAX_TAIL_SHARE * total:
+    if uncovered * tail_share(tail) > MAX_TAIL_SHARE * total:
         return Found(None, STALE)
     return Found(with_tail(text, tail), READY)

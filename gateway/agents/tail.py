@@ -44,9 +44,9 @@ def with_tail(summary: str, messages: Sequence[Mapping[str, Any]]) -> str:
     return summary + NOTE + render_tail(messages) if messages else summary
 
 
-def tail_share(messages: Sequence[Mapping[str, Any]], tokens: int) -> float:
-    """The written tail's size against the `tokens` the messages hold, estimated from their
-    characters (the same tokenizer reads both)."""
+def tail_share(messages: Sequence[Mapping[str, Any]]) -> float:
+    """The written tail's size against the messages written out whole, in characters (the
+    share of their tokens it comes to: one tokenizer reads both)."""
     full = len("\n\n".join(render_message(m) for m in messages))
     return len(render_tail(messages)) / full if full else 0.0
 
