@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks import bench_codex_compaction as bench
+from tests import codex_compaction as codex
 from tests.agent_runs import (
     FINAL,
     STEPS,
@@ -96,23 +96,24 @@ def test_codexs_own_compaction_is_answered_and_the_upstream_reads_less_than_with
     over the whole history. Through the gateway, the first is forwarded and teaches it; each
     later one is answered from the summary made after the turn before it, so at least 80 % are
     answered and the upstream reads fewer tokens, the gateway's own summaries included
-    (issue 40; `benchmarks.bench_codex_compaction` prints the same figures)."""
+    (issue 40; `benchmarks.bench_codex_compaction` prints the same figures for the session of
+    `tests/codex_compaction.py`)."""
     agent("codex")
-    lines = bench.settings(20_000, 6000)
+    lines = codex.settings(20_000, 6000)
 
     def session() -> None:
         fake_upstream.reset()
-        fake_upstream.script(bench.script(24, 6000))
+        fake_upstream.script(codex.script(24, 6000))
 
     session()
-    bench.run_codex(fake_upstream.base_url, _directory(tmp_path / "straight"), lines)
-    straight = bench.Tally.of(fake_upstream.requests())
+    codex.run_codex(fake_upstream.base_url, _directory(tmp_path / "straight"), lines)
+    straight = codex.Tally.of(fake_upstream.requests())
     session()
-    gateway = start_gateway(bench.gateway_config(fake_upstream.base_url))
-    bench.run_codex(gateway.base_url, _directory(tmp_path / "through"), lines)
+    gateway = start_gateway(codex.gateway_config(fake_upstream.base_url))
+    codex.run_codex(gateway.base_url, _directory(tmp_path / "through"), lines)
     time.sleep(0.3)  # a summary made after the last turn reaches the upstream
-    through = bench.Tally.of(fake_upstream.requests())
-    outcomes = bench.compactions_of(httpx.get(f"{gateway.url}/metrics", timeout=10).text)
+    through = codex.Tally.of(fake_upstream.requests())
+    outcomes = codex.compactions_of(httpx.get(f"{gateway.url}/metrics", timeout=10).text)
 
     answered, forwarded = outcomes.get("answered", 0), outcomes.get("forwarded", 0)
     assert straight.compactions >= 8  # the session is one that compacts
