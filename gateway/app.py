@@ -34,7 +34,6 @@ from .agents.answers import CompactionAnswers
 from .agents.context_management import ContextManagement
 from .agents.hooks import AgentHooks
 from .agents.remote import RemoteCompaction
-from .agents.signatures import CompactionPoints
 from .asgi import Message, Receive, Scope, Send
 from .config import Config, ConfigError
 from .counting.runner import Counting
@@ -243,17 +242,17 @@ def compacting(core: Core, door: Doorway) -> dict[str, Endpoint]:
     server = config.server
     own_calls = OwnCalls(engine, core.sender, core.windows, core.spend, server.max_messages)
     answers = CompactionAnswers(
-        core.store, core.summaries.spawn, own_calls.complete, metrics, config.summaries.ttl_s
+        core.store, core.summaries.spawn, own_calls.complete, metrics, config.summaries
     )
     remote = RemoteCompaction(
         core.store, core.summaries, engine.ref_secret, engine.counts, answers, config.summaries
     )
     hooks = AgentHooks(
         config.agent_compaction.signatures,
-        CompactionPoints(),
         answers,
         core.precompute,
         engine.counts,
+        engine.tools_tokens,
         core.windows,
         metrics,
     )

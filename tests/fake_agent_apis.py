@@ -13,6 +13,7 @@ envelopes. Behaviours they know:
     error               status, body
     context_limit       limit: the API's own context error iff the prompt is over it
     stream_error_event  a stream whose first event is the API's error event (prompt too long)
+    delay_s             (with ok or tool_calls, on /v1/responses) the answer starts this late
     expand              call the first tool the request offers (the gateway's read tool) with the
                         first `ref=` of a masked output in the request: {"ref_id": ...}; with
                         also: [tool_calls] the client's calls come in the same answer
@@ -39,7 +40,8 @@ implement it. `compact_requests` counts what reached it.
 
 A request whose latest user text asks for a compaction summary (the phrases in
 `SUMMARY_PROMPTS`, as Codex CLI and Claude Code ask) is answered with a summary, as a model
-would, without consuming the script: `summary_requests` counts them.
+would (`/_fake/config` `summary_delay_s` later), without consuming the script:
+`summary_requests` counts them.
 
 The prompt size is the characters of the JSON of the system prompt, the conversation and the tools
 divided by the fake's `usage_tokenizer` ratio (chars:4 by default), and is reported as usage.
@@ -529,6 +531,7 @@ def add_routes(app: web.Application, state: Any) -> None:
         prompt = prompt_tokens(payload, state.config.chars_per_token)
         limit = state.config.context_limit
         if asks_for_summary(payload):
+            await asyncio.sleep(state.config.summary_delay_s)
             step: JSON = {"kind": "ok", "content": f"<summary>SUMMARY of {prompt} tokens</summary>"}
         else:
             step = {"kind": "ok"} if limit is not None and prompt > limit else behaviour()
@@ -554,6 +557,7 @@ def add_routes(app: web.Application, state: Any) -> None:
                     )
                 ],
             )
+        await asyncio.sleep(float(step.get("delay_s", 0)))  # the model's time to answer
         body = responses_body(payload, _expanded(payload, step), prompt)
         frames = [
             _frame(event["type"], {**event, "sequence_number": n})
@@ -617,6 +621,7 @@ def add_routes(app: web.Application, state: Any) -> None:
         prompt = prompt_tokens(payload, state.config.chars_per_token)
         limit = state.config.context_limit
         if asks_for_summary(payload):
+            await asyncio.sleep(state.config.summary_delay_s)
             step = {
                 "kind": "ok",
                 "content": f"<analysis>.</analysis><summary>SUMMARY of {prompt} tokens</summary>",

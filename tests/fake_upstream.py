@@ -16,7 +16,7 @@ Control endpoints (JSON; nothing under /_fake/ is recorded):
     POST /_fake/script     append behaviours (a JSON list), consumed one per chat request, FIFO
     POST /_fake/release    let a held-back streamed legacy completion finish
     POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X",
-                            "remote_compaction": bool}
+                            "remote_compaction": bool, "summary_delay_s": seconds}
     GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"} of the chat,
                            Responses and Messages routes; `cancelled` counts requests ended by
                            the client disconnecting
@@ -197,10 +197,11 @@ class Config:
     style: str = "openai"
     chars_per_token: float = 4.0
     remote_compaction: bool = False  # POST /v1/responses/compact answers as OpenAI's does
+    summary_delay_s: float = 0.0  # a compaction summary is answered this much later
 
     @classmethod
     def parse(cls, data: object) -> Config:
-        keys = {"context_limit", "style", "usage_tokenizer", "remote_compaction"}
+        keys = {"context_limit", "style", "usage_tokenizer", "remote_compaction", "summary_delay_s"}
         if not isinstance(data, dict) or set(data) - keys:
             raise ValueError("config keys: " + ", ".join(sorted(keys)))
         limit = data.get("context_limit")
@@ -216,7 +217,10 @@ class Config:
         remote = data.get("remote_compaction", False)
         if not isinstance(remote, bool):
             raise ValueError("remote_compaction must be a boolean")
-        return cls(limit, style, float(ratio), remote)
+        delay = data.get("summary_delay_s", 0.0)
+        if type(delay) not in (int, float) or delay < 0:
+            raise ValueError("summary_delay_s must be a number of seconds")
+        return cls(limit, style, float(ratio), remote, float(delay))
 
 
 @dataclass

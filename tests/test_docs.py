@@ -1,6 +1,7 @@
 """The docs hold: the configuration reference lists exactly the keys the gateway accepts, the
 README opens with its two commands and stays a front page, every agent `compactgate setup`
-knows has its page, and every link between the pages leads somewhere."""
+knows has its page, every metric has its row, and every link between the pages leads
+somewhere."""
 
 from __future__ import annotations
 
@@ -135,3 +136,13 @@ def test_nothing_the_old_readme_said_about_the_agents_is_lost() -> None:
         text = (DOCS / page).read_text(encoding="utf-8")
         for phrase in phrases:
             assert phrase in text, f"{page}: {phrase!r}"
+
+
+def test_every_metric_the_gateway_exports_is_in_the_operations_metrics_table() -> None:
+    from gateway.ops.metrics import Metrics
+
+    table = (DOCS / "operations.md").read_text(encoding="utf-8").split("## Metrics", 1)[1]
+    for metric in Metrics().registry.collect():
+        if metric.name.startswith("compactgate_"):
+            name = metric.name + ("_total" if metric.type == "counter" else "")
+            assert f"`{name}`" in table, f"docs/operations.md does not list {name}"

@@ -190,6 +190,11 @@ async def test_a_second_compaction_of_the_same_history_uses_the_ready_summary(
     assert first.headers["x-compactgate-compaction"] == "summarised"
     assert again.headers["x-compactgate-compaction"] == "ready"
     assert len(summary_calls(local_upstream)) == 1
+    # Both report the history they replace and the summary that stands for it, not zeros.
+    for answer in (first, again):
+        before = int(answer.headers["x-compactgate-tokens-before"])
+        assert before == int(first.headers["x-compactgate-tokens-before"]) > 0
+        assert 0 < int(answer.headers["x-compactgate-tokens-after"]) < before
     # Each compaction is its own item, both readable.
     items = [first.parse().output[-1], again.parse().output[-1]]
     assert items[0].encrypted_content != items[1].encrypted_content

@@ -2,21 +2,38 @@
 
 An agent compacts when its history passes its own limit: a full model call over the whole
 history, made while the user waits (`agent_compaction` recognises the request). The first one
-of a tenant's agent is forwarded, and teaches the gateway two things: the history size at which
-that agent compacts, and its request (the compaction prompt, tools and settings). From then on,
-when an ordinary request of that API passes `PREPARE_AT` of that size, the gateway makes the
-same compaction call itself, in the background, over that request's history, with the client's
-credential, through its own compaction (so it fits the window), and keeps the answer per
-conversation. When the agent's compaction request comes, if the kept summary covers its history
-but for a short tail (at most `STALE_SHARE` of it: typically the model's last answer and a tool
-output), the gateway answers at once with that summary, the tail appended as a short transcript,
-in the client's wire format, streamed or not; otherwise it forwards the request as before.
+of a tenant's agent is forwarded, and teaches the gateway the agent's request (the compaction
+prompt, tools and settings: a `Template`); every one teaches where the agent compacts
+(`timing.CompactionTiming`: after which ordinary request). When an ordinary request of that
+API is foreseen to be the last before the agent's compaction, the gateway makes the same
+compaction call itself over its history, in the background while that request is at the
+upstream, with the client's credential, through its own compaction (so it fits the window),
+and keeps the answer per conversation.
+
+When the agent's compaction request comes, a summary still being made for its history is
+waited for (at most `wait_s`: it started earlier than the agent's own call would, so waiting
+is never slower than forwarding). A summary that covers the history but for a tail is the
+answer, with that tail written short after it (`tail.with_tail`: the steps' text and calls,
+long tool outputs cut to their first and last lines), at once, in the client's wire format,
+streamed or not. It is `stale`, and the request forwarded, only when the summary covers less
+than `MIN_COVERED` of the history's tokens or the written tail would still be more than
+`MAX_TAIL_SHARE` of them: then the answer would be a poor compaction, and the agent's own call
+makes a better one. Measured with the real Codex CLI (benchmarks/bench_codex_compaction.py:
+~6k-token tool outputs, compacting at 20k tokens), the summary leaves one step uncovered, about
+a third of the history; written short it is ~150 tokens, and the upstream reads 13 % less
+than without the gateway. Kept verbatim instead, it made Codex compact twice as often and the
+upstream read 24 % more than without the gateway.
+
+A conversation whose summaries do not pay (never used, or costing more than they saved) sits
+out its next compactions (`payback.Payback`); each conversation's figures (answered, forwarded
+by reason, tokens spent in the background and saved upstream) go on the event log's agent
+line, and into the metrics.
 
 A summary made ahead of need is kept in this process and in the shared store (Redis when
 configured), under a fingerprint of the conversation (tenant, API, its opening messages) with a
 digest of the history it covers: the agent's compaction request may reach another replica than
 the one that made it, and is answered there the same way. Each lookup says why it answered or
-not (`Found.reason`: ready, not_ready or stale), for the response's event-log line.
+not (`Found.reason`: ready, not_ready, stale or backoff), for the response's event-log line.
 
 The summary's cost is counted as the gateway's own spend when it is made; an answer from it
 bills nothing, and its usage says so.
@@ -29,38 +46,43 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..config import SummariesConfig
+from ..counting.tokens import PRIMING_TOKENS
 from ..ops.metrics import Metrics
 from ..path.own_calls import OwnAnswer
 from ..routing import Route
 from ..stores import SafeStore
-from ..summaries.transcript import render_message
 from ..wire import WireRequest
+from .payback import Payback
 from .records import (
     TEMPLATE_TTL_S,
     Shared,
     Template,
+    compaction_body,
+    conversation_key,
     digest_of,
     store_key,
     template_key,
 )
+from .tail import tail_share, with_tail
+from .timing import CompactionTiming
 
 if TYPE_CHECKING:
     from ..engine.prepared import Prepared
 
 log = logging.getLogger("compactgate.agent_compaction")
 
-PREPARE_AT = 0.7  # of the history size at the agent's last compaction
-REFRESH_SHARE = 0.15  # prepare again when the history grew this much since the last summary
-STALE_SHARE = 0.25  # the most of a compaction request's history a summary may not cover
+MIN_COVERED = 0.5  # the least of a compaction request's history a summary must cover
+MAX_TAIL_SHARE = 0.25  # the most of it the uncovered tail, written short, may come to
 MAX_KEPT = 1024
-TAIL_NOTE = "\n\nSteps after this summary was written (verbatim, oldest first):\n"
 LOOKUP_EVERY_S = 10.0  # how often a replica asks the store for a tenant's template it lacks
 READY = "ready"  # a summary made ahead of need covers the history: answered from it
 NOT_READY = "not_ready"  # none was made for this history (or it is being made)
 STALE = "stale"  # one was, but too much happened since: the agent's own call makes a better one
+BACKOFF = "backoff"  # none was made: this conversation's summaries had not paid
 
 
 class Spawn(Protocol):
@@ -89,12 +111,29 @@ class Ready:
     text: str
 
 
+@dataclass(slots=True)
+class Making:
+    """A summary being made: the history it covers, and when it is done."""
+
+    uids: tuple[int | None, ...]
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 @dataclass(frozen=True, slots=True)
 class Found:
     """A compaction request looked up: the answer's text (None: forward it), and why."""
 
     text: str | None
-    reason: str  # READY, NOT_READY or STALE
+    reason: str  # READY, NOT_READY, STALE or BACKOFF
+
+
+Conversation = tuple[str, str, int]  # tenant, API, the uid of its first message
+
+
+def history_tokens(prepared: Prepared) -> int:
+    """The tokens of a prepared request's messages (its tool definitions left out)."""
+    tools = prepared.tokens_by_region.get("tools", 0)
+    return max(0, prepared.tokens_before - tools - PRIMING_TOKENS)
 
 
 class CompactionAnswers:
@@ -104,16 +143,19 @@ class CompactionAnswers:
         spawn: Spawn,
         complete: Complete,
         metrics: Metrics,
-        ttl_s: float,
+        config: SummariesConfig,
     ) -> None:
         self._store = store
         self._spawn = spawn  # background work, cancelled at shutdown with the summaries'
         self._complete = complete  # the gateway's own call (path.own_calls.OwnCalls.complete)
         self._metrics = metrics
-        self._ttl_s = ttl_s  # how long a summary made ahead of need is kept in the store
+        self._ttl_s = config.ttl_s  # how long a summary made ahead of need is kept in the store
+        self._wait_s = config.wait_s  # the longest a compaction request waits for one being made
+        self.timing = CompactionTiming()
+        self.payback = Payback()
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
-        self._ready: OrderedDict[tuple[str, str, int], Ready] = OrderedDict()
-        self._making: set[tuple[str, str, int]] = set()
+        self._ready: OrderedDict[Conversation, Ready] = OrderedDict()
+        self._making: dict[Conversation, Making] = {}
         self._looked: OrderedDict[tuple[str, str], float] = (
             OrderedDict()
         )  # store lookups of a missing template
@@ -122,7 +164,7 @@ class CompactionAnswers:
 
     def learn(self, tenant: str, agent: str, request: WireRequest, tokens: int) -> None:
         """Remember an agent's compaction request (its prompt, settings and size)."""
-        key = _conversation_key(request.api)
+        key = conversation_key(request.api)
         conversation = request.payload.get(key)
         if not isinstance(conversation, list) or not conversation:
             return
@@ -139,11 +181,47 @@ class CompactionAnswers:
         return template.agent if template is not None else None
 
     async def answer(
-        self, tenant: str, request: WireRequest, uids: Sequence[int | None], counts: Sequence[int]
+        self,
+        tenant: str,
+        agent: str,
+        request: WireRequest,
+        uids: Sequence[int | None],
+        counts: Sequence[int],
+        tokens: int,
     ) -> Found:
-        """The summary answering this compaction request, when one covers its history."""
+        """The summary answering this compaction request (of `tokens`, as it would be sent),
+        when one covers its history; what the agent's compaction teaches is learnt, and the
+        conversation's books kept (`figures`)."""
         # The last canonical message is the compaction prompt.
-        return await self.covering(tenant, request, uids, counts, len(uids) - 1)
+        history = len(uids) - 1
+        found = await self.covering(tenant, request, uids, counts, history)
+        if not uids or uids[0] is None:
+            return found
+        conversation = (tenant, request.api, uids[0])
+        self.timing.compacted(tenant, agent, conversation, sum(counts[:history]))
+        payback = self.payback
+        if found.text is not None:
+            unused = payback.answered(conversation, tokens)
+            self._metrics.agent_saved_tokens.labels(agent).inc(tokens)
+        else:
+            if found.reason == NOT_READY and payback.sitting_out(conversation):
+                found = Found(None, BACKOFF)
+            unused = payback.forwarded(conversation, found.reason, tokens)
+            self._metrics.agent_forwarded.labels(agent, found.reason).inc()
+        if unused:
+            self._metrics.agent_unused_summaries.labels(agent).inc(unused)
+        return found
+
+    def compacted(self, tenant: str, api: str, uids: Sequence[int | None], history: int) -> None:
+        """A compaction the gateway made itself (Responses remote compaction) of `history`
+        tokens: where this tenant compacts, for the agent its template names."""
+        agent = self.agent_of(tenant, api)
+        if agent is not None and uids and uids[0] is not None:
+            self.timing.compacted(tenant, agent, (tenant, api, uids[0]), history)
+
+    def figures(self, tenant: str, api: str, uid: int | None) -> dict[str, int]:
+        """The conversation's agent-compaction figures so far (`payback.Figures`)."""
+        return self.payback.figures((tenant, api, uid if uid is not None else -1))
 
     async def covering(
         self,
@@ -154,11 +232,19 @@ class CompactionAnswers:
         history: int,
     ) -> Found:
         """A summary made ahead of need of the first `history` canonical messages of `request`
-        (with their short uncovered tail appended), made here or by another replica."""
+        (with their uncovered tail written after it), made here or by another replica; one
+        being made here for this history is waited for."""
         if not uids or uids[0] is None:
             return Found(None, NOT_READY)
+        key = (tenant, request.api, uids[0])
+        making = self._making.get(key)
+        if making is not None and tuple(uids[: len(making.uids)]) == making.uids:
+            try:
+                await asyncio.wait_for(making.done.wait(), self._wait_s)
+            except TimeoutError:
+                pass  # forwarded: the agent's own call is made now
         found = Found(None, NOT_READY)
-        ready = self._ready.get((tenant, request.api, uids[0]))
+        ready = self._ready.get(key)
         if ready is not None and tuple(uids[: len(ready.uids)]) == ready.uids:
             found = _judged(request, counts, history, len(ready.uids), ready.text)
             if found.text is not None:
@@ -169,7 +255,7 @@ class CompactionAnswers:
             return found
         if None not in uids[: shared.covers]:  # kept here too: the next lookup needs no digest
             ready = Ready(tuple(uids[: shared.covers]), sum(counts[: shared.covers]), shared.text)
-            self._keep(self._ready, (tenant, request.api, uids[0]), ready)
+            self._keep(self._ready, key, ready)
         return _judged(request, counts, history, shared.covers, shared.text)
 
     async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
@@ -185,7 +271,7 @@ class CompactionAnswers:
 
     # -- ahead of need ----------------------------------------------------------------------
 
-    def after_response(
+    def ordinary(
         self,
         tenant: str,
         route: Route,
@@ -193,27 +279,28 @@ class CompactionAnswers:
         prepared: Prepared | None,
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        """After an ordinary answer: make the agent's next compaction summary if it is near."""
+        """An ordinary request, prepared and on its way upstream: start the agent's next
+        compaction summary if it is due (in the background, while this one is answered)."""
+        if prepared is None or not prepared.uids or prepared.uids[0] is None:
+            return
+        key = (tenant, request.api, prepared.uids[0])
+        tokens = history_tokens(prepared)
+        self.timing.seen(key, tokens)  # before any compaction: the first one is bracketed too
         template = self._templates.get((tenant, request.api))
         if template is None:
             self._look_up(tenant, request.api)
             return
-        if prepared is None or not prepared.uids or request.stateful:
+        if request.stateful:
             return
-        uid = prepared.uids[0]
-        if uid is None:
+        due = self.timing.due(tenant, template.agent, key, template.point)
+        if not due or key in self._making or not self.payback.may_prepare(key):
             return
-        tokens = prepared.tokens_before
-        if tokens < PREPARE_AT * template.point:
-            return
-        key = (tenant, request.api, uid)
+        uids = tuple(prepared.uids)
         ready = self._ready.get(key)
-        if key in self._making or (
-            ready is not None and tokens - ready.tokens < REFRESH_SHARE * template.point
-        ):
-            return
-        self._making.add(key)
-        task = self._make(key, template, route, request, tuple(prepared.uids), tokens, headers)
+        if ready is not None and ready.uids == uids:
+            return  # this very history is summarised already
+        self._making[key] = Making(uids)
+        task = self._make(key, template, route, request, uids, tokens, headers)
         self._spawn(task, name="agent-compaction")
 
     def _look_up(self, tenant: str, api: str) -> None:
@@ -243,7 +330,7 @@ class CompactionAnswers:
 
     async def _make(
         self,
-        key: tuple[str, str, int],
+        key: Conversation,
         template: Template,
         route: Route,
         request: WireRequest,
@@ -252,8 +339,10 @@ class CompactionAnswers:
         headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
         try:
-            body = _compaction_body(request, template)
+            body = compaction_body(request, template)
             answer = await self._complete(route, key[0], request.api, body, headers)
+            self.payback.made(key, answer.tokens)
+            self._metrics.agent_background_tokens.labels(template.agent).inc(answer.tokens)
             if answer.status != 200:
                 log.info("agent compaction summary: upstream answered %d", answer.status)
                 return
@@ -270,7 +359,9 @@ class CompactionAnswers:
         except Exception as error:  # a summary made ahead of need must never hurt a request
             log.warning("agent compaction summary failed: %s", error)
         finally:
-            self._making.discard(key)
+            making = self._making.pop(key, None)
+            if making is not None:
+                making.done.set()
 
     def _keep(self, table: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         table[key] = value
@@ -283,45 +374,15 @@ def _judged(
     request: WireRequest, counts: Sequence[int], history: int, covers: int, text: str
 ) -> Found:
     """A summary of the first `covers` canonical messages, as the answer for the first
-    `history`: with the uncovered tail appended, unless that tail is too much of it."""
+    `history`: with the uncovered tail written short after it, unless the summary covers too
+    little of the history or the tail is still too much of it (module docstring)."""
     if covers > history:
         return Found(None, NOT_READY)
-    if sum(counts[covers:history]) > STALE_SHARE * max(1, sum(counts[:history])):
-        return Found(None, STALE)  # too much happened since: the agent's own call does better
+    total = max(1, sum(counts[:history]))
     tail = request.messages[covers:history]
-    if not tail:
-        return Found(text, READY)
-    return Found(text + TAIL_NOTE + "\n\n".join(render_message(m) for m in tail), READY)
-
-
-def _conversation_key(api: str) -> str:
-    return "input" if api == "responses" else "messages"
-
-
-def _compaction_body(request: WireRequest, template: Template) -> dict[str, Any]:
-    """The agent's compaction request, as it would send it over this request's history."""
-    key = _conversation_key(request.api)
-    raw = request.payload.get(key) or []
-    if isinstance(raw, str):  # a Responses `input` that is one user message
-        raw = [{"type": "message", "role": "user", "content": raw}]
-    history = list(raw)
-    prompt = template.prompt
-    if request.api == "messages" and history and isinstance(prompt, dict):
-        # Claude Code puts the prompt in the turn that answers the last tool call.
-        texts = [
-            b
-            for b in prompt.get("content") or []
-            if isinstance(b, dict) and b.get("type") == "text"
-        ]
-        last = history[-1]
-        if (
-            isinstance(last, dict)
-            and last.get("role") == "user"
-            and isinstance(last.get("content"), list)
-        ):
-            history[-1] = {**last, "content": [*last["content"], *texts]}
-        else:
-            history.append({"role": "user", "content": texts})
-    else:
-        history.append(prompt)
-    return {**template.fields, key: history, "stream": False}
+    uncovered = sum(counts[covers:history])
+    if total - uncovered < MIN_COVERED * total:
+        return Found(None, STALE)
+    if uncovered * tail_share(tail) > MAX_TAIL_SHARE * total:
+        return Found(None, STALE)
+    return Found(with_tail(text, tail), READY)

@@ -5,10 +5,15 @@ The endpoint calls these at three fixed points of every compacting request:
     before(request)     an agent's own compaction request (`signatures.recognise`) is answered
                         at once from a summary made ahead of need when one covers its history
                         (`answers`); nothing then goes upstream
-    prepared(request)   a forwarded compaction request teaches where and how that agent
-                        compacts (`CompactionPoints`, the agent's request as a template)
-    after(answer)       ahead of need: the agent's next compaction summary when it is near,
-                        and the summaries the conversation's own policy will need (`Precompute`)
+    prepared(request)   a forwarded compaction request teaches how that agent compacts (its
+                        request as a template); every one, answered or not, where (`timing`);
+                        an ordinary one that is the last before the agent's compaction starts
+                        that compaction's summary, while it is at the upstream
+    after(answer)       ahead of need: the summaries the conversation's own policy will need
+                        (`Precompute`)
+
+An answered compaction reports real figures: `tokens-before` the request as it would have been
+sent, `tokens-after` the answer the agent keeps in its place.
 
 None of them ever fails a request: what they cannot do, they leave to the ordinary path.
 """
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from ..asgi import Send, send_bytes
 from ..config import Signature
 from ..counting.prefix import Counted
+from ..counting.tokens import PRIMING_TOKENS
 from ..engine.prepared import Prepared, when_settled
 from ..ops.metrics import Metrics
 from ..path.accounting import Accounting
@@ -29,8 +35,8 @@ from ..path.windows import Windows
 from ..routing import Route
 from ..summaries import Precompute
 from ..wire import Usage, WireRequest, answers
-from .answers import CompactionAnswers
-from .signatures import CompactionPoints, recognise
+from .answers import CompactionAnswers, history_tokens
+from .signatures import recognise
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +55,18 @@ class AgentHooks:
     def __init__(
         self,
         signatures: Sequence[Signature],
-        points: CompactionPoints,
         answers: CompactionAnswers,
         precompute: Precompute,
         counts: Callable[[WireRequest, Route, str], Counted],
+        tools_tokens: Callable[[WireRequest, Route], int],
         windows: Windows,
         metrics: Metrics,
     ) -> None:
         self._signatures = signatures
-        self._points = points
         self._answers = answers
         self._precompute = precompute
         self._counts = counts
+        self._tools_tokens = tools_tokens
         self._windows = windows
         self._metrics = metrics
 
@@ -83,11 +89,19 @@ class AgentHooks:
         if not agent.answerable or observe:
             return Before(agent)
         counted = self._counts(request, route, exchange.tenant)
-        found = await self._answers.answer(exchange.tenant, request, counted.uids, counted.counts)
+        tools = self._tools_tokens(request, route)
+        tokens = sum(counted.counts) + tools + PRIMING_TOKENS  # as it would be sent
+        tenant = exchange.tenant
+        found = await self._answers.answer(
+            tenant, agent.name, request, counted.uids, counted.counts, tokens
+        )
         exchange.agent_reason = found.reason
+        uid = counted.uids[0] if counted.uids else None
+        exchange.agent_figures = self._answers.figures(tenant, request.api, uid)
         if found.text is None:
             return Before(agent)
-        exchange.tokens_before = sum(counted.counts)  # the history it replaces
+        exchange.tokens_before = tokens
+        exchange.tokens_after = route.counter.message({"role": "assistant", "content": found.text})
         # No upstream call, nothing billed (the summary was counted as the gateway's own spend).
         content_type, body = answers.answer(
             request.api, found.text, route.name, Usage(0), request.stream
@@ -99,17 +113,32 @@ class AgentHooks:
         return Before(agent, answered=True)
 
     def prepared(
-        self, tenant: str, route: Route, request: WireRequest, before: Before, prepared: Prepared
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        before: Before,
+        prepared: Prepared,
+        headers: Sequence[tuple[bytes, bytes]],
     ) -> None:
-        """The request is prepared and about to go upstream."""
+        """The request is prepared and about to go upstream. An ordinary one: the agent's next
+        compaction summary, if this is the last request before it, is started now, while this
+        one is at the upstream (judged on the exact count: once it is made, for a request
+        forwarded on its bound)."""
         self._precompute.request_prepared(tenant, route)  # waiting precomputations run meanwhile
         agent = before.agent
         if agent is None:
+            answers = self._answers
+
+            def then(settled: Prepared | None) -> None:
+                exact = settled if settled is not None and not settled.bounded else None
+                answers.ordinary(tenant, route, request, exact, headers)
+
+            when_settled(prepared, then)
             return
-        # Forwarded: where and how this agent compacts is learnt.
-        self._points.seen(tenant, agent.name, prepared.tokens_before)
+        # Forwarded: how this agent compacts is learnt (where: by `before`).
         if agent.answerable:
-            self._answers.learn(tenant, agent.name, request, prepared.tokens_before)
+            self._answers.learn(tenant, agent.name, request, history_tokens(prepared))
         self._metrics.agent_compactions.labels(agent.name, "forwarded").inc()
 
     def after(
@@ -121,17 +150,8 @@ class AgentHooks:
         headers: list[tuple[bytes, bytes]],
     ) -> None:
         """After an ordinary answer (2xx or the upstream's own error), ahead of need, never
-        delaying this answer: the agent's next compaction summary if it is near (judged on the
-        exact count: after it is made, for a request forwarded on its bound), and the
-        summaries the conversation's policy will need (not after a compaction made here)."""
-        if exchange.agent_compaction is None:
-            answers = self._answers
-
-            def then(prepared: Prepared | None) -> None:
-                exact = prepared if prepared is not None and not prepared.bounded else None
-                answers.after_response(tenant, route, request, exact, headers)
-
-            when_settled(exchange.prepared, then)
+        delaying this answer: the summaries the conversation's policy will need (not after a
+        compaction made here)."""
         if exchange.compacted is None:
             window = self._windows.effective(route)
             self._precompute.after_response(

@@ -1,6 +1,7 @@
 """What the store keeps for agents' compactions, so every replica sharing it can use them: the
 template an agent's first compaction taught, and summaries made ahead of need; with their keys
-(tenants hashed) and the digest that ties a summary to the history it covers."""
+(tenants hashed) and the digest that ties a summary to the history it covers; and the agent's
+compaction request made again from its template over another history (`compaction_body`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from ..wire import WireRequest
 
 STORE_PREFIX = "agent-ready:"
 TEMPLATE_PREFIX = "agent-template:"
@@ -108,3 +111,36 @@ def digest_of(messages: Sequence[Any], digest: Any = None) -> str:
         digest.update(len(data).to_bytes(8, "big"))
         digest.update(data)
     return digest.hexdigest()
+
+
+def conversation_key(api: str) -> str:
+    return "input" if api == "responses" else "messages"
+
+
+def compaction_body(request: WireRequest, template: Template) -> dict[str, Any]:
+    """The agent's compaction request, as it would send it over this request's history."""
+    key = conversation_key(request.api)
+    raw = request.payload.get(key) or []
+    if isinstance(raw, str):  # a Responses `input` that is one user message
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    history = list(raw)
+    prompt = template.prompt
+    if request.api == "messages" and history and isinstance(prompt, dict):
+        # Claude Code puts the prompt in the turn that answers the last tool call.
+        texts = [
+            b
+            for b in prompt.get("content") or []
+            if isinstance(b, dict) and b.get("type") == "text"
+        ]
+        last = history[-1]
+        if (
+            isinstance(last, dict)
+            and last.get("role") == "user"
+            and isinstance(last.get("content"), list)
+        ):
+            history[-1] = {**last, "content": [*last["content"], *texts]}
+        else:
+            history.append({"role": "user", "content": texts})
+    else:
+        history.append(prompt)
+    return {**template.fields, key: history, "stream": False}

@@ -14,8 +14,8 @@ part:
   the client gets exactly one `compaction` item whose `encrypted_content` is a signed,
   tenant-bound reference to it (`compaction_refs`). `/v1/responses/compact` answers in
   OpenAI's shape: the input's user messages, then that item.
-- **Ahead of need**: each compaction teaches `compaction_answers` the history size at which
-  this tenant compacts. Once a later conversation passes 70 % of it, the summary for its next
+- **Ahead of need**: each compaction teaches `compaction_answers` where this tenant compacts
+  (`timing`). Once a later conversation reaches that point, the summary for its next
   compaction is made in the background (with the gateway's compaction prompt, unless an agent's
   own is known for the tenant), so that compaction is answered at once.
 - **Reading back**: before a `/v1/responses` (or compact) request whose body may hold one of
@@ -84,6 +84,8 @@ class Compacted:
 
     item: dict[str, Any]
     outcome: str  # READY or SUMMARISED
+    tokens_before: int = 0  # the history it replaces, by the gateway's count
+    tokens_after: int = 0  # the summary that stands for it in later requests
 
 
 class RemoteCompaction:
@@ -195,7 +197,10 @@ class RemoteCompaction:
             )
         text, outcome, tokens = await self.summarise(request, route, tenant, headers)
         self._learn(tenant, request, tokens)
-        return Compacted(await self.issue(tenant, text), outcome)
+        counted = self._counts(request, route, tenant)  # the memo's: counted by `summarise`
+        self._answers.compacted(tenant, request.api, counted.uids, tokens)
+        after = route.counter.message(summary_item(text))
+        return Compacted(await self.issue(tenant, text), outcome, tokens, after)
 
     def _learn(self, tenant: str, request: WireRequest, tokens: int) -> None:
         """Teach `compaction_answers` where this tenant compacts, so that its next compaction

@@ -13,21 +13,17 @@ A signature matches on the latest user message only (an earlier compaction's pro
 the history is not a new request), on its text's start and optionally a phrase it contains,
 and on the API when it names one. What a match changes: the response says so
 (`x-compactgate-agent-compaction`), the event log and `compactgate_agent_compactions_total`
-count it, and the gateway remembers per tenant how large the history was when that agent
-compacted (where its next compaction will come).
+count it, and the gateway learns where that agent compacts (`timing`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from policies.conversation import content_text
 
 from ..config import DEFAULT_SIGNATURES, Signature
-
-MAX_TENANTS = 4096
 
 
 def latest_user_text(messages: Sequence[Any]) -> str:
@@ -54,20 +50,3 @@ def recognise(
             continue
         return signature
     return None
-
-
-class CompactionPoints:
-    """Per tenant and agent: the history size at the agent's latest compaction request."""
-
-    def __init__(self, max_tenants: int = MAX_TENANTS) -> None:
-        self._points: OrderedDict[tuple[str, str], int] = OrderedDict()
-        self._max = max_tenants
-
-    def seen(self, tenant: str, agent: str, tokens: int) -> None:
-        self._points[(tenant, agent)] = tokens
-        self._points.move_to_end((tenant, agent))
-        while len(self._points) > self._max:
-            self._points.popitem(last=False)
-
-    def point(self, tenant: str, agent: str) -> int | None:
-        return self._points.get((tenant, agent))

@@ -231,7 +231,7 @@ class Endpoint:
             headers=None if observe else scope["headers"],
             count_late=before.agent is None,  # an agent's compaction point is learnt exactly
         )
-        serving.hooks.prepared(tenant, route, request, before, prepared)
+        serving.hooks.prepared(tenant, route, request, before, prepared, scope["headers"])
         call = Call(
             wire=self.wire,
             request=request,

@@ -14,6 +14,7 @@ import time
 from ..agents.refs import MARK
 from ..agents.remote import (
     AGENT,
+    Compacted,
     RemoteCompaction,
     compacted_body,
     ends_with_trigger,
@@ -75,14 +76,18 @@ class ResponsesEndpoint(Endpoint):
         history = without_trigger(request, self.door.server.max_messages)
         compacted = await self.remote.compact(history, route, exchange.tenant, scope["headers"])
         content_type, body = answers.compaction(compacted.item, route.name, request.stream)
-        await self.send_compaction(send, exchange, compacted.outcome, body, content_type)
+        await self.send_compaction(send, exchange, compacted, body, content_type)
 
     async def send_compaction(
-        self, send: Send, exchange: Exchange, outcome: str, body: bytes, content_type: bytes
+        self, send: Send, exchange: Exchange, compacted: Compacted, body: bytes, content_type: bytes
     ) -> None:
         exchange.status = 200
-        exchange.compacted = outcome
-        self.door.metrics.agent_compactions.labels(AGENT, outcome).inc()
+        exchange.compacted = compacted.outcome
+        exchange.tokens_before, exchange.tokens_after = (
+            compacted.tokens_before,
+            compacted.tokens_after,
+        )
+        self.door.metrics.agent_compactions.labels(AGENT, compacted.outcome).inc()
         await send_bytes(send, 200, body, self.books.headers(exchange), content_type)
 
 
@@ -106,7 +111,7 @@ class CompactEndpoint(ResponsesEndpoint):
             return
         compacted = await self.remote.compact(request, route, exchange.tenant, scope["headers"])
         body = serialise(compacted_body(request.payload, compacted.item, route.name))
-        await self.send_compaction(send, exchange, compacted.outcome, body, b"application/json")
+        await self.send_compaction(send, exchange, compacted, body, b"application/json")
 
     async def forward(
         self, scope: Scope, send: Send, request: WireRequest, route: Route, exchange: Exchange

@@ -280,6 +280,33 @@ class Metrics:
             ["agent", "outcome"],
             registry=r,
         )
+        self.agent_forwarded = Counter(
+            "compactgate_agent_compaction_forwarded",
+            "Agents' compaction requests the gateway forwarded, by why it did not answer them "
+            "(not_ready, stale, backoff)",
+            ["agent", "reason"],
+            registry=r,
+        )
+        self.agent_background_tokens = Counter(
+            "compactgate_agent_background_tokens",
+            "Prompt tokens the gateway's own summary calls made ahead of agents' compactions "
+            "sent upstream (its count)",
+            ["agent"],
+            registry=r,
+        )
+        self.agent_saved_tokens = Counter(
+            "compactgate_agent_saved_tokens",
+            "Prompt tokens of agents' compaction requests answered by the gateway, which "
+            "never went upstream (its count)",
+            ["agent"],
+            registry=r,
+        )
+        self.agent_unused_summaries = Counter(
+            "compactgate_agent_unused_summaries",
+            "Summaries made ahead of an agent's compaction that no answer used",
+            ["agent"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "compactgate_inflight_requests",
             "Requests being served",

@@ -253,6 +253,7 @@ class Accounting:
                 "agent_compaction": exchange.agent_compaction,
                 "agent_outcome": exchange.agent_outcome if exchange.agent_compaction else None,
                 "agent_reason": exchange.agent_reason or None,
+                **_agent_figures(exchange),
                 "internal_rounds": exchange.internal_rounds,
                 "total_ms": round(total * 1000, 2),
                 "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
@@ -298,6 +299,7 @@ class Accounting:
                 "agent_compaction": agent,
                 "agent_outcome": outcome,
                 "agent_reason": why or None,
+                **_agent_figures(exchange),
                 "phases": ["agent_compaction", outcome],
                 "total_ms": round(total * 1000, 2),
                 "upstream_ms": round(exchange.upstream_seconds * 1000, 2),
@@ -323,6 +325,14 @@ def _who(exchange: Exchange) -> dict[str, Any]:
         "stream": exchange.stream,
         "model": exchange.model,
     }
+
+
+def _agent_figures(exchange: Exchange) -> dict[str, Any]:
+    """An agent's compaction request's conversation so far: its compaction requests answered
+    and forwarded (by reason), the tokens the gateway's own summary calls sent upstream and
+    the tokens its answers kept from going upstream (`agents.payback.Figures`)."""
+    figures = exchange.agent_figures
+    return {"agent_conversation": figures} if figures is not None else {}
 
 
 def _agent_headers(agent: str | None, outcome: str) -> list[tuple[bytes, bytes]]:

@@ -49,7 +49,8 @@ class Exchange:
     priced: Priced | None = None  # what the answer cost, and would have without compaction
     agent_compaction: str | None = None  # the agent whose own compaction request this is
     agent_outcome: str = "forwarded"  # or answered (from a summary made ahead of need)
-    agent_reason: str = ""  # why: ready, not_ready, stale, unanswerable (a transcript), shadow
+    agent_reason: str = ""  # why: ready, not_ready, stale, backoff, unanswerable, shadow
+    agent_figures: dict[str, int] | None = None  # its conversation's (`agents.payback.Figures`)
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised

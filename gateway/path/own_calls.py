@@ -27,6 +27,7 @@ from .windows import Windows
 class OwnAnswer:
     status: int
     text: str | None  # the answer's text (None when the upstream refused or wrote none)
+    tokens: int = 0  # the prompt sent upstream, by the gateway's count
 
 
 class OwnCalls:
@@ -63,12 +64,13 @@ class OwnCalls:
             data = await response.read()
         finally:
             response.release()
+        sent = prepared.sent_tokens
         if response.status != 200:
-            return OwnAnswer(response.status, None)
+            return OwnAnswer(response.status, None, sent)
         document = orjson.loads(data)
         if not isinstance(document, dict):
-            return OwnAnswer(response.status, None)
+            return OwnAnswer(response.status, None, sent)
         usage = wire.usage_of(document)
         if usage is not None:
             self._spend(route, usage)
-        return OwnAnswer(response.status, wire.answer_text(document) or None)
+        return OwnAnswer(response.status, wire.answer_text(document) or None, sent)
