@@ -100,7 +100,7 @@ from .responses_socket import ResponsesSocket
 from .retry import send_balanced
 from .routing import Route, Router
 from .sse import UsageStripper
-from .stores import open_store
+from .store import open_store, signing_key
 from .summaries import Precompute, Summarizer, SummaryService
 from .tokens import PRIMING_TOKENS
 from .tool_outputs import ToolOutputCache
@@ -260,6 +260,9 @@ class Gateway:
         self.upstream = UpstreamClient(config.server, config.providers, in_process)
         self.balancer = Balancer()  # which of a model's upstreams to try first
         self.store = open_store(config.store, self.metrics)
+        ref_key = signing_key(
+            config.tool_outputs.ref_secret, config.store, self.store, self.metrics
+        )
         self.readiness = Readiness(config, self.store)
         self.tool_outputs = ToolOutputCache(self.store, config.tool_outputs)
         self.expansion = Expansion(self.tool_outputs, self.upstream, self.metrics)
@@ -278,17 +281,18 @@ class Gateway:
             balancer=self.balancer,
         )
         self.summaries = SummaryService(config.summaries, self.store, summarizer, self.metrics)
-        shared = config.store.startswith(("redis://", "rediss://"))
         self.pipeline = Pipeline(
             self.metrics,
             self.summaries,
             safety_margin=config.server.safety_margin_tokens,
             clamp_max_tokens=config.server.clamp_max_tokens,
-            ref_secret=os.urandom(32),
+            ref_secret=ref_key.value,
             inject_stream_usage=config.server.stream_usage == "inject",
             tool_outputs=self.tool_outputs,
             count_remote=self.count_remote,
-            counting=Counting(self.store if shared else None, threads=config.server.count_threads),
+            counting=Counting(
+                self.store if self.store.shared else None, threads=config.server.count_threads
+            ),
         )
         self.upstream_counts = UpstreamCounts(self.upstream)
         self.precompute = Precompute(self.summaries, self.pipeline)
@@ -302,7 +306,6 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.upstream.start()  # and litellm imported now, if a model uses it
-        self.pipeline.ref_secret = await self.shared_secret()
         # The price map (litellm's, about half a second to read) is read now rather than by the
         # first answered request, and frozen with the rest of start-up.
         await asyncio.to_thread(price_map)
@@ -315,32 +318,6 @@ class Gateway:
             await self.store.close()
             await self.upstream.close()
             self.events.close()
-
-    async def shared_secret(self) -> bytes:
-        """The key of tool-output refs: the same on every replica that shares a store.
-
-        Equal refs for equal outputs keep a compacted prefix byte-identical whichever replica
-        served the request (provider prompt caches keep hitting). Configured, or created once in
-        a shared store, or (memory store) random per process.
-        """
-        configured = self.config.tool_outputs.ref_secret
-        if configured:
-            return configured.encode()
-        if not self.config.store.startswith(("redis://", "rediss://")):
-            return os.urandom(32)
-        key = "ref-secret"
-        found = await self.store.get(key)
-        if found is None:
-            lock = await self.store.lock(key + ":init", 5)
-            try:
-                found = await self.store.get(key)
-                if found is None:
-                    found = os.urandom(32).hex().encode()
-                    await self.store.put(key, found, None)
-            finally:
-                if lock is not None:
-                    await self.store.release(lock)
-        return found
 
     # -- helpers used along the path ---------------------------------------------------------
 

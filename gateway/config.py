@@ -459,7 +459,12 @@ class AgentCompactionConfig(_Strict):
 
 class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
-    store: str = Field("memory://", description="memory:// or redis://host:port/db")
+    store: str = Field(
+        "memory://",
+        description="memory://, redis://host:port/db, "
+        "redis-sentinel://h:p[,h:p...]/<service>[/<db>] or redis-cluster://h:p[,h:p...] "
+        "(rediss-... for TLS)",
+    )
     auth: AuthConfig | None = None
     mode: Literal["enforce", "observe"] = "enforce"
     tenant_header: str | None = Field(None, description="Header naming the tenant (else key hash)")
@@ -473,12 +478,9 @@ class Config(_Strict):
     @field_validator("store")
     @classmethod
     def _store(cls, value: str) -> str:
-        if not value.startswith(("memory://", "redis://", "rediss://")):
-            raise ValueError("must be memory:// or redis://host:port/db")
-        if value.startswith("memory://"):
-            from .stores import memory_max_bytes
+        from .store.urls import parse_store_url
 
-            memory_max_bytes(value)  # ValueError names the bad option
+        parse_store_url(value)  # ValueError names the bad part
         return value
 
     @model_validator(mode="after")

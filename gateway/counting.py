@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .count_threads import RequestsFirst, SharedCount, Work, yield_to_requests
-from .stores import SafeStore
+from .store import SafeStore
 from .tokens import MessageCounter
 
 log = logging.getLogger("compactgate.counting")

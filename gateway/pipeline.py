@@ -181,7 +181,7 @@ class Pipeline:
         self._margin = safety_margin
         self._clamp = clamp_max_tokens
         self._inject_usage = inject_stream_usage
-        self.ref_secret = ref_secret  # replaced at start-up by the shared one
+        self.ref_secret = ref_secret  # shared by the replicas (design D13.2)
 
     def budget(
         self, request: WireRequest, route: Route, tools_tokens: int, window: int | None

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .config import Config, UpstreamConfig
-from .stores import SafeStore
+from .store import SafeStore
 
 log = logging.getLogger("compactgate.readiness")
 

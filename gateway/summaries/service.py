@@ -34,7 +34,7 @@ from policies.summaries import FAILED, MISSING, SummaryAnswer, SummaryRequest
 from ..config import SummariesConfig
 from ..metrics import Metrics
 from ..routing import Route
-from ..stores import SafeStore
+from ..store import SafeStore
 from .cache import LocalAnswers, decode, encode, store_key
 from .summarizer import Summarizer, SummarizerError
 
