@@ -72,3 +72,8 @@ class Store(Protocol):
     async def reset(self) -> None:
         """Drop open connections, so that the next call opens new ones (after an outage)."""
         ...
+
+    async def refresh(self) -> None:
+        """Look again where the data lives (a Sentinel set's master): connections to a server
+        that no longer holds it are dropped. Run every few seconds while the store is up."""
+        ...

@@ -112,6 +112,9 @@ class MemoryStore:
     async def reset(self) -> None:
         """No connections to drop."""
 
+    async def refresh(self) -> None:
+        """Always here."""
+
     def _expiry(self, ttl_s: float | None) -> float | None:
         return None if ttl_s is None else self._clock() + ttl_s
 

@@ -85,7 +85,7 @@ class RedisStore:
             tls["ssl_ca_certs"] = url.options["ssl_ca_certs"]
         if url.kind == "sentinel":
             watchers = {**timeouts, **tls, "password": url.options.get("sentinel_password")}
-            self._sentinel = Sentinel(list(url.hosts), sentinel_kwargs=watchers)
+            self._sentinel = Sentinels(list(url.hosts), sentinel_kwargs=watchers)
             assert url.service is not None
             return self._sentinel.master_for(
                 url.service, db=url.db, retry=retry, **timeouts, **auth, **tls
@@ -175,6 +175,17 @@ class RedisStore:
         with _mapped():
             await self._redis().ping()
 
+    async def refresh(self) -> None:
+        """Sentinel: ask the sentinels for the master again; when it has changed, the idle
+        connections to the old one are closed and busy ones are closed when returned. A master
+        demoted by `SENTINEL FAILOVER` takes writes until the sentinels reconfigure it (up to
+        their failover timeout): writes sent there would be lost, so they stop within a check."""
+        client = self._client
+        if self.url.kind != "sentinel" or client is None:
+            return
+        with _mapped():
+            await client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+
     async def reset(self) -> None:
         """Close the client; the next call makes a new one (new connections, and for Sentinel
         the master asked anew)."""
@@ -190,6 +201,17 @@ class RedisStore:
             for watcher in sentinel.sentinels:
                 with contextlib.suppress(Exception):
                     await watcher.aclose()
+
+
+class Sentinels(Sentinel):
+    """redis-py's Sentinel client, asking the master only of sentinels not in the middle of a
+    failover: until it ends, the sentinel leading it still names the old master, which may
+    still take writes (a forced failover leaves it a master until it is reconfigured)."""
+
+    def check_master_state(self, state: dict[str, Any], service_name: str) -> bool:
+        if "failover_in_progress" in str(state.get("flags", "")).split(","):
+            return False
+        return bool(super().check_master_state(state, service_name))
 
 
 def _ms(ttl_s: float | None) -> int | None:

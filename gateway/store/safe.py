@@ -13,9 +13,10 @@ starts, so none left from before it is used again. `reachable` says whether it a
 (readiness asks it); `epoch` grows each time the store comes back after an outage or a check
 finds it emptied, and whoever remembers what the store holds forgets it then (D13.4).
 
-A shared store also runs `checks` every `check_s` while it is up (and at once when it comes
-back): each reads what it keeps in the store and restores it when missing (the signing key of
-refs, design D13.2), returning True when the store had lost it.
+A shared store is also checked every `check_s` while it is up (and at once when it comes back):
+the backend looks again where its data lives (a Sentinel set's master, design D13.5), then each
+of the `checks` reads what it keeps in the store and restores it when missing (the signing key
+of refs, design D13.2), returning True when the store had lost it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .base import Lock, Store, StoreError
 log = logging.getLogger("compactgate.store")
 
 PROBE_S = 0.25  # while the store is down, it is pinged this often
-CHECK_S = 2.0  # while it is up, the checks run this often
+CHECK_S = 1.0  # while it is up, the checks run this often
 
 Check = Callable[[Store], Awaitable[bool]]
 
@@ -247,6 +248,11 @@ class SafeStore:
             await self._recovered()
 
     async def _check(self) -> None:
+        try:
+            await self.backend.refresh()
+        except StoreError as error:
+            self._failed("check", error)
+            return
         for check in self._checks:
             try:
                 lost = await check(self.backend)
