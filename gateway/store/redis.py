@@ -172,8 +172,15 @@ class RedisStore:
         return int(value)
 
     async def ping(self) -> None:
+        """The server answers; a cluster answers on every node and says its state is ok (with
+        a node away, the nodes left still answer PING while its slots fail)."""
         with _mapped():
-            await self._redis().ping()
+            client = self._redis()
+            await client.ping()
+            if isinstance(client, RedisCluster):
+                info = await client.cluster_info()
+                if info.get("cluster_state") != "ok":
+                    raise StoreError(f"cluster state {info.get('cluster_state')}")
 
     async def refresh(self) -> None:
         """Sentinel: ask the sentinels for the master again; when it has changed, the idle
