@@ -42,6 +42,7 @@ from starlette.routing import WebSocketRoute
 
 from . import admin, compaction_blocks
 from .accounting import Accounting
+from .affinity import conversation_key
 from .agent_compaction import CompactionPoints, Signature, recognise
 from .asgi import (
     ClientDisconnected,
@@ -168,6 +169,7 @@ class Exchange:
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
+    conversation: str = ""  # the conversation key a load balancer hashes on (gateway.affinity)
 
     @property
     def answered(self) -> bool:
@@ -422,6 +424,9 @@ class Endpoint:
             )
             request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream
+            exchange.conversation = conversation_key(
+                scope["headers"], request.payload, request.messages, identity.tenant
+            ).value
             route = self.route(identity, request)
             request = await self.managed(scope, request, route, exchange)
             exchange.model = gw.metrics.model_label(route.name)
