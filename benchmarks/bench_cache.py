@@ -38,8 +38,8 @@ from typing import Any
 
 import orjson
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import Parts, parts
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 
 WIRES = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
@@ -179,7 +179,7 @@ def body(api: str, steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 CONVERSATION = {"chat": "messages", "responses": "input", "messages": "messages"}
 
 
-def gateway(window: int, steps: list[dict[str, Any]] | None, target: float = 0.6) -> Gateway:
+def gateway(window: int, steps: list[dict[str, Any]] | None, target: float = 0.6) -> Parts:
     policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": target}
     if steps is not None:
         policy["steps"] = steps
@@ -195,7 +195,7 @@ def gateway(window: int, steps: list[dict[str, Any]] | None, target: float = 0.6
         ],
         "policies": {"p": policy},
     }
-    return Gateway(parse_config(config))
+    return parts(parse_config(config))
 
 
 def _pieces(api: str, conversation: list[dict[str, Any]]) -> list[bytes]:
@@ -230,7 +230,7 @@ async def run(
     fixed = trigger = 0
     for end in range(1, len(steps) + 1):
         request = WIRES[api].parse(orjson.dumps(body(api, steps[:end])), 1 << 30)
-        prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+        prepared = await gw.engine.prepare(request, route, "t", window=gw.effective_window(route))
         sent = orjson.loads(prepared.body)
         items = _pieces(api, sent.pop(key))
         sent.pop("tools", None)  # the gateway may add its expansion tools once it masks

@@ -26,9 +26,10 @@ from typing import Any
 
 import orjson
 
-from gateway.counting import Counting
-from gateway.tokenizers import load_tokenizer, utf8_length
-from gateway.tokens import PRIMING_TOKENS, CountCache, MessageCounter
+from gateway.counting.cache import CountCache
+from gateway.counting.runner import Counting
+from gateway.counting.tokenizers import load_tokenizer, utf8_length
+from gateway.counting.tokens import PRIMING_TOKENS, MessageCounter
 from policies.budget import Budget
 
 from . import targets, workloads

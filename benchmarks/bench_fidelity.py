@@ -42,7 +42,7 @@ from benchmarks.fidelity_sessions import (
     session,
     survived,
 )
-from gateway.prefix import PrefixCounts
+from gateway.counting.prefix import PrefixCounts
 from policies import Budget, Conversation, Message, build_policy, check, run_chain
 from policies.registry import DEFAULT_STEPS
 from policies.steps.ledger import KIND as LEDGER_KIND

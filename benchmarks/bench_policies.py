@@ -10,7 +10,7 @@ has), built before the clock starts.
    ~200k tokens against a 128k window (target < 10 ms), and against a 32k window (where
    all three steps run). Two figures each: `cold`, a fresh `Env` per run (nothing remembered
    between requests), and `warm`, the gateway's state carried from one request to the next
-   (its process-wide ref memo, as `gateway.pipeline` keeps, and one `policies.memo.Memo`): a
+   (its process-wide ref memo, as `gateway.engine.decide` keeps, and one `policies.memo.Memo`): a
    growing conversation resends the history it sent before. Median wall time and CPU time.
    Then every registered step alone on the same history, cold (summarising steps answered by
    an in-memory source), and `content_type_chunking` warm.
@@ -80,7 +80,7 @@ def env() -> Env:
 
 class Warm:
     """What a gateway process keeps from one request to the next: the refs of the outputs it
-    masked (memoised, as `gateway.pipeline` does) and a `Memo` of per-text results."""
+    masked (memoised, as `gateway.engine.decide` does) and a `Memo` of per-text results."""
 
     def __init__(self) -> None:
         self.refs: dict[str, str] = {}

@@ -6,7 +6,7 @@ Every session of an agent sends the same instructions and tools, so its bodies o
 same bytes; a team behind one gateway key (or one provider key) is one tenant. Here N sessions
 of the benchmark's Chat, Codex-like Responses and Claude-Code-like Messages bodies (the same
 head, each session its own history, one message more each turn) take turns through one
-gateway's parse (`Gateway.parse`: the resumed body and the resent messages), in-process, with
+gateway's parse (`Endpoint.parse`: the resumed body and the resent messages), in-process, with
 no upstream. Printed per API and N: CPU µs per request of that parse, of a parse from scratch
 of the same bodies in the same run, their ratio, and the share of array elements taken over
 from a previous body. A ratio near 1 means the sessions cost each other their memo.
@@ -22,8 +22,8 @@ from typing import Any
 
 import orjson
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import parts
 from gateway.wire import CHAT, MESSAGES, RESPONSES, Wire
 
 from . import agent_bodies, targets, workloads
@@ -98,7 +98,7 @@ def measure(api: str, count: int, turns: int) -> tuple[float, float, float]:
     elements taken over, for `count` sessions after their first turn (nothing kept yet)."""
     wire, sent = bodies(api, count, turns)
     first, later = sent[:count], sent[count:]
-    gateway = Gateway(parse_config(CONFIG))
+    gateway = parts(parse_config(CONFIG))
     for body in first:
         gateway.parse(wire, body, "team")
     before = gateway.resent.bodies.reused

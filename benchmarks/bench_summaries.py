@@ -57,8 +57,8 @@ import httpx
 import orjson
 from aiohttp import web
 
-from gateway.echo_upstream import estimate_prompt_tokens
-from gateway.summaries.summarizer import SYSTEM_PROMPT
+from gateway.devtools.echo_upstream import estimate_prompt_tokens
+from gateway.summaries.transcript import SYSTEM_PROMPT
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 16_384

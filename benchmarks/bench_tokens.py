@@ -32,9 +32,10 @@ from typing import Any
 
 import orjson
 
-from gateway.prefix import PrefixCounts
-from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer
-from gateway.tokens import CountCache, MessageCounter
+from gateway.counting.cache import CountCache
+from gateway.counting.prefix import PrefixCounts
+from gateway.counting.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer
+from gateway.counting.tokens import MessageCounter
 
 Message = dict[str, Any]
 
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  warm, gateway path       {ms['warm_prefix']:8.3f} ms  warm/cold "
         f"{ms['warm_prefix'] / cold_ms:6.2%}  "
-        "(target < 5 %; unchanged prefix reused, gateway/prefix.py)"
+        "(target < 5 %; unchanged prefix reused, gateway/counting/prefix.py)"
     )
     print(
         f"  raw encode_ordinary      {raw_ms:8.2f} ms  ours cold / raw {cold_ms / raw_ms:5.3f}"
@@ -273,8 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         "with framing  (target < 0.1 ms)"
     )
     print(
-        f"  cache memory             {cache.bytes} B accounted, {measured} B measured, "
-        f"{len(cache)} entries describing {described} B: {cache.bytes / described:.3f}x "
+        f"  cache memory             {cache.held_bytes} B accounted, {measured} B measured, "
+        f"{len(cache)} entries describing {described} B: {cache.held_bytes / described:.3f}x "
         f"accounted, {measured / described:.3f}x measured  (target <= 2x)"
     )
 

@@ -53,7 +53,7 @@ async def measure(rounds: int, steps: int, window: int) -> dict[str, list[float]
         for api, wire in WIRES.items():
             started = time.process_time()
             request = gw.parse(wire, bodies[api], "t")  # as the endpoint parses
-            prepared = await gw.pipeline.prepare(
+            prepared = await gw.engine.prepare(
                 request, route, "t", window=gw.effective_window(route)
             )
             assert prepared.body

@@ -16,8 +16,8 @@ import sys
 import time
 
 from benchmarks import targets, workloads
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import parts
 from gateway.wire import CHAT
 
 CONFIG = {
@@ -34,7 +34,7 @@ CONFIG = {
 
 
 async def run(requests: int, offset: int) -> tuple[float, float]:
-    gateway = Gateway(parse_config(CONFIG))
+    gateway = parts(parse_config(CONFIG))
     route = gateway.router.resolve(targets.COUNT_MODEL)
     assert route is not None
     body = workloads.agent(targets.COUNT_MODEL)
@@ -44,7 +44,7 @@ async def run(requests: int, offset: int) -> tuple[float, float]:
             raw = body.first_time(number)
             wall, cpu = time.perf_counter(), time.process_time()
             request = CHAT.parse(raw, 100_000)
-            prepared = await gateway.pipeline.prepare(
+            prepared = await gateway.engine.prepare(
                 request, route, "t", window=gateway.effective_window(route), count_late=True
             )
             walls.append(time.perf_counter() - wall)
@@ -52,7 +52,7 @@ async def run(requests: int, offset: int) -> tuple[float, float]:
             if prepared.late is not None:
                 await asyncio.wait([prepared.late])
     finally:
-        await gateway.pipeline.counting.close()
+        await gateway.engine.counting.close()
     return statistics.median(walls) * 1000, statistics.median(cpus) * 1000
 
 

@@ -11,7 +11,7 @@ worker) on 127.0.0.1, then:
 - burst: `--streams` streaming requests at once, each streamed slowly by the upstream; every one
   must finish (200, every chunk, `[DONE]`), and afterwards the gateway's live Python objects
   (within 3 %), sockets and asyncio tasks must be back where they were, and its RSS must not grow
-  from one round to the next (the arenas a peak leaves are reused, see gateway/memory.py; the
+  from one round to the next (the arenas a peak leaves are reused, see gateway/ops/memory.py; the
   RSS kept over the warmed-up baseline is reported);
 - soak: `--concurrency` clients in a closed loop for `--minutes`, mixing streaming and
   non-streaming requests, conversations that need compaction, and several tenants; zero errors,
@@ -53,7 +53,7 @@ import orjson
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
-IDLE_TRIM_INTERVAL_S = 5.0  # gateway.memory.INTERVAL_S: how often an idle worker may trim
+IDLE_TRIM_INTERVAL_S = 5.0  # gateway.ops.memory.INTERVAL_S: how often an idle worker may trim
 PACE_HEADER = "x-soak-pace"  # "<chunks>,<interval seconds>": how the upstream streams this request
 
 
@@ -229,7 +229,7 @@ async def settled(session: aiohttp.ClientSession, target: Target, timeout: float
 
 async def drained(session: aiohttp.ClientSession, target: Target, timeout: float = 60) -> Snapshot:
     """A snapshot once the gateway's idle upstream connections have expired (keep-alive) and its
-    idle trim has had a turn since (gateway/memory.py: freed heap goes back to the system)."""
+    idle trim has had a turn since (gateway/ops/memory.py: freed heap goes back to the system)."""
     deadline = time.monotonic() + timeout
     now = await settled(session, target)
     while now.upstreams and time.monotonic() < deadline:
@@ -346,8 +346,8 @@ class BurstResult:
             ):
                 out.append(f"round {number} left work behind: {r.after.describe()}")
         # Live objects come back (a leak would keep them); RSS keeps part of the allocator's
-        # high-water mark (CPython's arenas, see gateway/memory.py), so it is held to not growing
-        # from one round to the next.
+        # high-water mark (CPython's arenas, see gateway/ops/memory.py), so it is held to not
+        # growing from one round to the next.
         if self.drained.blocks > self.baseline.blocks * 1.03:
             blocks = f"{self.drained.blocks} blocks, baseline {self.baseline.blocks}"
             out.append(f"Python heap not back to baseline: {blocks}")

@@ -210,8 +210,9 @@ def agent(model: str, stream: bool = False, count: int = 200) -> Workload:
 
 def token_count(body: bytes, encoding: str = "o200k_base") -> int:
     """Tokens of a body's messages and tools as the gateway counts them (for the report)."""
-    from gateway.tokenizers import load_tokenizer
-    from gateway.tokens import CountCache, MessageCounter
+    from gateway.counting.cache import CountCache
+    from gateway.counting.tokenizers import load_tokenizer
+    from gateway.counting.tokens import MessageCounter
 
     payload = orjson.loads(body)
     counter = MessageCounter(load_tokenizer(f"tiktoken:{encoding}"), CountCache(0))

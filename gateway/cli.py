@@ -1,6 +1,6 @@
 """The `compactgate` command: run the gateway, check a config, hash a gateway key, convert a
-LiteLLM proxy config, show what the gateway would send for a request, or watch it work in an
-offline demo."""
+LiteLLM proxy config, show what the gateway would send for a request, print an agent's settings
+for a running gateway, or watch it work in an offline demo."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .config import Config, ConfigError, default_config, load_config
+from .devtools.setup import add_parser as add_setup_parser
 from .version import version
 
 CONFIG_ENV = "COMPACTGATE_CONFIG"
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--config", help=f"config (default: ${CONFIG_ENV}, else built-in)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    demo = commands.add_parser("demo", help="see the gateway work, offline, in under a minute")
+    add_setup_parser(commands)
+    demo = commands.add_parser("demo", help="see the gateway work, offline")
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
     demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")
     return parser
@@ -111,10 +113,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "import-litellm":
         return _import_litellm(args.path, args.output)
     if args.command == "plan":
-        from .plan_cli import run_plan
+        from .devtools.plan_cli import run_plan
 
         return run_plan(args.file, _config_or_exit(args.config), as_json=args.json, api=args.api)
-    from .demo import run_demo
+    if args.command == "setup":
+        from .devtools.setup import run_setup
+
+        return run_setup(
+            args.agent, args.gateway, model=args.model, write=args.write, force=args.force
+        )
+    from .devtools.demo import run_demo
 
     return run_demo(llm=args.llm, turns=args.turns)
 
@@ -149,11 +157,11 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     import uvicorn
 
-    from . import connections
-    from .admin import exposure_warning
-    from .auth import open_relay_warning
-    from .logs import configure_logging
-    from .memory import IdleTrim
+    from .http import connections
+    from .http.admin import exposure_warning
+    from .http.auth import open_relay_warning
+    from .ops.logs import configure_logging
+    from .ops.memory import IdleTrim
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
@@ -272,7 +280,7 @@ def _serve_two_ports(args: argparse.Namespace, config: Config, options: dict) ->
 def _announce(text: str, log_format: str) -> None:
     """A line on stdout whatever the log level (scripts wait for it), in the log's format."""
     if log_format == "json":
-        from .logs import JsonFormatter
+        from .ops.logs import JsonFormatter
 
         record = logging.LogRecord("compactgate.serve", logging.INFO, "", 0, text, None, None)
         text = JsonFormatter().format(record)
@@ -289,7 +297,7 @@ def _multiprocess_metrics_dir() -> None:
 def _hash_key() -> int:
     """Print the config line for a key read from stdin; exit 2 when there is no key. Surrounding
     whitespace (the newline of `echo`) is dropped, as the gateway drops it from a presented key."""
-    from .auth import key_sha256
+    from .http.auth import key_sha256
 
     if sys.stdin.isatty():
         import getpass
@@ -314,7 +322,7 @@ def _import_litellm(path: str, output: str | None) -> int:
     import yaml
 
     from .config import parse_config
-    from .litellm_import import convert
+    from .devtools.litellm_import import convert
 
     try:
         with open(path, encoding="utf-8") as handle:
@@ -372,7 +380,7 @@ def _check(path: str) -> int:
 
 def summarise(config: Config, path: str) -> str:
     """One screen: models with their windows/tokenizers/policies, and each policy's chain."""
-    from .admin import admin_token
+    from .http.admin import admin_token
     from .routing import Router
 
     router = Router(config)

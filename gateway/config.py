@@ -25,15 +25,13 @@ import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.pinning import PinRule
 from policies.registry import STEPS
-
-from .agent_compaction import DEFAULT_SIGNATURES, Signature
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -448,6 +446,50 @@ class ToolOutputsConfig(_Strict):
     )
 
 
+# -- agents' own compaction requests (gateway.agents.signatures recognises them) ----------
+
+
+class Signature(BaseModel):
+    """One agent's compaction request: how its latest user message reads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="The agent, as metrics and headers name it")
+    api: str | None = Field(None, description="chat | responses | messages; null: any")
+    starts_with: str = Field(min_length=8, description="The latest user text begins with this")
+    contains: str | None = Field(None, description="... and contains this, when set")
+    fixture: str | None = Field(None, description="The captured request it was written from")
+    answerable: bool = Field(
+        True,
+        description="The request carries the history as messages, so a summary made ahead of "
+        "need can answer it; false for an agent that sends its history as one transcript",
+    )
+
+
+DEFAULT_SIGNATURES: tuple[Signature, ...] = (
+    Signature(
+        name="codex",
+        api="responses",
+        starts_with="You are performing a CONTEXT CHECKPOINT COMPACTION",
+        fixture="tests/fixtures/agents/codex_compaction_request.json",
+    ),
+    Signature(
+        name="claude-code",
+        api="messages",
+        starts_with="CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
+        contains="summary of the conversation so far",
+        fixture="tests/fixtures/agents/claude_compact_request.json",
+    ),
+    Signature(
+        name="opencode",  # the same prompt whichever API its provider speaks
+        starts_with="Here is the conversation so far:",
+        contains="Create a new anchored summary from the conversation history",
+        fixture="tests/fixtures/agents/opencode_compaction_request.json",
+        answerable=False,  # its history comes as one transcript inside the prompt
+    ),
+)
+
+
 class AgentCompactionConfig(_Strict):
     """How the gateway tells an agent's own compaction request from an ordinary turn."""
 
@@ -586,7 +628,7 @@ def semantic_problems(data: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _count(value: Any) -> bool:
+def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 

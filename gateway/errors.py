@@ -216,7 +216,7 @@ def upstream_reason(status: int) -> str:
 
 def _lookup(cls: type[GatewayError]) -> Row:
     for klass in cls.__mro__:
-        row = ERROR_TABLE.get(klass)  # type: ignore[arg-type]
+        row = ERROR_TABLE.get(klass)
         if row is not None:
             return row
     return ERROR_TABLE[GatewayError]

@@ -18,8 +18,9 @@ from policies import Policy, build_policy
 
 from . import model_registry
 from .config import Config, ModelConfig, PolicyConfig, PricingConfig, RetryConfig, UpstreamConfig
-from .tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
-from .tokens import CountCache, MessageCounter
+from .counting.cache import CountCache
+from .counting.tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
+from .counting.tokens import MessageCounter
 
 log = logging.getLogger("compactgate.routing")
 

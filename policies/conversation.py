@@ -80,14 +80,14 @@ class Message:
         return Message(data, tokens, self.pin, self.priority, self.kind, self.origin)
 
 
-_set_data = Message.data.__set__  # type: ignore[attr-defined]
-_set_tokens = Message.tokens.__set__  # type: ignore[attr-defined]
-_set_pin = Message.pin.__set__  # type: ignore[attr-defined]
-_set_priority = Message.priority.__set__  # type: ignore[attr-defined]
-_set_kind = Message.kind.__set__  # type: ignore[attr-defined]
-_set_origin = Message.origin.__set__  # type: ignore[attr-defined]
-_set_uid = Message.uid.__set__  # type: ignore[attr-defined]
-_set_role = Message.role.__set__  # type: ignore[attr-defined]
+_set_data = Message.__dict__["data"].__set__
+_set_tokens = Message.__dict__["tokens"].__set__
+_set_pin = Message.__dict__["pin"].__set__
+_set_priority = Message.__dict__["priority"].__set__
+_set_kind = Message.__dict__["kind"].__set__
+_set_origin = Message.__dict__["origin"].__set__
+_set_uid = Message.__dict__["uid"].__set__
+_set_role = Message.__dict__["role"].__set__
 
 
 def is_mapping(value: Any) -> bool:
@@ -123,9 +123,9 @@ class Turn:
         _set_leading(self, leading)
 
 
-_set_start = Turn.start.__set__  # type: ignore[attr-defined]
-_set_end = Turn.end.__set__  # type: ignore[attr-defined]
-_set_leading = Turn.leading.__set__  # type: ignore[attr-defined]
+_set_start = Turn.__dict__["start"].__set__
+_set_end = Turn.__dict__["end"].__set__
+_set_leading = Turn.__dict__["leading"].__set__
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +329,7 @@ def drop(conversation: Conversation, indices: Iterable[int]) -> tuple[Conversati
 _KEEP = bytes([1, 0]) + bytes(254)  # `bytes.translate` table: dropped (1) -> 0, kept (0) -> 1
 
 
-def _subset(conversation: Conversation, keep: bytes) -> Conversation:
+def _subset(conversation: Conversation, keep: bytes | bytearray) -> Conversation:
     """The messages where `keep` is 1 (in order), with the facts that do not change carried.
 
     Only for a `keep` that holds every tool group whole or not at all, and every protected

@@ -93,7 +93,7 @@ class Memo:
                 entries.move_to_end(key)  # most recently used last
             except KeyError:  # evicted by another thread meanwhile
                 pass
-            return found[0]  # type: ignore[index,no-any-return]
+            return found[0]  # type: ignore[index]
         value = compute()
         self._keep(key, value, chars)
         return value

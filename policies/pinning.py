@@ -27,9 +27,14 @@ from .conversation import Message, is_mapping
 
 
 class PinRuleLike(Protocol):
-    role: str | None
-    tool_name: str | None
-    content_regex: str | None
+    @property
+    def role(self) -> str | None: ...
+
+    @property
+    def tool_name(self) -> str | None: ...
+
+    @property
+    def content_regex(self) -> str | None: ...
 
 
 class PinRule(BaseModel):

@@ -4,8 +4,8 @@ The task is more than the latest user message, which is often generic ("continue
 tool result) and would score every earlier rule at 0: the query is the first user message (the
 task statement), the latest one, and the recent Turns the step keeps anyway.
 
-Scores are in 0..1 and a pure function of the texts: BM25 (`rank_bm25`; BM25+ with delta 0,
-whose idf log((N+1)/df) is never negative) over the Turns' texts, the latest user message as the
+Scores are in 0..1 and a pure function of the texts: BM25 (`policies.bm25`: idf
+log((N+1)/df), never negative) over the Turns' texts, the latest user message as the
 query, divided by the best score (the most relevant Turn scores 1, one sharing no term scores 0; the
 Turn holding the query is left out of that maximum).
 Tokens are lowercase word runs, with every
@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+from . import bm25
 from .conversation import Conversation, Turn
 from .step import Env
 
@@ -61,11 +62,7 @@ def bm25_scores(
     terms = tokenize(query)
     if not corpus or not terms or not any(corpus):
         return [0.0] * len(docs)
-    from rank_bm25 import BM25Plus  # numpy-backed: imported only when a relevance step runs
-
-    # BM25+ with delta 0 is BM25 with idf = log((N + 1) / df): never negative, so a term found
-    # in most Turns (or a corpus of one or two Turns) still counts, unlike Okapi's idf.
-    raw = [max(0.0, float(s)) for s in BM25Plus(corpus, delta=0.0).get_scores(terms)]
+    raw = [max(0.0, s) for s in bm25.scores(corpus, terms)]
     if skip is None:
         return _normalised(raw)
     skipped = {skip} if isinstance(skip, int) else set(skip)

@@ -2,7 +2,7 @@
 
     python -m tests.fake_upstream --port 0      # prints "READY <port>" once listening
 
-It speaks OpenAI's wire format (bodies and SSE framing from `gateway.echo_upstream`), records
+It speaks OpenAI's wire format (bodies and SSE framing from `gateway.devtools.echo_upstream`), records
 every request it receives, and misbehaves on demand, so end-to-end tests can drive the gateway
 through every upstream failure without a real model. The upstream is the only thing tests may
 fake; this is it.
@@ -65,7 +65,7 @@ import httpx
 import orjson
 from aiohttp import web
 
-from gateway.echo_upstream import (
+from gateway.devtools.echo_upstream import (
     completion_body,
     context_error_body,
     estimate_prompt_tokens,

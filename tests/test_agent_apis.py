@@ -150,6 +150,28 @@ async def test_a_responses_tool_session_outgrowing_the_window_finishes(
         assert "tool_output_cache" in ",".join(seen)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_responses_session_learns_a_smaller_upstream_window_after_at_most_two_errors(
+    start_app: AppStarter, local_upstream: LocalUpstream, stream: bool
+) -> None:
+    """Configured for 3x the window the upstream really has, whose errors (the Responses API's)
+    state no numbers: the refused request's size teaches the window, so a growing Codex-like
+    session costs at most two context errors in all (each retried and answered), and
+    /v1/models then says the window the gateway compacts to is below what was configured."""
+    configured = 3 * WINDOW
+    model = {"tokenizer": "chars:4", "context_window": configured, "max_output_tokens": 500}
+    steps = [{"type": "tool_output_cache"}, {"type": "fifo"}]
+    gw = await start_app(one_model(local_upstream.base_url, steps, **model))
+    local_upstream.configure({"context_limit": WINDOW})
+    final, _ = await responses_session(gw, local_upstream, 24, stream)
+    assert final.output_text == "Fixed: module_3 divided by zero."
+    sent = sizes(local_upstream, "/v1/responses")
+    refused = [size for size in sent if size > WINDOW]
+    assert 1 <= len(refused) <= 2, sent
+    listed = (await gw.http.get(f"{gw.base_url}/models")).json()["data"]
+    assert listed[0]["context_window"] < configured
+
+
 async def test_responses_context_error_is_recovered_and_errors_have_openais_shape(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:

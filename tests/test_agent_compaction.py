@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.agent_compaction import DEFAULT_SIGNATURES, Signature, recognise
+from gateway.agents.signatures import DEFAULT_SIGNATURES, Signature, recognise
 from gateway.config import parse_config
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from tests.configs import one_model

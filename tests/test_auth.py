@@ -1,4 +1,4 @@
-"""Gateway keys and tenants (gateway/auth.py, design D16.1), end to end and at the unit level.
+"""Gateway keys and tenants (gateway/http/auth.py, design D16.1), end to end and at the unit level.
 
 What a user would notice: with `auth.keys` configured, no key or a wrong key is a 401 and a model
 outside the key's globs is a 403, both as OpenAI error bodies the official client raises as
@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import auth as auth_module
-from gateway.auth import Authenticator, Identity, open_relay_warning, presented_key
 from gateway.config import parse_config
+from gateway.http import auth as auth_module
+from gateway.http.auth import Authenticator, Identity, open_relay_warning, presented_key
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process

@@ -15,11 +15,11 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.calibration import BOUNDS, Calibration
 from gateway.config import parse_config
-from gateway.metrics import Metrics
+from gateway.counting.tokenizers import CharsTokenizer
+from gateway.ops.metrics import Metrics
+from gateway.path.calibration import BOUNDS, Calibration
 from gateway.routing import Route, Router
-from gateway.tokenizers import CharsTokenizer
 
 SERIES = json.loads(
     (Path(__file__).parent / "fixtures/calibration/llamacpp_smollm2_series.json").read_text()

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 import gateway
-from gateway.auth import Authenticator
 from gateway.cli import main, raise_open_files_limit
 from gateway.config import parse_config
 from gateway.errors import AuthenticationError
+from gateway.http.auth import Authenticator
 from tests.conftest import Starter, free_port
 
 

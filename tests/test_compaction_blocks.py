@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.compaction_blocks import compacted, open_turn, read_back
-from gateway.remote_compaction import SUMMARY_INTRO
-from gateway.summaries.summarizer import SYSTEM_PROMPT
+from gateway.agents.blocks import compacted, open_turn, read_back
+from gateway.agents.remote import SUMMARY_INTRO
+from gateway.summaries.transcript import SYSTEM_PROMPT
 from tests.configs import one_model
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.wire_strategies import messages_bodies, messages_violations

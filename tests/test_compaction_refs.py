@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import compaction_refs
+from gateway.agents import refs as compaction_refs
 
 secrets = st.binary(min_size=16, max_size=64)
 tenants = st.text(min_size=1, max_size=40)

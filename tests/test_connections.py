@@ -1,4 +1,4 @@
-"""The request-head deadline (gateway/connections.py), on the wire, for both uvicorn protocols.
+"""The request-head deadline (gateway/http/connections.py), on the wire, for both uvicorn protocols.
 
 What a client would notice: a request head trickled past the deadline gets a 408 OpenAI error and
 a closed connection, on the first request of a connection and on a later keep-alive one; a
@@ -23,7 +23,7 @@ import orjson
 import pytest
 import uvicorn
 
-from gateway import connections
+from gateway.http import connections
 from tests.conftest import free_port
 
 DEADLINE = 0.6

@@ -1,4 +1,4 @@
-"""gateway.context_errors: every provider fixture is recognised with its numbers, look-alikes are
+"""gateway.wire.context_errors: every provider fixture is recognised with its numbers, look-alikes are
 not, and no input can make `classify` raise."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.context_errors import MAX_BODY_BYTES, SIGNATURES, ContextError, classify
+from gateway.wire.context_errors import MAX_BODY_BYTES, SIGNATURES, ContextError, classify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "context_errors"
 

@@ -10,7 +10,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.context_management import Applied, reported_in_stream
+from gateway.agents.context_management import Applied, reported_in_stream
 
 EVENTS = [
     b'event: message_start\ndata: {"type":"message_start","message":{"id":"m1"}}\n\n',

@@ -21,7 +21,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.config import PricingConfig
-from gateway.costs import (
+from gateway.ops.costs import (
     CACHE_MIN_TOKENS,
     CACHE_TTL_S,
     Accountant,
@@ -35,9 +35,9 @@ from gateway.costs import (
     price_map,
     prices_for,
 )
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.wire import CHAT, MESSAGES, RESPONSES
-from gateway.wire.base import Usage
+from gateway.wire.usage import Usage
 from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 from tests.test_fuzz import _summary_call
@@ -175,7 +175,7 @@ def test_prices_come_from_the_price_map_inside_litellm_without_importing_it() ->
     assert overridden.output == found.output
     assert prices_for("no-such-model-anywhere", None) is None
     assert prices_for("no-such-model-anywhere", {"input": 1.0}) == Prices(input=PER_M)
-    code = "import sys; from gateway.costs import price_map; price_map(); print('litellm' in sys.modules)"
+    code = "import sys; from gateway.ops.costs import price_map; price_map(); print('litellm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

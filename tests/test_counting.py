@@ -24,9 +24,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.counting import OFFLOAD_MIN_BYTES, Counting
-from gateway.tokenizers import CharsTokenizer, TiktokenTokenizer, load_tokenizer, utf8_length
-from gateway.tokens import CountCache, MessageCounter
+from gateway.counting.cache import CountCache
+from gateway.counting.runner import OFFLOAD_MIN_BYTES, Counting
+from gateway.counting.tokenizers import (
+    CharsTokenizer,
+    TiktokenTokenizer,
+    load_tokenizer,
+    utf8_length,
+)
+from gateway.counting.tokens import MessageCounter
 from tests.conftest import Starter
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 from tests.redis_server import RedisServer, start_redis
@@ -434,7 +440,7 @@ async def test_a_first_seen_request_that_fits_by_its_bound_goes_before_it_is_cou
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     gw = await start_app({"models": [gpt(local_upstream, 1_000_000)]})
-    counting = gw.app.state.gateway.pipeline.counting
+    counting = gw.app.core.engine.counting
     messages = history("fits")
     body = orjson.dumps({"model": "m", "messages": messages, "max_tokens": 50})
     exact = exact_tokens(messages)
@@ -506,7 +512,7 @@ async def test_a_request_counted_before_it_goes_does_not_wait_for_busy_counting_
     bound = COUNTERS["tiktoken:o200k_base"].bound.messages(messages)  # type: ignore[union-attr]
     window = int((exact + bound) / 2 / 0.8) + 1000
     gw = await start_app({"server": {"count_threads": 2}, "models": [gpt(local_upstream, window)]})
-    counting = gw.app.state.gateway.pipeline.counting
+    counting = gw.app.core.engine.counting
     held = threading.Event()
     blockers = [asyncio.ensure_future(counting.run(False, lambda: held.wait(30))) for _ in range(2)]
     try:
@@ -573,7 +579,7 @@ async def test_counts_made_on_one_replica_are_found_by_another_through_redis(
 
     await eventually(counted)
     await asyncio.sleep(0.2)  # the counts are written to the store without waiting for it
-    other = two.app.state.gateway.pipeline.counting
+    other = two.app.core.engine.counting
     assert (await plan(two, messages))["tokens_before"] == exact
     keyed = MessageCounter(load_tokenizer("tiktoken:o200k_base")).keys(messages)
     assert sum(key is not None for key in keyed) > 50

@@ -5,7 +5,7 @@ tokens fits under the trigger (the JSON size, then each text's UTF-8 length, the
 message by message). Whatever bound settled it and however many threads counted, the client
 gets what the plain path (every message counted exactly first) sends: the same body, compacted
 the same way or not at all, and the same exact figures once they are counted. In process (a
-`Gateway` and its pipeline, no upstream call), with tiktoken.
+the engine built on its own (`tests.parts`), no upstream call), with tiktoken.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import orjson
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.counting import OFFLOAD_MIN_BYTES
-from gateway.pipeline import LATE_MIN_BYTES, Prepared
-from gateway.tokenizers import load_tokenizer
-from gateway.tokens import PRIMING_TOKENS, CountCache, MessageCounter
+from gateway.counting.cache import CountCache
+from gateway.counting.runner import OFFLOAD_MIN_BYTES
+from gateway.counting.tokenizers import load_tokenizer
+from gateway.counting.tokens import PRIMING_TOKENS, MessageCounter
+from gateway.devtools.parts import Parts, parts
+from gateway.engine import Prepared
+from gateway.engine.measure import LATE_MIN_BYTES
 from gateway.wire import CHAT
 
 COUNTER = MessageCounter(load_tokenizer("tiktoken:o200k_base"), CountCache(0))
@@ -49,7 +51,7 @@ MESSAGES = st.lists(
 )
 
 
-def gateway(window: int, threads: int) -> Gateway:
+def gateway(window: int, threads: int) -> Parts:
     config = {
         "server": {"count_threads": threads},
         "models": [
@@ -63,22 +65,22 @@ def gateway(window: int, threads: int) -> Gateway:
         ],
         "policies": {"p": {"steps": [{"type": "fifo"}]}},
     }
-    return Gateway(parse_config(config))
+    return parts(parse_config(config))
 
 
-async def prepare(gw: Gateway, body: bytes, count_late: bool) -> Prepared:
+async def prepare(gw: Parts, body: bytes, count_late: bool) -> Prepared:
     route = gw.router.resolve("m")
     assert route is not None
     request = CHAT.parse(body, 10_000)
     try:
-        prepared = await gw.pipeline.prepare(
+        prepared = await gw.engine.prepare(
             request, route, "t", window=gw.effective_window(route), count_late=count_late
         )
         if prepared.late is not None:
             await asyncio.wait([prepared.late])
         return prepared
     finally:
-        await gw.pipeline.counting.close()
+        await gw.engine.counting.close()
 
 
 def conversation(pairs: list[tuple[str, int]]) -> list[dict[str, Any]]:

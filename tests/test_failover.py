@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config import UpstreamConfig
-from gateway.failover import Balancer
+from gateway.upstream.failover import Balancer
 from tests.in_process import AppStarter, LocalUpstream
 
 SMALL = [{"role": "user", "content": "hello"}]

@@ -15,7 +15,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.context_errors import classify
+from gateway.wire.context_errors import classify
 from tests.conftest import ProcessStartError, Starter
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
 

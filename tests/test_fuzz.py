@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.summaries.summarizer import SYSTEM_PROMPT
+from gateway.summaries.transcript import SYSTEM_PROMPT
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process

@@ -1,4 +1,4 @@
-"""Per-tenant concurrency (gateway/limits.py, design D16.2) against a real gateway process.
+"""Per-tenant concurrency (gateway/http/limits.py, design D16.2) against a real gateway process.
 
 What a user would notice: a tenant with `max_concurrent_per_tenant` requests in flight gets an
 immediate 429 with `Retry-After` (the official client raises `RateLimitError`) and nothing is sent
@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from gateway.errors import TooManyRequestsError
-from gateway.limits import ConcurrencyLimits
+from gateway.http.limits import ConcurrencyLimits
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process

@@ -24,9 +24,9 @@ import httpx
 import openai
 import pytest
 
-from gateway import local_llm
-from gateway.context_errors import classify
-from gateway.demo import run_demo
+from gateway.devtools import local_llm
+from gateway.devtools.demo import run_demo
+from gateway.wire.context_errors import classify
 from tests.conftest import REPO_ROOT, GatewayProcess, Starter
 from tests.gateway_process import gateway_process
 

@@ -3,7 +3,7 @@
 What an operator would notice: a crowd of slow streams all complete, and afterwards the gateway
 holds no more sockets, tasks or live objects than before; its RSS does not grow from one burst to
 the next and keeps only a bounded part of the peak (CPython's small-object arenas that outlive it,
-see gateway/memory.py; the heap malloc freed is returned once the worker is idle); under steady
+see gateway/ops/memory.py; the heap malloc freed is returned once the worker is idle); under steady
 load there are no errors and RSS stays flat; once the upstream keep-alive pool has expired, the
 process is back to the descriptors and tasks it started with. The full-size figures (500 streams,
 10 minutes) come from the benchmark and are in the issue's note.

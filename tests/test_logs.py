@@ -1,4 +1,4 @@
-"""Request lines (gateway/logs.py): whatever a client puts in the strings a line carries (its
+"""Request lines (gateway/ops/logs.py): whatever a client puts in the strings a line carries (its
 request id, its model name), the line stays one line, reads back field by field, and names a
 tenant without revealing the credential or header value behind it. In-process, the failure kind
 a failed request's line gives; the JSON output of a real process is in tests/test_request_log.py.
@@ -13,7 +13,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.logs import (
+from gateway.ops.logs import (
     MAX_VALUE_CHARS,
     JsonFormatter,
     RequestLine,

@@ -1,4 +1,4 @@
-"""Returning freed heap memory once a worker is idle (gateway/memory.py).
+"""Returning freed heap memory once a worker is idle (gateway/ops/memory.py).
 
 What an operator would notice: after a peak, a worker with nothing in flight gives the heap
 memory it freed back to the system within a few seconds, never while a request is being served,
@@ -18,8 +18,9 @@ import time
 import httpx
 import pytest
 
-from gateway.memory import YOUNG_THRESHOLD, GlibcMalloc, IdleTrim
+from gateway.ops.memory import YOUNG_THRESHOLD, GlibcMalloc, IdleTrim
 from tests.conftest import GatewayStarter
+from tests.in_process import AppStarter
 
 MiB = 1024 * 1024
 
@@ -135,33 +136,18 @@ def test_the_gateway_trims_once_idle_after_large_requests(start_gateway: Gateway
     assert "returned free heap memory to the system" in gw.output()
 
 
-def test_start_up_objects_are_left_out_of_later_collections() -> None:
-    """After start-up, a full collection walks only what was made since (gateway/memory.py).
+async def test_start_up_objects_are_left_out_of_later_collections(start_app: AppStarter) -> None:
+    """After start-up, a full collection walks only what was made since (gateway/ops/memory.py).
 
     Without it, each full collection while serving walked the ~130,000 objects of the imported
     modules: 82-102 ms stalls of whichever request was in flight, measured with gc callbacks
     in the gateway during `benchmarks.bench_summaries` (2-3 ms once frozen). This checks the
     lifespan freezes them; the stall itself is a timing, which tests here do not assert.
     """
-    from gateway.app import build_app
-    from gateway.config import default_config
-
-    app = build_app(default_config())
-    gateway = app.state.gateway
-
-    async def start_and_stop() -> tuple[int, int, int]:
-        async with gateway.lifespan(app):
-            return gc.get_freeze_count(), len(gc.get_objects()), gc.get_threshold()[0]
-
-    thresholds = gc.get_threshold()
-    gc.unfreeze()
     gc.collect()  # count the live objects: garbage earlier tests left is collected, not frozen
     before = len(gc.get_objects())
-    try:
-        frozen, walked, young = asyncio.run(start_and_stop())
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
+    gw = await start_app({})  # the default config, its lifespan run as a server runs it
+    frozen, walked, young = gw.started_gc
     assert frozen >= before * 0.9  # all that start-up left alive (the test process too)
     assert walked < frozen // 10  # a collection now walks a small fraction of that
     assert young == YOUNG_THRESHOLD  # requests in flight are not walked after every request

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from policies.conversation import Conversation, Message
 from policies.invariants import check
 from tests.in_process import AppGateway, AppStarter, LocalUpstream

@@ -20,9 +20,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.calibration import Calibration
 from gateway.config import parse_config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
+from gateway.path.calibration import Calibration
 from gateway.routing import Router
 from gateway.version import version
 from tests.conftest import GatewayProcess, GatewayStarter, free_port

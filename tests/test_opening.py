@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.opening import OpeningKey
-from gateway.prefix import _key as prefix_key
+from gateway.counting.opening import OpeningKey
+from gateway.counting.prefix import _key as prefix_key
 from gateway.wire.validated import _key as validated_key
 
 POOL = [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}, {"content": "a"}]

@@ -16,10 +16,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.opening_sessions import OpeningSessions
-from gateway.prefix import PrefixCounts
+from gateway.counting.openings import OpeningSessions
+from gateway.counting.prefix import PrefixCounts
+from gateway.devtools.parts import parts
 from gateway.wire import RESPONSES
 from gateway.wire.validated import ValidatedMessages
 from tests.configs import one_model
@@ -60,7 +60,7 @@ def test_a_key_keeps_the_latest_requests_and_matches_by_shared_objects(
     """Against a plain model: `get` returns the kept request sharing the longest run of
     leading objects (the latest on a tie); `put` drops the request it replaces, then the
     oldest while a key is over `PER_KEY` requests or half of the bytes."""
-    import gateway.opening_sessions as module
+    import gateway.counting.openings as module
 
     saved, module.PER_KEY = module.PER_KEY, per_key
     try:
@@ -112,7 +112,7 @@ def _codex_body(session: int, turns: int) -> bytes:
 def test_codex_sessions_that_open_alike_each_reuse_their_own_parse() -> None:
     """Twenty sessions of one tenant taking turns: after its first turn, each request takes
     over its own session's previous parse for every item it resends."""
-    gateway = Gateway(parse_config(one_model("http://127.0.0.1:9/v1")))
+    gateway = parts(parse_config(one_model("http://127.0.0.1:9/v1")))
     sessions = 20
     for session in range(sessions):
         gateway.parse(RESPONSES, _codex_body(session, 30), "team")

@@ -1,4 +1,4 @@
-"""The operator page's aggregation (gateway/overview.py): rows that add up, percentiles that are
+"""The operator page's aggregation (gateway/ops/overview.py): rows that add up, percentiles that are
 ordered, time ranges that nest, and costs that never turn an unknown price into zero."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.admin import parse_range
 from gateway.errors import InvalidRequestError
-from gateway.events import OwnSpend, RequestSample
-from gateway.overview import APIS, Row, costs, overview, percentile, row
+from gateway.http.admin import parse_range
+from gateway.ops.events import OwnSpend, RequestSample
+from gateway.ops.overview import APIS, Row, costs, overview, percentile, row
 
 NOW = 1_800_000_000.0
 STARTED = NOW - 200_000.0

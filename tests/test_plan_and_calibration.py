@@ -18,11 +18,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.calibration import TOLERANCE, Calibration
 from gateway.config import parse_config
-from gateway.metrics import Metrics
+from gateway.counting.tokenizers import CharsTokenizer
+from gateway.ops.metrics import Metrics
+from gateway.path.calibration import TOLERANCE, Calibration
 from gateway.routing import Router
-from gateway.tokenizers import CharsTokenizer
 from tests.configs import one_model
 from tests.conftest import REPO_ROOT
 from tests.fake_upstream import FakeUpstream

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.fidelity_sessions import LANGUAGES, SHAPES, forwarded_text, session, survived
-from gateway.app import Gateway
 from gateway.config import parse_config
-from gateway.prefix import PrefixCounts
+from gateway.counting.prefix import PrefixCounts
+from gateway.devtools.parts import parts
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from policies import Conversation, build_policy, check, run_chain
 from policies.relevance import task_query
@@ -350,12 +350,12 @@ async def test_the_ledger_is_forwarded_on_every_api(api: str) -> None:
             }
         ]
     }
-    gw = Gateway(parse_config(config))
+    gw = parts(parse_config(config))
     route = gw.router.resolve("m")
     assert route is not None
     wire = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}[api]
     request = wire.parse(orjson.dumps(bodies()[api]), 10_000)
-    prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+    prepared = await gw.engine.prepare(request, route, "t", window=gw.effective_window(route))
     assert "ledger" in prepared.changed_steps and "fifo" in prepared.changed_steps
     sent = orjson.loads(prepared.body)
     rule = "Never touch the production database without asking me."

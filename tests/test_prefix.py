@@ -1,4 +1,4 @@
-"""Reusing the previous request's counts for an unchanged prefix (gateway/prefix.py)."""
+"""Reusing the previous request's counts for an unchanged prefix (gateway/counting/prefix.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.prefix import SYSTEM_ROLES, PrefixCounts, equal_prefix
-from gateway.tokenizers import load_tokenizer
-from gateway.tokens import CountCache, MessageCounter
+from gateway.counting.cache import CountCache
+from gateway.counting.prefix import SYSTEM_ROLES, PrefixCounts, equal_prefix
+from gateway.counting.tokenizers import load_tokenizer
+from gateway.counting.tokens import MessageCounter
 
 
 def history(n: int) -> list[dict[str, object]]:

@@ -1,7 +1,7 @@
 """Between compaction events a conversation's forwarded requests only append (the provider's
 prompt cache keeps hitting), and an event ends at or under the target.
 
-In process: a `Gateway`'s pipeline decides what each request of a long agent session forwards
+In process: the engine (`gateway.devtools.parts`) decides what each request of a long agent session forwards
 (`benchmarks.bench_cache` prints the same measure for more windows and chains); one test sends a
 session through the app to the fake upstream and checks what the upstream received.
 """
@@ -26,7 +26,7 @@ TOOL_CACHE_FIFO = [{"type": "tool_output_cache"}, {"type": "fifo"}]
 async def forwarded(gw: Any, api: str, steps: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     route = gw.router.resolve("m")
     request = WIRES[api].parse(orjson.dumps(body(api, steps)), 1 << 30)
-    prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+    prepared = await gw.engine.prepare(request, route, "t", window=gw.effective_window(route))
     return prepared, orjson.loads(prepared.body)
 
 
@@ -118,7 +118,6 @@ async def test_an_edited_history_is_never_answered_from_the_held_request(
         changed[index]["cmd"] = mark + changed[index]["cmd"]
     prepared, sent = await forwarded(gw, api, changed)
     fresh = gateway(8192, TOOL_CACHE_FIFO)
-    fresh.pipeline.ref_secret = gw.pipeline.ref_secret  # the same refs for the same outputs
     original, _ = await forwarded(fresh, api, changed)
     assert prepared.body == original.body  # as if the gateway had never seen the old history
     assert pairs_broken(api, sent) == []
@@ -187,7 +186,7 @@ async def test_cache_keys_tools_and_system_survive_every_compaction(api: str) ->
             ]
         route = gw.router.resolve("m")
         request = WIRES[api].parse(orjson.dumps(client), 1 << 30)
-        prepared = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+        prepared = await gw.engine.prepare(request, route, "t", window=gw.effective_window(route))
         sent = orjson.loads(prepared.body)
         compacted += bool(prepared.changed_steps)
         for key, value in CACHE_KEYS[api].items():

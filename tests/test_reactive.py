@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.echo_upstream import estimate_prompt_tokens
+from gateway.devtools.echo_upstream import estimate_prompt_tokens
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
 from tests.gateway_process import gateway_process
@@ -199,8 +199,9 @@ def test_non_streaming_context_error_is_recovered(
     assert raw.headers["x-compactgate-steps"] != "none"
     if style in STATES_LIMIT:
         assert plan_window(gateway, model) == LIMIT
-    else:  # Bedrock states no number: nothing to learn, the configured window stays.
-        assert plan_window(gateway, model) == CONFIGURED_WINDOW
+    else:  # Bedrock states no number: the refused request (with its reserved output) bounds
+        # the window from above, lowering it without going under the upstream's real limit.
+        assert LIMIT < plan_window(gateway, model) < CONFIGURED_WINDOW
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -424,10 +425,14 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
 ) -> None:
     """Regression: the retry window was floored at the first attempt's output reserve, 20 % of
     the configured 64,000 tokens, so the "tighter" window was 12,836 and nothing was cut."""
-    from gateway.app import Endpoint, Gateway, Overflow
     from gateway.config import parse_config
-    from gateway.context_errors import ContextError
+    from gateway.devtools.parts import parts
+    from gateway.expansion import Expansion
+    from gateway.path.accounting import Accounting
+    from gateway.path.forward import Call, Forwarder
+    from gateway.path.outcome import Overflow
     from gateway.wire import CHAT, parse_chat_request
+    from gateway.wire.context_errors import ContextError
 
     upstream = {"base_url": "http://127.0.0.1:9/v1"}
     config = parse_config(
@@ -442,18 +447,21 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
             ]
         }
     )
-    gw = Gateway(config)
-    route = gw.router.resolve("m")
-    assert route is not None
+    gw = parts(config)
+    route = gw.route("m")
     body: dict[str, Any] = {"model": "m", "messages": MESSAGES}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     request = parse_chat_request(json.dumps(body).encode(), 10_000)
-    first = await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+    first = await gw.engine.prepare(request, route, "t", window=gw.effective_window(route))
     assert first.tokens_after == first.tokens_before  # the configured window let it through
     error = ContextError(signature, limit, requested)
-    gw.learn_window(route, error)
-    retry = await Endpoint(gw, CHAT).recompact(request, route, "t", first, Overflow(error))
+    gw.windows.learn(route, error.limit, error.signature)
+    expansion = Expansion(gw.tool_outputs, gw.upstream, gw.metrics)
+    forwarder = Forwarder(gw.sender, gw.engine, expansion, gw.tool_outputs, gw.windows, gw.metrics)
+    books = Accounting(gw.metrics, gw.events, gw.costs, gw.calibration, "chat", True)
+    call = Call(CHAT, request, route, "t", [], books)
+    retry = await forwarder.recompact(call, first, Overflow(error))
     assert retry.budget is not None
     assert retry.budget.context_window <= (limit or CONFIGURED_WINDOW)
     if limit is not None:  # one retry is enough when the limit is stated

@@ -120,13 +120,14 @@ def test_claude_codes_own_compaction_is_answered_from_a_summary_made_ahead(
     start_gateway: GatewayStarter, fake_upstream: FakeUpstream, tmp_path: Path
 ) -> None:
     """Claude Code compacts its history itself when it nears the window it was told
-    (`CLAUDE_CODE_AUTO_COMPACT_WINDOW`). Its first compaction goes upstream and teaches the
-    gateway where and how; the gateway makes the next summary while Claude Code works, and
-    answers the next compaction request itself."""
+    (`CLAUDE_CODE_AUTO_COMPACT_WINDOW`, read as at least 100 000: it compacts near 67 000
+    tokens, 100 000 less 20 000 for output less 13 000). Its first compaction goes upstream and
+    teaches the gateway where and how; the gateway makes the next summary while Claude Code
+    works, and answers the next compaction request itself."""
     claude = agent("claude")
     gateway = start_gateway(agent_config(fake_upstream.base_url, 400_000))
     fake_upstream.script([*bash_steps(26, "sleep 0.5; "), {"kind": "ok", "content": FINAL}])
-    run_claude(claude, gateway.url, tmp_path, timeout=300, CLAUDE_CODE_AUTO_COMPACT_WINDOW="50000")
+    run_claude(claude, gateway.url, tmp_path, timeout=300, CLAUDE_CODE_AUTO_COMPACT_WINDOW="100000")
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     agent_ = 'agent="claude-code"'
     forwarded = _metric(metrics, f'{agent_},outcome="forwarded"')

@@ -23,10 +23,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.agents.remote import has_type
 from gateway.config import parse_config
-from gateway.remote_compaction import has_type
 from gateway.routing import Router
-from gateway.summaries.summarizer import SYSTEM_PROMPT
+from gateway.summaries.transcript import SYSTEM_PROMPT
 from tests.conftest import GatewayStarter, Starter
 from tests.fake_agent_apis import compact_requests
 from tests.fake_upstream import FakeUpstream

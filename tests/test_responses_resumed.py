@@ -11,10 +11,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import parts
 from gateway.wire import RESPONSES
-from gateway.wire.request import WireRequest
+from gateway.wire.base import WireRequest
 from tests.configs import compacting
 from tests.resume_checks import resumed_as_fresh, same_messages
 from tests.wire_strategies import responses_bodies
@@ -74,8 +74,7 @@ async def test_a_resumed_responses_parse_is_a_parse_from_scratch(
     window: int,
 ) -> None:
     """`in_order`: the requests hold ever more of the session, as Codex's turns do."""
-    memo, scratch = Gateway(parse_config(compacting())), Gateway(parse_config(compacting()))
-    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    memo, scratch = parts(parse_config(compacting())), parts(parse_config(compacting()))
     session = body["input"]
     if in_order:
         requests = sorted(requests, key=lambda request: request[0])
@@ -110,8 +109,7 @@ async def test_sessions_that_open_alike_each_parse_as_from_scratch(
     """Sessions of one agent and tenant open with the same items (Codex's developer messages)
     and go on with their own, sent in any order: whichever kept request each one is matched
     with, the parse and the forwarded body are those of a parse from scratch."""
-    memo, scratch = Gateway(parse_config(compacting())), Gateway(parse_config(compacting()))
-    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    memo, scratch = parts(parse_config(compacting())), parts(parse_config(compacting()))
     opening, rest = body["input"][:2], body["input"][2:]
     for session, share, edit, at, other in requests:
         own = {"type": "message", "role": "user", "content": f"Session {session}."}
@@ -124,7 +122,7 @@ async def test_sessions_that_open_alike_each_parse_as_from_scratch(
 def test_a_codex_turn_reuses_the_parse_of_the_items_it_resends() -> None:
     """Each turn appends the model's calls, their outputs and a new user message: the messages
     made from the resent items are the very objects of the previous turn's parse."""
-    gw = Gateway(parse_config(compacting()))
+    gw = parts(parse_config(compacting()))
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Fix it."}]
     previous: WireRequest | None = None
     for step in range(6):
@@ -146,7 +144,7 @@ def test_a_codex_turn_reuses_the_parse_of_the_items_it_resends() -> None:
 def test_an_item_that_rode_along_last_turn_is_not_kept_when_it_is_gone() -> None:
     """An unknown item after a tool output rides along with that output; when the next request
     no longer has it, the resumed parse must not carry it over (nor forward it)."""
-    gw = Gateway(parse_config(compacting()))
+    gw = parts(parse_config(compacting()))
     items: list[dict[str, Any]] = [
         {"type": "message", "role": "user", "content": "Fix it."},
         {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.responses_socket import SocketHistory
+from gateway.http.socket import SocketHistory
 from tests.agent_runs import (
     FINAL,
     STEPS,

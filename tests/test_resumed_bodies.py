@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import parts
 from gateway.errors import InvalidRequestError
 from gateway.wire.chat import ChatWire
-from gateway.wire.request import load_object
+from gateway.wire.fields import load_object
 from gateway.wire.resent import ResentMessages
 from gateway.wire.resumed import KEY_BYTES, ResumedBodies, _closest
 from gateway.wire.validated import ValidatedMessages
@@ -214,8 +214,7 @@ async def test_a_resumed_chat_request_is_forwarded_as_the_request_parsed_whole()
     """Turn after turn of a long chat session over a window that makes it compact: every body the
     gateway would forward is the one a gateway without the memos forwards."""
     config = compacting()
-    memo, scratch = Gateway(parse_config(config)), Gateway(parse_config(config))
-    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
+    memo, scratch = parts(parse_config(config)), parts(parse_config(config))
     route = memo.router.resolve("m")
     assert route is not None
     wire = ChatWire(ValidatedMessages())
@@ -226,8 +225,8 @@ async def test_a_resumed_chat_request_is_forwarded_as_the_request_parsed_whole()
         body = orjson.dumps({**payload, "model": "m"})
         resumed = memo.parse(wire, body, "a")
         fresh = ChatWire().parse(body, 10_000)
-        forwarded = await memo.pipeline.prepare(resumed, route, "a", window=6_500)
-        expected = await scratch.pipeline.prepare(fresh, route, "a", window=6_500)
+        forwarded = await memo.engine.prepare(resumed, route, "a", window=6_500)
+        expected = await scratch.engine.prepare(fresh, route, "a", window=6_500)
         assert forwarded.body == expected.body
         changed += forwarded.body != body
     assert changed and memo.resent.bodies.reused > 0

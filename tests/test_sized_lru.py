@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sized_lru import SizedLru
+from gateway.counting.sized_lru import SizedLru
 
 
 @given(

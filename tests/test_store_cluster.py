@@ -17,7 +17,7 @@ import orjson
 import pytest
 import redis
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.store import RedisStore, conversation_key, open_store
 from tests.conftest import GatewayStarter, Starter
 from tests.fake_upstream import FakeUpstream

@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.store import open_store, signing_key
 from gateway.store import secret as secret_module
 from tests.conftest import Starter
@@ -32,24 +32,26 @@ def mismatch(metrics: Metrics) -> float | None:
     return metrics.registry.get_sample_value("compactgate_signing_key_mismatch")
 
 
-def test_configured_first_then_per_process_for_memory() -> None:
+async def test_configured_first_then_per_process_for_memory() -> None:
     metrics = Metrics()
     store = open_store("memory://", metrics)
-    assert signing_key("s3cret", "memory://", store, metrics).value == b"s3cret"
-    one = signing_key(None, "memory://", store, metrics)
-    two = signing_key(None, "memory://", store, metrics)
+    assert (await signing_key("s3cret", "memory://", store, metrics)).value == b"s3cret"
+    one = await signing_key(None, "memory://", store, metrics)
+    two = await signing_key(None, "memory://", store, metrics)
     assert one.source == two.source == "process"
     assert one.value != two.value
 
 
-def test_first_replica_creates_the_key_and_later_ones_read_it(redis_server: RedisServer) -> None:
+async def test_first_replica_creates_the_key_and_later_ones_read_it(
+    redis_server: RedisServer,
+) -> None:
     flush(redis_server)
     keys = []
     for _ in range(3):
         metrics = Metrics()
-        keys.append(
-            signing_key(None, redis_server.url, open_store(redis_server.url, metrics), metrics)
-        )
+        store = open_store(redis_server.url, metrics)
+        keys.append(await signing_key(None, redis_server.url, store, metrics))
+        await store.close()
     assert [k.source for k in keys] == ["created", "store", "store"]
     assert len({k.value for k in keys}) == 1
     with redis.Redis(port=redis_server.port) as client:
@@ -63,7 +65,7 @@ async def test_a_key_lost_by_the_store_is_written_back(
     metrics = Metrics()
     store = open_store(redis_server.url, metrics)
     store._check_s = 0.05  # the check's period, short for the test
-    key = signing_key(None, redis_server.url, store, metrics)
+    key = await signing_key(None, redis_server.url, store, metrics)
     try:
         assert await store.get("anything") is None  # the first call starts the watch
         flush(redis_server)
@@ -76,9 +78,11 @@ async def test_a_key_lost_by_the_store_is_written_back(
         assert store.epoch >= 1  # the store was found emptied: what it held lately is forgotten
         assert any("written back" in r.getMessage() for r in caplog.records)
         later = Metrics()
-        assert signing_key(None, redis_server.url, open_store(redis_server.url, later), later) == (
+        other = open_store(redis_server.url, later)
+        assert await signing_key(None, redis_server.url, other, later) == (
             secret_module.SigningKey(key.value, "store")
         )
+        await other.close()
         assert mismatch(metrics) == 0
     finally:
         await store.close()
@@ -91,7 +95,7 @@ async def test_a_replica_finding_another_key_says_so(
     metrics = Metrics()
     store = open_store(redis_server.url, metrics)
     store._check_s = 0.05
-    signing_key(None, redis_server.url, store, metrics)
+    await signing_key(None, redis_server.url, store, metrics)
     try:
         with caplog.at_level(logging.WARNING, logger="compactgate.store"):
             redis.Redis(port=redis_server.port).set("compactgate:ref-secret", b"another replica's")
@@ -106,14 +110,16 @@ async def test_a_replica_finding_another_key_says_so(
         await store.close()
 
 
-def test_a_store_away_at_start_up_leaves_a_key_of_its_own_quickly(
+async def test_a_store_away_at_start_up_leaves_a_key_of_its_own_quickly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     metrics = Metrics()
     started = time.monotonic()
+    store = open_store(url, metrics)
     with caplog.at_level(logging.WARNING, logger="compactgate.store"):
-        key = signing_key(None, url, open_store(url, metrics), metrics)
+        key = await signing_key(None, url, store, metrics)
+    await store.close()
     assert key.source == "process"
     assert time.monotonic() - started < secret_module.STARTUP_WAIT_S + 1.5
     assert any("unreachable at start-up" in r.getMessage() for r in caplog.records)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.store import open_store
 from tests.conftest import GatewayProcess, GatewayStarter, Starter
 from tests.fake_upstream import FakeUpstream

@@ -1,4 +1,4 @@
-"""The stores (gateway/stores.py): memory bounds, LRU and expiry; Redis against a real server;
+"""The stores (gateway/store/): memory bounds, LRU and expiry; Redis against a real server;
 an outage degrades to "no cache" without an exception."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.store import (
     ENTRY_OVERHEAD,
     MemoryStore,
@@ -50,7 +50,7 @@ async def test_memory_get_put_delete() -> None:
     assert len(store) == 1
     await store.delete("a")
     assert await store.get("a") is None
-    assert store.bytes == 0
+    assert store.held == 0
 
 
 async def test_memory_is_bounded_by_bytes_and_evicts_least_recently_used() -> None:
@@ -58,10 +58,10 @@ async def test_memory_is_bounded_by_bytes_and_evicts_least_recently_used() -> No
     store = MemoryStore(max_bytes=3 * entry)
     for key in "abc":
         await store.put(key, b"x" * 100, None)
-    assert store.bytes == 3 * entry
+    assert store.held == 3 * entry
     assert await store.get("a") == b"x" * 100  # a is now the most recently used
     await store.put("d", b"x" * 100, None)
-    assert store.bytes <= store.max_bytes
+    assert store.held <= store.max_bytes
     assert await store.get("b") is None  # b was the least recently used
     assert [await store.get(k) is not None for k in "acd"] == [True, True, True]
 
@@ -84,7 +84,7 @@ async def test_memory_expiry() -> None:
     clock.now += 0.2
     assert await store.get("k") is None
     assert await store.get("forever") == b"v"
-    assert store.bytes == ENTRY_OVERHEAD + len("forever") + 1
+    assert store.held == ENTRY_OVERHEAD + len("forever") + 1
 
 
 async def test_memory_lock_is_exclusive_until_released_or_expired() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.app import Gateway
 from gateway.config import SummariesConfig, parse_config
-from gateway.metrics import Metrics
+from gateway.devtools.parts import Parts, parts
+from gateway.ops.metrics import Metrics
 from gateway.routing import Route, Router
 from gateway.store import MemoryStore, SafeStore
 from gateway.summaries import Job, SummaryAsk, SummaryService
@@ -254,9 +254,9 @@ def agent_messages(rounds: int) -> list[dict[str, Any]]:
 
 def stubbed(
     config: dict[str, Any] = AGENT_CONFIG, stub: Stub | None = None
-) -> tuple[Gateway, Stub, Route]:
+) -> tuple[Parts, Stub, Route]:
     """A gateway whose summaries come from `stub` (no upstream is called), and its route `m`."""
-    gateway = Gateway(parse_config(config))
+    gateway = parts(parse_config(config))
     stub = stub or Stub()
     gateway.summaries.summarizer = stub  # type: ignore[assignment]
     r = gateway.router.resolve("m")
@@ -272,7 +272,7 @@ async def test_precompute_predicts_the_summary_the_crossing_request_asks_for() -
         body = orjson.dumps({"model": "m", "messages": agent_messages(rounds), "tools": TOOLS,
                              "max_tokens": 256})  # fmt: skip
         chat = parse_chat_request(body, 1000)
-        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        prepared = await gateway.engine.prepare(chat, r, "t", window=4096, headers=HEADERS)
         if prepared.changed_steps:
             crossed = rounds
             break
@@ -294,7 +294,7 @@ async def test_a_precomputation_leaves_a_summary_being_made_to_the_one_making_it
         body = orjson.dumps({"model": "m", "messages": agent_messages(rounds), "tools": TOOLS,
                              "max_tokens": 256})  # fmt: skip
         chat = parse_chat_request(body, 1000)
-        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        prepared = await gateway.engine.prepare(chat, r, "t", window=4096, headers=HEADERS)
         assert not prepared.changed_steps  # a summary was predicted before the crossing
         job = Job(chat, r, "t", HEADERS, 4096, prepared.chain)
         if making is not None:
@@ -315,7 +315,7 @@ async def test_no_precompute_far_from_the_trigger() -> None:
     gateway, stub, r = stubbed()
     body = orjson.dumps({"model": "m", "messages": agent_messages(0)[:5], "tools": TOOLS})
     chat = parse_chat_request(body, 1000)
-    prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+    prepared = await gateway.engine.prepare(chat, r, "t", window=4096, headers=HEADERS)
     assert (
         await gateway.precompute.precompute(Job(chat, r, "t", HEADERS, 4096, prepared.chain)) == []
     )
@@ -361,7 +361,7 @@ async def test_summarize_old_is_precomputed_while_fifo_trims_after_it() -> None:
         body = orjson.dumps({"model": "m", "messages": chat_messages(turns), "max_tokens": 256})
         chat = parse_chat_request(body, 1000)
         before = len(stub.calls)
-        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        prepared = await gateway.engine.prepare(chat, r, "t", window=4096, headers=HEADERS)
         assert prepared.chain is not None
         if prepared.changed_steps:
             made_in_request += len(stub.calls) - before
@@ -376,14 +376,14 @@ async def test_summarize_old_is_precomputed_while_fifo_trims_after_it() -> None:
     await gateway.summaries.close()
 
 
-async def past_the_precompute_point(gateway: Gateway, r: Route) -> tuple[Any, Any]:
+async def past_the_precompute_point(gateway: Parts, r: Route) -> tuple[Any, Any]:
     """The first request of the agent session whose precomputation makes a summary."""
     for rounds in range(1, 30):
         body = orjson.dumps({"model": "m", "messages": agent_messages(rounds), "tools": TOOLS,
                              "max_tokens": 256})  # fmt: skip
         chat = parse_chat_request(body, 1000)
-        prepared = await gateway.pipeline.prepare(chat, r, "t", window=4096, headers=HEADERS)
-        dry = Gateway(parse_config(AGENT_CONFIG))  # asks a stub that records, on its own
+        prepared = await gateway.engine.prepare(chat, r, "t", window=4096, headers=HEADERS)
+        dry = parts(parse_config(AGENT_CONFIG))  # asks a stub that records, on its own
         dry.summaries.summarizer = Stub()  # type: ignore[assignment]
         dry_route = dry.router.resolve("m")
         assert dry_route is not None

@@ -22,7 +22,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.summaries.summarizer import APPEND_NOTE, SYSTEM_PROMPT
+from gateway.summaries.transcript import APPEND_NOTE, SYSTEM_PROMPT
 from tests.conftest import GatewayProcess, GatewayStarter, Starter, fake_upstream_process
 from tests.fake_upstream import FakeUpstream
 from tests.in_process import AppGateway, AppStarter, LocalUpstream

@@ -12,22 +12,23 @@ import orjson
 import pytest
 
 from gateway.config import SummariesConfig, parse_config
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from gateway.routing import Route, Router
-from gateway.summaries.summarizer import (
+from gateway.summaries.summarizer import Summarizer, SummarizerError
+from gateway.summaries.transcript import (
     APPEND_NOTE,
     APPEND_RETAIN_NOTE,
     COMBINE_NOTE,
     EXTEND_NOTE,
     SYSTEM_PROMPT,
-    Summarizer,
-    SummarizerError,
     chunk,
     cut_text,
     read_answer,
     render_message,
 )
 from gateway.upstream import UpstreamClient
+from gateway.upstream.failover import Balancer
+from gateway.upstream.retry import Sender
 from policies.summaries import SummaryRequest
 from tests.fake_upstream import FakeUpstream
 
@@ -162,7 +163,9 @@ def make(
 ) -> tuple[Summarizer, Route]:
     """A summariser on the fake upstream, and the route `main` it summarises for."""
     router = router_for(fake)
-    summarizer = Summarizer(upstream, router, metrics or Metrics(), SummariesConfig(**config))
+    metrics = metrics or Metrics()
+    sender = Sender(upstream, metrics, Balancer())
+    summarizer = Summarizer(sender, router, metrics, SummariesConfig(**config))
     route = router.resolve("main")
     assert route is not None
     return summarizer, route

@@ -1,4 +1,4 @@
-"""gateway.tokenizers: offline loading, the three spec kinds, errors, model -> encoding."""
+"""gateway.counting.tokenizers: offline loading, the three spec kinds, errors, model -> encoding."""
 
 from __future__ import annotations
 
@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway import tokenizers
-from gateway.tokenizers import (
+from gateway.counting import bpe
+from gateway.counting.bpe import bpe_cache_name, load_tiktoken_encoding
+from gateway.counting.tokenizers import (
     CharsTokenizer,
     HuggingFaceTokenizer,
     TiktokenTokenizer,
     Tokenizer,
     TokenizerError,
-    bpe_cache_name,
     default_tokenizer_spec,
-    load_tiktoken_encoding,
     load_tokenizer,
 )
 
@@ -46,10 +45,10 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 def fresh_caches() -> Iterator[None]:
     """Make load_tokenizer really load (and leave no test-specific tokenizer cached)."""
     load_tokenizer.cache_clear()
-    tokenizers._offline_constructors.cache_clear()
+    bpe._offline_constructors.cache_clear()
     yield
     load_tokenizer.cache_clear()
-    tokenizers._offline_constructors.cache_clear()
+    bpe._offline_constructors.cache_clear()
 
 
 # ---------------------------------------------------------------------------------- tiktoken
@@ -82,7 +81,7 @@ def test_loading_never_imports_litellm() -> None:
     """litellm is only the carrier of the BPE files: importing it would cost seconds."""
     code = (
         "import sys\n"
-        "from gateway.tokenizers import load_tokenizer\n"
+        "from gateway.counting.tokenizers import load_tokenizer\n"
         "assert load_tokenizer('tiktoken:cl100k_base').count('hello world') == 2\n"
         "assert 'litellm' not in sys.modules, 'litellm was imported'\n"
     )
@@ -104,14 +103,14 @@ def test_loaded_tokenizers_are_cached_per_spec() -> None:
 @pytest.mark.usefixtures("fresh_caches")
 def test_hash_mismatch_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / bpe_cache_name(O200K_URL)).write_bytes(b"aGVsbG8= 0\n")
-    monkeypatch.setattr(tokenizers, "bpe_search_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(bpe, "bpe_search_dirs", lambda: [tmp_path])
     with pytest.raises(TokenizerError, match="sha256"):
         load_tiktoken_encoding("o200k_base")
 
 
 @pytest.mark.usefixtures("fresh_caches")
 def test_missing_file_says_how_to_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tokenizers, "bpe_search_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(bpe, "bpe_search_dirs", lambda: [tmp_path])
     with pytest.raises(TokenizerError, match="TIKTOKEN_CACHE_DIR") as caught:
         load_tokenizer("tiktoken:cl100k_base")
     assert bpe_cache_name(O200K_URL.replace("o200k", "cl100k")) in str(caught.value)
@@ -119,7 +118,7 @@ def test_missing_file_says_how_to_fix(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_cache_names_match_tiktokens_and_the_shipped_files() -> None:
     assert bpe_cache_name(O200K_URL) == "fb374d419588a4632f3f557e76b4b70aebbca790"
-    shipped = tokenizers.bpe_search_dirs()[0]
+    shipped = bpe.bpe_search_dirs()[0]
     data = (shipped / "fb374d419588a4632f3f557e76b4b70aebbca790").read_bytes()
     assert hashlib.sha256(data).hexdigest().startswith("446a9538")
 
@@ -128,7 +127,7 @@ def test_a_preseeded_tiktoken_cache_dir_is_searched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
-    assert tokenizers.bpe_search_dirs()[-1] == tmp_path
+    assert bpe.bpe_search_dirs()[-1] == tmp_path
 
 
 def test_unknown_encoding() -> None:

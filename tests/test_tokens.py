@@ -1,4 +1,4 @@
-"""gateway.tokens: the chat format's counts, images, tool definitions and the count cache."""
+"""gateway.counting.tokens: the chat format's counts, images, tool definitions and the count cache."""
 
 from __future__ import annotations
 
@@ -13,18 +13,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.tokenizers import CharsTokenizer, Tokenizer, load_tokenizer
-from gateway.tokens import (
+from gateway.counting.cache import CountCache
+from gateway.counting.definitions import render_function_definitions
+from gateway.counting.images import (
     IMAGE_FLAT_TOKENS,
-    MEDIA_FLAT_TOKENS,
-    PRIMING_TOKENS,
-    TOOL_CALL_TOKENS,
-    CountCache,
-    MessageCounter,
     data_url_image_size,
     high_detail_image_tokens,
     image_tokens,
-    render_function_definitions,
+)
+from gateway.counting.tokenizers import CharsTokenizer, Tokenizer, load_tokenizer
+from gateway.counting.tokens import (
+    MEDIA_FLAT_TOKENS,
+    PRIMING_TOKENS,
+    TOOL_CALL_TOKENS,
+    MessageCounter,
 )
 
 Message = dict[str, Any]
@@ -649,7 +651,7 @@ def test_memory_stays_under_the_byte_bound_with_lru_eviction(o200k: Tokenizer) -
     for i in range(50):
         counter.message(_long_message(i))
         counter.message(_long_message(0))  # keep the first one recently used
-        assert cache.bytes <= cache.max_bytes
+        assert cache.held_bytes <= cache.max_bytes
     assert len(cache) == 10 and cache.evictions == 40
     hits = cache.hits
     counter.message(_long_message(0))
@@ -664,7 +666,7 @@ def test_cache_memory_is_at_most_twice_what_it_describes(o200k: Tokenizer) -> No
     sizes = [len(orjson.dumps(m, option=orjson.OPT_SORT_KEYS)) for m in messages]
     described = sum(size for size in sizes if size >= CountCache.MIN_DESCRIBED_BYTES)
     assert len(counter.cache) == sum(size >= CountCache.MIN_DESCRIBED_BYTES for size in sizes)
-    assert 0 < counter.cache.bytes <= 2 * described
+    assert 0 < counter.cache.held_bytes <= 2 * described
 
 
 def test_a_shared_cache_keeps_tokenizers_apart(o200k: Tokenizer, cl100k: Tokenizer) -> None:

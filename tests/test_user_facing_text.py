@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import build_parser
-from gateway.metrics import Metrics
+from gateway.ops.metrics import Metrics
 from tests.conftest import REPO_ROOT
 
 LABELS = re.compile(

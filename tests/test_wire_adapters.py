@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import parts
 from gateway.errors import InvalidRequestError
 from gateway.wire import MESSAGES, RESPONSES, wire_of
 from policies import build_policy, run_chain
@@ -175,12 +175,12 @@ async def test_a_growing_session_renders_as_when_each_kept_message_is_compared(
     rules. The pipeline tells the renderer which messages are unchanged by their uids."""
     wire = RESPONSES if "input" in body else MESSAGES
     key = "input" if wire is RESPONSES else "messages"
-    gw = Gateway(parse_config(_config(steps)))
+    gw = parts(parse_config(_config(steps)))
     route = gw.router.resolve("m")
     assert route is not None
     for turn in _turns(body, key):
         request = wire.parse(orjson.dumps(turn), 10_000)
-        prepared = await gw.pipeline.prepare(request, route, "t", window=WINDOW)
+        prepared = await gw.engine.prepare(request, route, "t", window=WINDOW)
         sent = orjson.loads(prepared.body)
         if prepared.chain is None or not prepared.chain.changed:
             continue

@@ -1,7 +1,7 @@
 """The pipeline on every wire API: the same budget, the same chain, each API's own fields.
 
-In process (a `Gateway` and its pipeline, no upstream call): what the plan endpoint and every
-real request compute before anything is sent.
+In process (the engine built on its own, `tests.parts`, no upstream call): what the plan
+endpoint and every real request compute before anything is sent.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import Parts, parts
 from gateway.errors import InvalidRequestError
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 
 WINDOW = 4000
 
 
-def gateway(**model: Any) -> Gateway:
+def gateway(**model: Any) -> Parts:
     config = {
         "models": [
             {
@@ -34,7 +34,7 @@ def gateway(**model: Any) -> Gateway:
             }
         ]
     }
-    return Gateway(parse_config(config))
+    return parts(parse_config(config))
 
 
 def bodies(turns: int, max_output: int) -> dict[str, dict[str, Any]]:
@@ -65,11 +65,11 @@ def bodies(turns: int, max_output: int) -> dict[str, dict[str, Any]]:
 WIRES = {"chat": CHAT, "responses": RESPONSES, "messages": MESSAGES}
 
 
-async def prepare(gw: Gateway, api: str, body: dict[str, Any]) -> Any:
+async def prepare(gw: Parts, api: str, body: dict[str, Any]) -> Any:
     route = gw.router.resolve("m")
     assert route is not None
     request = WIRES[api].parse(orjson.dumps(body), 10_000)
-    return await gw.pipeline.prepare(request, route, "t", window=gw.effective_window(route))
+    return await gw.engine.prepare(request, route, "t", window=gw.effective_window(route))
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))
@@ -174,7 +174,7 @@ async def test_a_conversations_late_counts_run_in_turn_and_count_only_what_is_ne
     for turn in range(4):
         body = {"model": "m", "messages": [*history, {"role": "user", "content": f"now {turn}"}]}
         request = CHAT.parse(orjson.dumps(body), 10_000)
-        p = await gw.pipeline.prepare(request, route, "t", window=1_000_000, count_late=True)
+        p = await gw.engine.prepare(request, route, "t", window=1_000_000, count_late=True)
         assert p.bounded and p.late is not None
         prepared.append((body, p))
     cache = route.counter.cache

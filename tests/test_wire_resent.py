@@ -17,10 +17,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import Gateway
 from gateway.config import parse_config
+from gateway.devtools.parts import Parts, parts
 from gateway.wire import MESSAGES
-from gateway.wire.request import WireRequest
+from gateway.wire.base import WireRequest
 from policies import Message
 from tests.configs import compacting
 from tests.resume_checks import resumed_as_fresh, same_messages
@@ -30,8 +30,8 @@ WINDOWS = (600, 1_200, 100_000)  # compacted (a held result on later turns), and
 EDITS = ("none", "text", "keys", "number", "extension", "reorder")
 
 
-def _gateway() -> Gateway:
-    return Gateway(parse_config(compacting()))
+def _gateway() -> Parts:
+    return parts(parse_config(compacting()))
 
 
 def _edited(messages: list[Any], edit: str, at: int, other: int) -> list[Any]:
@@ -103,7 +103,6 @@ async def test_a_resumed_parse_forwards_exactly_what_a_parse_from_scratch_does(
     """`in_order`: the requests hold ever more of the session, as an agent's turns do (held
     results are then resent); else any part of it, in any order."""
     memo, scratch = _gateway(), _gateway()
-    scratch.pipeline.ref_secret = memo.pipeline.ref_secret  # the same refs for masked outputs
     session = body["messages"]
     if in_order:
         requests = sorted(requests, key=lambda request: request[0])
@@ -136,7 +135,6 @@ async def test_an_agent_session_over_a_small_window_forwards_what_a_parse_from_s
     newest block, tool outputs masked by compaction events and resent in held results between
     them. Every forwarded body is the one a parse from scratch gives."""
     memo, scratch = _gateway(), _gateway()
-    scratch.pipeline.ref_secret = memo.pipeline.ref_secret
     route = memo.router.resolve("m")
     assert route is not None
     marker = {"type": "ephemeral"}
@@ -151,11 +149,11 @@ async def test_an_agent_session_over_a_small_window_forwards_what_a_parse_from_s
         marked = copy.deepcopy(messages)
         marked[-1]["content"][-1]["cache_control"] = marker
         sent = orjson.dumps({"model": "m", "max_tokens": 100, "system": system, "messages": marked})
-        expected = await scratch.pipeline.prepare(
+        expected = await scratch.engine.prepare(
             MESSAGES.parse(sent, 10_000), route, "a", window=2_000
         )
         resumed = memo.parse(MESSAGES, sent, "a")
-        forwarded = await memo.pipeline.prepare(resumed, route, "a", window=2_000)
+        forwarded = await memo.engine.prepare(resumed, route, "a", window=2_000)
         assert forwarded.body == expected.body
         events += expected.chain is not None and expected.chain.changed
     assert events > 10 and memo.resent.reused > 0  # compacted turns, parses resumed

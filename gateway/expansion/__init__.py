@@ -13,23 +13,23 @@ over the rounds, calls to its own tools removed. One dialect per wire API:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ..metrics import Metrics
-from ..retry import send_with_retries
+from ..ops.metrics import Metrics
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..upstream import UpstreamClient, UpstreamResponse
+from ..upstream.retry import send_with_retries
 from . import chat, messages, responses, whole
 from .chat import ChatExpansion
 from .rounds import Call, splice
 from .whole import Resolved
 
-__all__ = ["Expansion", "Resolved", "Rounds", "offer"]
+__all__ = ["Expansion", "Resolved", "Rounds", "Streamed", "offer"]
 
 DIALECTS = {"chat": chat, "responses": responses, "messages": messages}
 
@@ -52,6 +52,17 @@ class Rounds:
     @property
     def count(self) -> int:
         return self.done[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A streamed answer with the internal rounds resolved: the response it ends with (its
+    status may be an upstream's error, for a chat round that failed before anything was
+    relayed), what to relay of it, and the rounds (counted as the stream is relayed)."""
+
+    response: UpstreamResponse
+    chunks: AsyncIterator[bytes]
+    rounds: Rounds
 
 
 class Expansion:
@@ -103,6 +114,32 @@ class Expansion:
             self.cache.config.max_rounds,
         )
 
+    async def stream(
+        self,
+        api: str,
+        response: UpstreamResponse,
+        head: bytes,
+        sent: bytes,
+        route: Route,
+        url: str,
+        headers: Mapping[str, str],
+        tenant: str,
+        error_event: Callable[[str], bytes],
+    ) -> Streamed:
+        """A streamed answer whose internal calls the gateway answers: a chat stream is held
+        until it shows what it is (`chat.py`); a Responses or Messages stream is relayed with
+        the rounds spliced in as they come (`rounds.py`)."""
+        if api == "chat":
+            response, head, count = await self.chat.resolve_stream(
+                response, head, sent, route, url, headers, tenant
+            )
+            return Streamed(response, _chunks(head, response), Rounds([count]))
+        rounds = Rounds()
+        chunks = self.splice(
+            api, response, head, sent, route, url, headers, tenant, rounds, error_event
+        )
+        return Streamed(response, chunks, rounds)
+
     def splice(
         self,
         api: str,
@@ -144,3 +181,11 @@ class Expansion:
 
     def _count(self, route: Route) -> None:
         self.metrics.internal_tool_rounds.labels(self.metrics.model_label(route.name)).inc()
+
+
+async def _chunks(head: bytes, response: UpstreamResponse) -> AsyncIterator[bytes]:
+    """A stream's bytes: what was read of it already, then the rest as it arrives."""
+    if head:
+        yield head
+    async for chunk in response.chunks():
+        yield chunk

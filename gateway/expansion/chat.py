@@ -28,11 +28,11 @@ from typing import Any
 
 import orjson
 
-from ..metrics import Metrics
-from ..retry import send_with_retries
+from ..ops.metrics import Metrics
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..upstream import UpstreamClient, UpstreamResponse
+from ..upstream.retry import send_with_retries
 from .rounds import Call
 from .whole import Whole
 

@@ -8,7 +8,7 @@ resolves the signing key of refs the replicas share.
 
 from __future__ import annotations
 
-from ..metrics import Metrics
+from ..ops.metrics import Metrics
 from .base import Lock, Store, StoreError
 from .keys import conversation_key, conversation_tag
 from .memory import ENTRY_OVERHEAD, MemoryStore

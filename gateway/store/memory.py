@@ -32,7 +32,8 @@ class MemoryStore:
         self._locks: dict[str, tuple[str, float]] = {}
 
     @property
-    def bytes(self) -> int:
+    def held(self) -> int:
+        """Bytes held (keys, values and the bookkeeping per entry)."""
         return self._bytes
 
     def __len__(self) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
@@ -73,26 +73,43 @@ class RedisStore:
 
     def _connect(self) -> Client:
         url = self.url
-        timeouts = {
-            "socket_timeout": url.option_float("socket_timeout") or TIMEOUT_S,
-            "socket_connect_timeout": url.option_float("socket_connect_timeout")
-            or CONNECT_TIMEOUT_S,
-        }
+        timeout = url.option_float("socket_timeout") or TIMEOUT_S
+        connect_timeout = url.option_float("socket_connect_timeout") or CONNECT_TIMEOUT_S
         retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-        auth: dict[str, Any] = {"username": url.username, "password": url.password}
-        tls: dict[str, Any] = {"ssl": True} if url.tls else {}
-        if url.tls and "ssl_ca_certs" in url.options:
-            tls["ssl_ca_certs"] = url.options["ssl_ca_certs"]
+        ca_certs = url.options.get("ssl_ca_certs") if url.tls else None
         if url.kind == "sentinel":
-            watchers = {**timeouts, **tls, "password": url.options.get("sentinel_password")}
+            watchers: dict[str, Any] = {
+                "socket_timeout": timeout,
+                "socket_connect_timeout": connect_timeout,
+                "password": url.options.get("sentinel_password"),
+            }
+            if url.tls:
+                watchers.update(ssl=True, ssl_ca_certs=ca_certs)
             self._sentinel = Sentinels(list(url.hosts), sentinel_kwargs=watchers)
             assert url.service is not None
-            return self._sentinel.master_for(
-                url.service, db=url.db, retry=retry, **timeouts, **auth, **tls
+            tls: dict[str, Any] = {"ssl": True, "ssl_ca_certs": ca_certs} if url.tls else {}
+            master: Redis = self._sentinel.master_for(
+                url.service,
+                db=url.db,
+                retry=retry,
+                socket_timeout=timeout,
+                socket_connect_timeout=connect_timeout,
+                username=url.username,
+                password=url.password,
+                **tls,
             )
+            return master
         if url.kind == "cluster":
-            nodes = [ClusterNode(host, port) for host, port in url.hosts]
-            return RedisCluster(startup_nodes=nodes, retry=retry, **timeouts, **auth, **tls)
+            return RedisCluster(
+                startup_nodes=[ClusterNode(host, port) for host, port in url.hosts],
+                retry=retry,
+                socket_timeout=timeout,
+                socket_connect_timeout=connect_timeout,
+                username=url.username,
+                password=url.password,
+                ssl=url.tls,
+                ssl_ca_certs=ca_certs,
+            )
         options: dict[str, Any] = {"retry": retry}
         if url.option_float("socket_timeout") is None:
             options["socket_timeout"] = TIMEOUT_S
@@ -106,7 +123,7 @@ class RedisStore:
 
     async def get(self, key: str) -> bytes | None:
         with _mapped():
-            return await self._redis().get(PREFIX + key)
+            return _bytes(await self._redis().get(PREFIX + key))
 
     async def put(self, key: str, value: bytes, ttl_s: float | None) -> None:
         with _mapped():
@@ -115,19 +132,21 @@ class RedisStore:
     async def put_new(self, key: str, value: bytes, ttl_s: float | None) -> bytes | None:
         ttl = "" if ttl_s is None else str(_ms(ttl_s))
         with _mapped():
-            held = await self._redis().eval(_PUT_NEW, 1, PREFIX + key, value, ttl)  # type: ignore[misc]
-        return held if isinstance(held, bytes) else None
+            held = await self._redis().eval(_PUT_NEW, 1, PREFIX + key, value, ttl)
+        return _bytes(held)
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
         with _mapped():
             if not self._cluster:
-                return await self._redis().mget([PREFIX + key for key in keys])
-            async with self._redis().pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.get(PREFIX + key)
-                return list(await pipe.execute())
+                values = await self._redis().mget([PREFIX + key for key in keys])
+            else:
+                async with self._redis().pipeline(transaction=False) as pipe:
+                    for key in keys:
+                        pipe.get(PREFIX + key)
+                    values = await pipe.execute()
+        return [_bytes(value) for value in values]
 
     async def put_many(self, items: Sequence[tuple[str, bytes]], ttl_s: float | None) -> None:
         if not items:
@@ -147,7 +166,7 @@ class RedisStore:
                     if ttl_s is None:
                         pipe.exists(PREFIX + key)
                     else:
-                        pipe.pexpire(PREFIX + key, _ms(ttl_s))
+                        pipe.pexpire(PREFIX + key, max(1, int(ttl_s * 1000)))
                 results = await pipe.execute()
         return [bool(result) for result in results]
 
@@ -163,12 +182,12 @@ class RedisStore:
 
     async def release(self, lock: Lock) -> None:
         with _mapped():
-            await self._redis().eval(_RELEASE, 1, PREFIX + lock.key, lock.token)  # type: ignore[misc]
+            await self._redis().eval(_RELEASE, 1, PREFIX + lock.key, lock.token)
 
     async def incr(self, key: str, ttl_s: float | None) -> int:
         ttl = "" if ttl_s is None else str(_ms(ttl_s))
         with _mapped():
-            value = await self._redis().eval(_INCR, 1, PREFIX + key, ttl)  # type: ignore[misc]
+            value = await self._redis().eval(_INCR, 1, PREFIX + key, ttl)
         return int(value)
 
     async def ping(self) -> None:
@@ -188,10 +207,12 @@ class RedisStore:
         demoted by `SENTINEL FAILOVER` takes writes until the sentinels reconfigure it (up to
         their failover timeout): writes sent there would be lost, so they stop within a check."""
         client = self._client
-        if self.url.kind != "sentinel" or client is None:
+        if not isinstance(client, Redis):
             return
-        with _mapped():
-            await client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        pool = client.connection_pool
+        if isinstance(pool, SentinelConnectionPool):
+            with _mapped():
+                await pool.get_master_address()
 
     async def reset(self) -> None:
         """Close the client; the next call makes a new one (new connections, and for Sentinel
@@ -219,6 +240,11 @@ class Sentinels(Sentinel):
         if "failover_in_progress" in str(state.get("flags", "")).split(","):
             return False
         return bool(super().check_master_state(state, service_name))
+
+
+def _bytes(value: object) -> bytes | None:
+    """A value as read back: bytes (the client never decodes), or None for a missing key."""
+    return value if isinstance(value, bytes) else None
 
 
 def _ms(ttl_s: float | None) -> int | None:

@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..metrics import Metrics
+from ..ops.metrics import Metrics
 from .base import Lock, Store, StoreError
 
 log = logging.getLogger("compactgate.store")

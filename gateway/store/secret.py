@@ -7,8 +7,8 @@ one replica verifies on another. The rule this module keeps, in order:
 1. `tool_outputs.ref_secret`, when configured, is the key; the store is not asked.
 2. A memory store: a key made for this process.
 3. A shared store: the key held at `compactgate:ref-secret`, set once with set-if-absent, so the
-   first replica to start chooses it and every later one reads it. Resolved when the gateway
-   is built, before anything that signs: a store still away after `STARTUP_WAIT_S` leaves this
+   first replica to start chooses it and every later one reads it. Resolved at start-up,
+   before anything that signs is built: a store still away after `STARTUP_WAIT_S` leaves this
    process with a key of its own, and a warning.
 
 While the gateway runs, the store is checked every few seconds (`SafeStore.watch`): a key
@@ -25,13 +25,11 @@ import asyncio
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..metrics import Metrics
+from ..ops.metrics import Metrics
 from .base import Store, StoreError
-from .redis import RedisStore
 from .safe import SafeStore
 from .urls import StoreUrl, parse_store_url
 
@@ -53,45 +51,41 @@ class SigningKey:
     source: Source
 
 
-def signing_key(
+async def signing_key(
     configured: str | None, store_url: str | StoreUrl, store: SafeStore, metrics: Metrics
 ) -> SigningKey:
     """The signing key for this process (see the module's rules); for a shared store, also
-    sets the check that keeps it in the store while the process runs."""
+    sets the check that keeps it in the store while the process runs. Run in the event loop
+    that will serve (the store connects from it)."""
     url = store_url if isinstance(store_url, StoreUrl) else parse_store_url(store_url)
     if configured:
         return SigningKey(configured.encode(), "configured")
     if not url.shared:
         return SigningKey(os.urandom(32), "process")
-    with ThreadPoolExecutor(1, thread_name_prefix="signing-key") as pool:
-        key = pool.submit(asyncio.run, _shared(url)).result()
+    key = await _shared(url, store.backend)
     store.watch(KeyCheck(key, metrics))
     return key
 
 
-async def _shared(url: StoreUrl) -> SigningKey:
-    """Read or create the shared key through a client of its own (this thread's event loop)."""
+async def _shared(url: StoreUrl, backend: Store) -> SigningKey:
+    """Read or create the shared key, trying for up to `STARTUP_WAIT_S`."""
     own = os.urandom(32).hex().encode()
-    backend = RedisStore(url)
     deadline = time.monotonic() + STARTUP_WAIT_S
-    try:
-        while True:
-            try:
-                held = await backend.put_new(KEY, own, None)
-            except StoreError as error:
-                if time.monotonic() + RETRY_S >= deadline:
-                    log.warning(
-                        "store %s unreachable at start-up (%s): this process signs refs with a "
-                        "key of its own until it can share one",
-                        url.masked,
-                        error,
-                    )
-                    return SigningKey(own, "process")
-                await asyncio.sleep(RETRY_S)
-                continue
-            return SigningKey(own, "created") if held is None else SigningKey(held, "store")
-    finally:
-        await backend.close()
+    while True:
+        try:
+            held = await backend.put_new(KEY, own, None)
+        except StoreError as error:
+            if time.monotonic() + RETRY_S >= deadline:
+                log.warning(
+                    "store %s unreachable at start-up (%s): this process signs refs with a key "
+                    "of its own until it can share one",
+                    url.masked,
+                    error,
+                )
+                return SigningKey(own, "process")
+            await asyncio.sleep(RETRY_S)
+            continue
+        return SigningKey(own, "created") if held is None else SigningKey(held, "store")
 
 
 class KeyCheck:

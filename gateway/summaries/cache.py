@@ -18,7 +18,7 @@ import orjson
 
 from policies.summaries import SummaryAnswer
 
-from ..sized_lru import SizedLru
+from ..counting.sized_lru import SizedLru
 
 ANSWER_OVERHEAD = 200  # bytes of bookkeeping per locally kept answer
 

@@ -236,9 +236,9 @@ class Precompute:
     async def precompute(self, job: Job) -> list[SummaryRequest]:
         """Predict and compute; returns the requests it computed (for tests and the benchmark)."""
         route, request = job.route, job.request
-        conversation = job.conversation or await asyncio.to_thread(
-            self.runner.conversation, request, route
-        )
+        conversation = job.conversation
+        if conversation is None:
+            conversation = await asyncio.to_thread(self.runner.conversation, request, route)
         budget = self.runner.request_budget(request, route, job.window)
         if budget is None or budget.limit <= 0 or not conversation.messages:
             return []

@@ -25,14 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from policies.memo import Memo
 from policies.summaries import FAILED, MISSING, SummaryAnswer, SummaryRequest
 
 from ..config import SummariesConfig
-from ..metrics import Metrics
+from ..ops.metrics import Metrics
 from ..routing import Route
 from ..store import SafeStore
 from .cache import LocalAnswers, decode, encode, store_key
@@ -275,8 +276,8 @@ class SummaryService:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_log_crash)
 
-    def spawn(self, coroutine: object, name: str) -> asyncio.Task[object]:
-        task = asyncio.get_running_loop().create_task(coroutine, name=name)  # type: ignore[arg-type]
+    def spawn(self, coroutine: Coroutine[Any, Any, object], name: str) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.get_running_loop().create_task(coroutine, name=name)
         self._track(task)
         return task
 

@@ -32,71 +32,49 @@ caller turns it into a `failed` answer that is never cached (design D7.4).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
-from policies.conversation import content_text
 from policies.summaries import SummaryAnswer, SummaryRequest
 
 from ..config import SummariesConfig
-from ..context_errors import classify
 from ..errors import GatewayError
-from ..failover import Balancer, Destination
-from ..metrics import Metrics
-from ..retry import send_balanced
+from ..ops.metrics import Metrics
 from ..routing import Route, Router
-from ..upstream import UpstreamClient, forward_headers
+from ..upstream import forward_headers
+from ..upstream.failover import Destination
+from ..upstream.retry import Sender
 from ..wire import WIRES, Wire
-from ..wire.base import Usage
+from ..wire.context_errors import classify
+from ..wire.usage import Usage
+from .transcript import (
+    APPEND_NOTE,
+    APPEND_RETAIN_NOTE,
+    COMBINE_NOTE,
+    EXTEND_NOTE,
+    LENGTH_NOTE,
+    PART_NOTE,
+    PREVIOUS_LABEL,
+    SYSTEM_PROMPT,
+    as_part,
+    chunk,
+    cut_text,
+    read_answer,
+    render_message,
+)
 
 # What of the client's headers a summary call carries: its credential, nothing else.
 CREDENTIAL_HEADERS = frozenset(
     {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
 )
 
-SYSTEM_PROMPT = (
-    "You condense conversations so that the work can continue from your summary alone. Follow "
-    "the instructions at the end of the user's message exactly, and write in the language the "
-    "conversation is written in. Quote word for word every instruction, prohibition, constraint, "
-    "decision, preference, goal and correction the user stated, and every concrete fact (numbers "
-    "with units, names, paths, identifiers, dates): the work must still follow them."
-)
-EXTEND_NOTE = (
-    "A summary of the conversation before these messages is given above. Return that summary "
-    "extended with the new messages: keep what it says unless the new messages change it, and "
-    "return the complete updated summary, not only the additions."
-)
-APPEND_NOTE = (
-    "A summary of the conversation before these messages is given above, as context only. "
-    "Summarise only the new messages: do not restate or repeat what the summary above says. "
-    "Your summary will be appended to it, so it may refer to what the summary above says."
-)
-APPEND_RETAIN_NOTE = (
-    "The <retain> section replaces the earlier one: list everything still needed word for word "
-    "from the whole conversation, including what the summary above mentions."
-)
-PART_NOTE = "This is part {part} of {parts} of a longer conversation; summarise this part only."
-COMBINE_NOTE = (
-    "These are summaries of consecutive parts of one conversation, oldest first. Combine them "
-    "into one summary of the whole conversation."
-)
-PREVIOUS_LABEL = "Summary of the conversation so far:"
-LENGTH_NOTE = "Keep the summary under about {tokens} tokens."
-CUT_NOTE = "\n[... {chars} characters cut ...]\n"
-
 MARGIN_TOKENS = 64  # chat-format overhead and estimate error, on top of the prompt's own count
 MIN_CHUNK_TOKENS = 256
 MAX_DEPTH = 4  # combining rounds before giving up
 MAP_CONCURRENCY = 4
-
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S | re.I)
-_SUMMARY = re.compile(r"<summary>(.*?)(?:</summary>|$)", re.S | re.I)
-_RETAIN = re.compile(r"<retain>(.*?)(?:</retain>|$)", re.S | re.I)
 
 
 class SummarizerError(Exception):
@@ -124,79 +102,6 @@ class Target:
     wire: Wire  # the API the call is made in
 
 
-# -- transcript ---------------------------------------------------------------------------------
-
-
-def render_message(message: Mapping[str, Any]) -> str:
-    """One message as transcript text: a role line, then its text, tool calls and results."""
-    role = str(message.get("role", "?"))
-    name = message.get("name")
-    label = f"{role} ({name})" if isinstance(name, str) and name else role
-    if role == "tool" and isinstance(message.get("tool_call_id"), str):
-        label = f"tool result for {message['tool_call_id']}"
-    lines = [f"[{label}]"]
-    text = content_text(message.get("content"))
-    if text:
-        lines.append(text)
-    content = message.get("content")
-    if isinstance(content, list):
-        others = [
-            p.get("type") for p in content if isinstance(p, Mapping) and p.get("type") != "text"
-        ]
-        lines.extend(f"[{kind} attached]" for kind in others)
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, Mapping) else None
-        if isinstance(function, Mapping):
-            call_id = call.get("id", "")
-            lines.append(
-                f"-> calls {function.get('name')} ({call_id}): {function.get('arguments', '')}"
-            )
-    function_call = message.get("function_call")
-    if isinstance(function_call, Mapping):
-        lines.append(f"-> calls {function_call.get('name')}: {function_call.get('arguments', '')}")
-    return "\n".join(lines)
-
-
-def cut_text(text: str, tokens: int, wanted: int) -> str:
-    """`text` (of `tokens` tokens) shortened to about `wanted` tokens: its head and its tail."""
-    if tokens <= wanted or not text:
-        return text
-    keep = max(1, int(len(text) * wanted / tokens * 0.9))
-    head = keep * 2 // 3
-    tail = keep - head
-    return text[:head] + CUT_NOTE.format(chars=len(text) - keep) + text[len(text) - tail :]
-
-
-def chunk(pieces: Sequence[str], sizes: Sequence[int], budget: int) -> list[list[str]]:
-    """Greedy runs of `pieces` of at most `budget` tokens (a lone piece may be over; cut first)."""
-    chunks: list[list[str]] = []
-    current: list[str] = []
-    total = 0
-    for piece, size in zip(pieces, sizes, strict=True):
-        if current and total + size > budget:
-            chunks.append(current)
-            current, total = [], 0
-        current.append(piece)
-        total += size
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-def read_answer(text: str, want_retain: bool) -> SummaryAnswer:
-    """Split a summariser's reply into summary and retain sections."""
-    text = _THINK.sub("", text).strip()
-    retain = ""
-    if want_retain:
-        found = _RETAIN.search(text)
-        if found:
-            retain = found.group(1).strip()
-            text = (text[: found.start()] + text[found.end() :]).strip()
-    found = _SUMMARY.search(text)
-    summary = found.group(1).strip() if found else text.strip()
-    return SummaryAnswer.ready(summary, retain)
-
-
 # -- the summariser -----------------------------------------------------------------------------
 
 
@@ -205,17 +110,15 @@ class Summarizer:
 
     def __init__(
         self,
-        upstream: UpstreamClient,
+        sender: Sender,
         router: Router,
         metrics: Metrics,
         config: SummariesConfig,
         window_of: Callable[[Route], int | None] | None = None,
         on_usage: Callable[[Route, Usage], None] | None = None,
-        balancer: Balancer | None = None,
     ) -> None:
         self._on_usage = on_usage  # the gateway's own spend (cost accounting)
-        self._balancer = balancer
-        self._upstream = upstream
+        self._sender = sender
         self._router = router
         self._metrics = metrics
         self._config = config
@@ -333,7 +236,7 @@ class Summarizer:
             async with limit:
                 note = PART_NOTE.format(part=index + 1, parts=len(chunks))
                 answer = await self._call(request, target, part, None, note=note)
-            return _as_part(answer)
+            return as_part(answer)
 
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(one(i, c)) for i, c in enumerate(chunks)]
@@ -362,7 +265,7 @@ class Summarizer:
             answers = await asyncio.gather(
                 *(self._call(request, target, g, None, combine=True) for g in groups)
             )
-            parts = [_as_part(a) for a in answers]
+            parts = [as_part(a) for a in answers]
         raise SummarizerError("the partial summaries do not fit the summary model's window")
 
     # -- one upstream call ------------------------------------------------------------------------
@@ -447,9 +350,7 @@ class Summarizer:
     async def _send(self, target: Target, body: bytes) -> str:
         route = target.route
         try:
-            response, _ = await send_balanced(
-                self._upstream, route, target.destinations, body, self._metrics, self._balancer
-            )
+            response, _ = await self._sender.send(route, target.destinations, body)
             try:
                 data = await response.read()
             finally:
@@ -485,9 +386,3 @@ class Summarizer:
     def _out_tokens(self, request: SummaryRequest) -> int:
         sections = 2 if request.retain_instructions is not None else 1
         return max(64, int(request.max_tokens * sections * 1.25))
-
-
-def _as_part(answer: SummaryAnswer) -> str:
-    if answer.retain:
-        return f"<retain>\n{answer.retain}\n</retain>\n<summary>\n{answer.text}\n</summary>"
-    return answer.text

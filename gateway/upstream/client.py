@@ -17,6 +17,8 @@ from .in_process import InProcessTransport, ServerFactory
 from .litellm import LitellmTransport
 from .transport import Provider, Timeouts, Transport, UpstreamResponse
 
+_OPENAI_ONLY: tuple[Provider, ...] = ("openai",)
+
 
 class UpstreamClient:
     """The transports of every provider, started for those the config declares. `in_process`:
@@ -25,7 +27,7 @@ class UpstreamClient:
     def __init__(
         self,
         server: ServerConfig,
-        providers: Collection[Provider] = ("openai",),
+        providers: Collection[Provider] = _OPENAI_ONLY,
         in_process: Mapping[str, ServerFactory] | None = None,
     ) -> None:
         self.timeouts = Timeouts.from_config(server)

@@ -9,7 +9,7 @@ leave it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote, unquote_to_bytes
 
 from ..errors import InvalidRequestError
@@ -64,7 +64,7 @@ def forward_headers(
     return out
 
 
-def connection_listed(headers: list[tuple[bytes, bytes]]) -> frozenset[str]:
+def connection_listed(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[str]:
     """Header names a `Connection` header declares hop-by-hop (RFC 9110 §7.6.1)."""
     names: set[str] = set()
     for raw_name, raw_value in headers:

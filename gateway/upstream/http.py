@@ -12,6 +12,7 @@ each configurable; the whole of a non-streaming call is bounded by `upstream_tim
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
+from typing import Literal
 
 import aiohttp
 
@@ -124,7 +125,7 @@ class _Mapped:
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: object
-    ) -> bool:
+    ) -> Literal[False]:
         if error is None or isinstance(error, GatewayError):
             return False
         if isinstance(error, TimeoutError):

@@ -38,8 +38,11 @@ class Timeouts:
 class UpstreamResponse(Protocol):
     """An upstream answer whose headers have arrived; the body is read or streamed on demand."""
 
-    status: int
-    headers: Mapping[str, str]
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
     def relay_headers(self) -> list[tuple[bytes, bytes]]:
         """Response headers safe to pass on to the client."""

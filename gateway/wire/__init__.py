@@ -11,11 +11,12 @@ the result back; see `base.Wire` for everything an adapter answers for.
 import orjson
 
 from ..errors import InvalidRequestError
-from .base import Usage, UsageTap, Wire
+from .base import Wire, WireRequest
 from .chat import CHAT, parse_chat_request
+from .fields import Marks
 from .messages import COUNT_TOKENS, MESSAGES
-from .request import Marks, WireRequest
 from .responses import RESPONSES
+from .usage import Usage, UsageTap
 
 WIRES: dict[str, Wire] = {wire.name: wire for wire in (CHAT, RESPONSES, MESSAGES)}
 ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking"})

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .base import Usage
+from .usage import Usage
 
 
 def answer(api: str, text: str, model: str, usage: Usage, stream: bool) -> tuple[bytes, bytes]:
@@ -98,7 +98,7 @@ def _responses_events(text: str, model: str, usage: Usage) -> Iterator[bytes]:
     shell = {**body, "status": "in_progress", "output": [], "usage": None}
     where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
     part = {"type": "output_text", "text": "", "annotations": []}
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": shell},
         {"type": "response.in_progress", "response": shell},
         {
@@ -144,7 +144,7 @@ def _messages_events(text: str, model: str, usage: Usage) -> Iterator[bytes]:
         "stop_reason": None,
         "usage": {**body["usage"], "output_tokens": 0},
     }
-    events = [
+    events: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"type": "message_start", "message": start}),
         (
             "content_block_start",
@@ -186,7 +186,7 @@ def compaction(item: dict[str, Any], model: str, stream: bool) -> tuple[bytes, b
     if not stream:
         return b"application/json", orjson.dumps(body)
     shell = {**body, "status": "in_progress", "output": [], "usage": None}
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": shell},
         {"type": "response.in_progress", "response": shell},
         {"type": "response.output_item.added", "output_index": 0, "item": item},

@@ -1,95 +1,45 @@
-"""What a wire adapter does for the request path, and what every adapter shares.
+"""What a wire adapter does for the request path, and the request it hands it.
 
 An adapter owns one client API end to end: it parses a body into the canonical conversation
 (`WireRequest`), renders a compacted conversation back (untouched items exactly as sent), counts
 what is not a message (tool definitions), shapes the gateway's own errors the way that API's
 clients parse them, recognises a stream that opens with a context-window error, and reads the
-usage the upstream reports. The request path in `app.py` never looks inside a body itself.
+usage the upstream reports. The request path never looks inside a body itself.
+
+The policies work on one canonical conversation: OpenAI-chat-shaped message dicts (`role`,
+`content`, `tool_calls`, `tool_call_id`). Each adapter parses its API's body into that form and
+keeps, in `layout`, where every canonical message came from, so that it can render the
+compacted conversation back into its own API with every untouched item exactly as it was sent.
+Fields the adapter does not own stay in `payload` and are forwarded as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from ..context_errors import ContextError, classify
 from ..errors import GatewayError
-from .request import WireRequest
+from .context_errors import ContextError, classify
+from .fields import Marks
+from .usage import Usage, UsageTap, json_or_none, sse_events
 
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
     from .resent import ResentScope
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What the upstream billed for one response, in one convention for every API.
-
-    `input` is every prompt token, cached or not (OpenAI's `prompt_tokens`/`input_tokens`;
-    Anthropic's `input_tokens` + cache reads + cache writes). The cache tiers are parts of it.
-    """
-
-    input: int
-    output: int = 0
-    cache_read: int = 0
-    cache_write_5m: int = 0
-    cache_write_1h: int = 0
-    reasoning: int = 0  # part of `output`
-
-
-def sse_events(data: bytes) -> Iterator[tuple[bytes, bytes]]:
-    """(event name, data) of each complete SSE event in `data`; the name is b'' when absent."""
-    for block in data.replace(b"\r\n", b"\n").split(b"\n\n"):
-        name = b""
-        lines: list[bytes] = []
-        for line in block.split(b"\n"):
-            if line.startswith(b"event:"):
-                name = line[6:].strip()
-            elif line.startswith(b"data:"):
-                lines.append(line[5:].lstrip(b" "))
-        if lines:
-            yield name, b"\n".join(lines)
-
-
-def json_or_none(data: bytes) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None
-
-
-class UsageTap:
-    """Watches a relayed stream for the usage it reports (bytes pass through untouched)."""
-
-    def __init__(self, wire: Wire) -> None:
-        self._wire = wire
-        self._pending = b""
-        self.usage: Usage | None = None
-
-    def feed(self, chunk: bytes) -> None:
-        data = self._pending + chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return
-        complete, self._pending = data[: end + 2], data[end + 2 :]
-        if b"usage" not in complete:
-            return
-        for name, event in sse_events(complete):
-            found = self._wire.stream_usage(name, event, self.usage)
-            if found is not None:
-                self.usage = found
 
 
 class Wire:
     """The base adapter: what differs per API is overridden, the rest is shared."""
 
     name: ClassVar[str]
+    # A stream reports its usage only when the client asks (`stream_options.include_usage`):
+    # the gateway may ask for it on the client's behalf (`server.stream_usage: inject`).
+    asks_stream_usage: ClassVar[bool] = False
     upstream_path: ClassVar[str]  # appended to the upstream's base_url
 
     def parse(
@@ -186,23 +136,67 @@ class Wire:
         return {"authorization": f"Bearer {api_key}"}
 
 
-def number(value: Any) -> int:
-    """A usage field as an int (0 when absent or not a number)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+@dataclass(frozen=True, slots=True)
+class WireRequest:
+    """A validated request of one wire API, with its canonical conversation."""
+
+    wire: Wire  # the adapter that parsed it, and renders it back
+    body: bytes  # exactly as received
+    payload: dict[str, Any]  # the parsed body, as sent
+    model: str
+    stream: bool
+    messages: list[dict[str, Any]]  # canonical messages, our extension stripped
+    marks: list[Marks]
+    has_extension: bool
+    max_output: int | None  # the output limit the client asked for
+    include_usage: bool = True  # chat: stream_options.include_usage; always for the others
+    layout: Any = None  # the adapter's map from canonical messages back to its items
+    # The history lives upstream (`previous_response_id`, `conversation`): the gateway sees
+    # only the new items and forwards the request as it is.
+    stateful: bool = False
+
+    @property
+    def api(self) -> str:
+        return self.wire.name
+
+    def with_max_output(self, value: int) -> WireRequest:
+        """The same request asking for at most `value` output tokens (clamp_max_tokens)."""
+        key = self.wire.max_output_field(self.payload)
+        payload = {**self.payload, key: value}
+        return replace(self, payload=payload, body=orjson.dumps(payload), max_output=value)
+
+    def forward_payload(
+        self,
+        messages: Sequence[Message] | None,
+        model: str | None,
+        inject_usage: bool = False,
+        uids: Sequence[int | None] = (),
+    ) -> dict[str, Any]:
+        """The payload to forward: the client's, with the compacted conversation (None: the
+        client's own) and the upstream's model name when given. `uids`: those the prefix memo
+        gave the client's messages, when known (see `unchanged`)."""
+        return self.wire.render(self, messages, model, inject_usage, uids)
 
 
-def openai_usage(usage: object, input_key: str, output_key: str) -> Usage | None:
-    """OpenAI's usage object, under Chat Completions' or the Responses API's names for the two
-    counts: cached tokens are a subset of the input, reasoning tokens of the output."""
-    if not isinstance(usage, dict) or input_key not in usage:
-        return None
-    details = usage.get(f"{input_key}_details")
-    output_details = usage.get(f"{output_key}_details")
-    return Usage(
-        input=number(usage.get(input_key)),
-        output=number(usage.get(output_key)),
-        cache_read=number(details.get("cached_tokens")) if isinstance(details, dict) else 0,
-        reasoning=number(output_details.get("reasoning_tokens"))
-        if isinstance(output_details, dict)
-        else 0,
-    )
+def unchanged(
+    messages: Sequence[Message], originals: Sequence[Any], uids: Sequence[int | None]
+) -> list[bool]:
+    """For each of `messages`, whether it is the client's message it came from (`originals`,
+    by `origin`), as sent; False for a message a step made.
+
+    Equal uids mean equal data (`gateway.counting.prefix`), and a step that changes a message
+    drops its uid: a kept message whose uid is the client message's own is known unchanged without
+    comparing the two (a held result's messages are the previous request's equal objects, and
+    comparing a long agent history costs as much as rendering it).
+    """
+    if len(uids) != len(originals):
+        uids = [None] * len(originals)
+    return [
+        m.origin >= 0
+        and (
+            m.data is originals[m.origin]
+            or (m.uid is not None and m.uid == uids[m.origin])
+            or m.data == originals[m.origin]
+        )
+        for m in messages
+    ]

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .base import Usage, Wire, openai_usage
-from .request import (
+from .base import Wire, WireRequest
+from .fields import (
     EXTENSION,
     NO_MARKS,
     Marks,
-    WireRequest,
     check_tools,
     load_object,
     read_marks,
@@ -30,12 +29,13 @@ from .request import (
     read_positive,
     read_stream,
 )
+from .usage import Usage, openai_usage
 from .validated import ValidatedMessages
 
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
     from .resent import ResentScope
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -44,6 +44,7 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 class ChatWire(Wire):
     name = "chat"
     upstream_path = "/chat/completions"
+    asks_stream_usage = True
 
     def __init__(self, validated: ValidatedMessages | None = None) -> None:
         self._validated = validated  # a resent history's messages are not checked again

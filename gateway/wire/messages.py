@@ -40,24 +40,17 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..errors import GatewayError, InvalidRequestError
-from .base import Usage, Wire, json_or_none, number, sse_events
+from .base import Wire, WireRequest
+from .fields import check_count, check_tools, load_object, read_model, read_positive, read_stream
 from .messages_parse import Builder, Layout
 from .messages_render import Renderer
-from .request import (
-    WireRequest,
-    check_count,
-    check_tools,
-    load_object,
-    read_model,
-    read_positive,
-    read_stream,
-)
+from .usage import Usage, json_or_none, number, sse_events
 
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..context_errors import ContextError
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
+    from .context_errors import ContextError
     from .resent import ResentScope
 
 DEFAULT_MAX_TOKENS = 4096  # the gateway's own calls, when no limit is configured

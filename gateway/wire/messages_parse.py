@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from ..errors import InvalidRequestError
-from .request import EXTENSION, NO_MARKS, Marks, read_marks
+from .fields import EXTENSION, NO_MARKS, Marks, read_marks
 
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`

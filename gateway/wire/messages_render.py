@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from policies.conversation import content_text
 
+from .base import WireRequest, unchanged
 from .messages_parse import SYSTEM, Layout
-from .request import WireRequest, unchanged
 
 if TYPE_CHECKING:
     from policies import Message

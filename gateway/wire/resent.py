@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from ..opening_sessions import OpeningSessions, continues, same_objects
-from ..prefix import equal_prefix
+from ..counting.openings import OpeningSessions, continues, same_objects
+from ..counting.prefix import equal_prefix
 from .resumed import ResumedBodies
 
 MAX_CONVERSATIONS = 512

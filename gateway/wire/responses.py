@@ -33,25 +33,17 @@ import orjson
 
 from policies.conversation import content_text
 
-from ..context_errors import ContextError, classify
 from ..errors import InvalidRequestError
-from .base import Usage, Wire, json_or_none, openai_usage, sse_events
-from .request import (
-    WireRequest,
-    check_count,
-    check_tools,
-    load_object,
-    read_model,
-    read_positive,
-    read_stream,
-    unchanged,
-)
+from .base import Wire, WireRequest, unchanged
+from .context_errors import ContextError, classify
+from .fields import check_count, check_tools, load_object, read_model, read_positive, read_stream
 from .responses_parse import INSTRUCTIONS, Builder, Layout
+from .usage import Usage, json_or_none, openai_usage, sse_events
 
 if TYPE_CHECKING:
     from policies import Message
 
-    from ..tokens import MessageCounter
+    from ..counting.tokens import MessageCounter
     from .resent import ResentScope
 
 PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})

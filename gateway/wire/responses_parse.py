@@ -15,7 +15,7 @@ import orjson
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .request import EXTENSION, NO_MARKS, Marks, read_marks
+from .fields import EXTENSION, NO_MARKS, Marks, read_marks
 
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 INSTRUCTIONS = -1  # layout entry of the canonical message made from `instructions`

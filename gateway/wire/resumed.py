@@ -31,8 +31,8 @@ from typing import Any
 
 import orjson
 
-from ..sized_lru import SizedLru
-from .request import load_object
+from ..counting.sized_lru import SizedLru
+from .fields import load_object
 
 MAX_KEYS = 512
 MAX_BYTES = 64 * 1024 * 1024

@@ -26,9 +26,9 @@ from typing import Any
 
 import orjson
 
-from ..opening import OpeningKey
-from ..opening_sessions import OpeningSessions, continues
-from ..prefix import equal_prefix
+from ..counting.opening import OpeningKey
+from ..counting.openings import OpeningSessions, continues
+from ..counting.prefix import equal_prefix
 
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 64 * 1024 * 1024

@@ -137,7 +137,7 @@ class ContentTypeChunking:
         if found is None:
             found = (self._compressed_text(message, memo, known),)
             memo.put(key, found, len(found[0][0]) if found[0] else 0)
-        return found[0]  # type: ignore[index,no-any-return]
+        return found[0]  # type: ignore[index]
 
     def _compressed_text(
         self, message: Message, memo: Memo, known: _Known
