@@ -116,12 +116,35 @@ class SentinelSet:
         return int(port)
 
     def failover(self, timeout: float = 30.0) -> int:
-        """SENTINEL FAILOVER, and wait until a replica has taken over and every sentinel names
-        it; returns the new master's port."""
+        """SENTINEL FAILOVER once every replica has what the master has, and wait until a
+        replica has taken over and every sentinel names it; returns the new master's port."""
+        self.wait_settled(timeout)  # a sentinel refuses while an earlier failover goes on
+        self.wait_replicated()  # nothing written before is lost to the promotion
         old = self.master_port()
-        with self.sentinel() as client:
-            client.execute_command("SENTINEL", "FAILOVER", self.service)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with self.sentinel() as client:
+                    client.execute_command("SENTINEL", "FAILOVER", self.service)
+                break
+            except redis.ResponseError as refused:  # NOGOODSLAVE: the replicas' state is not
+                assert time.monotonic() < deadline, str(refused)  # fresh yet after a change
+                time.sleep(0.2)
         return self.wait_for_new_master(old, timeout)
+
+    def wait_settled(self, timeout: float) -> None:
+        """Until no live sentinel is carrying out a failover."""
+        deadline = time.monotonic() + timeout
+        while True:
+            flags = set()
+            for port, process in self.sentinels.items():
+                if process.popen.poll() is None:
+                    with redis.Redis(port=port, decode_responses=True) as client:
+                        flags |= set(client.sentinel_master(self.service)["flags"].split(","))
+            if "failover_in_progress" not in flags:
+                return
+            assert time.monotonic() < deadline, f"a failover still in progress after {timeout} s"
+            time.sleep(0.1)
 
     def wait_for_new_master(self, old: int, timeout: float) -> int:
         """Until every live sentinel names the same new master, and it says it is one."""
@@ -139,16 +162,18 @@ class SentinelSet:
         raise AssertionError(f"no new master within {timeout} s")
 
     def wait_replicated(self) -> None:
-        """Block until every live replica has applied all the master has (their replication
-        offsets reach the master's), so a failover loses nothing written before."""
-        live = [p for p, r in self.servers.items() if r.popen.poll() is None]
+        """Block until every live server but the master replicates from it, in sync, and has
+        applied all the master has (so a failover loses nothing written before)."""
         deadline = time.monotonic() + 20  # a demoted master may still be joining the new one
         while True:
-            offsets = {port: _offset(port) for port in live}
-            master = offsets.pop(self.master_port())
-            if len(offsets) == len(live) - 1 and all(o >= master for o in offsets.values()):
+            master = self.master_port()
+            live = [p for p, r in self.servers.items() if r.popen.poll() is None and p != master]
+            with redis.Redis(port=master, decode_responses=True) as client:
+                sent = int(client.info("replication")["master_repl_offset"])
+            states = {port: _replica_state(port, master) for port in live}
+            if all(state is not None and state >= sent for state in states.values()):
                 return
-            assert time.monotonic() < deadline, f"replicas behind the master: {offsets} < {master}"
+            assert time.monotonic() < deadline, f"replicas behind the master: {states} < {sent}"
             time.sleep(0.05)
 
 
@@ -245,11 +270,18 @@ def _cluster_port() -> int:
     raise AssertionError("no free port pair for a cluster node")
 
 
-def _offset(port: int) -> int:
-    """The replication offset a server has applied (a master: what it has sent)."""
+def _replica_state(port: int, master: int) -> int | None:
+    """The offset a replica of `master` has applied; None unless it is one, linked and synced."""
     with redis.Redis(port=port, decode_responses=True, socket_timeout=1) as client:
         info = client.info("replication")
-    return int(info.get("slave_repl_offset", info["master_repl_offset"]))
+    if (
+        info.get("role") != "slave"
+        or int(info.get("master_port", 0)) != master
+        or info.get("master_link_status") != "up"
+        or int(info.get("master_sync_in_progress", 1))
+    ):
+        return None
+    return int(info["slave_repl_offset"])
 
 
 def _role(port: int) -> str | None:

@@ -140,7 +140,7 @@ async def test_counts_shared_through_the_cluster_are_found_by_another_replica(
     await eventually(counted)
     await asyncio.sleep(0.2)  # the counts are written to the store without waiting for it
     assert (await plan(two, messages))["tokens_before"] == exact
-    other = two.app.state.gateway.pipeline.counting
+    other = two.app.core.engine.counting
     assert other.shared > 50  # found in the cluster, not counted again
     for gateway in (one, two):
         assert metric(await scrape(gateway), "compactgate_store_errors_total", op="get") == 0
