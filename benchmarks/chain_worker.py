@@ -2,7 +2,8 @@
 
 Started by `benchmarks.bench_chain_ab` as `python chain_worker.py BODIES` with PYTHONPATH set to
 the checkout under test, so it imports only what every checkout since the chain took message
-uids has (`policies`, `gateway.counting.prefix`) and nothing of this checkout's benchmarks.
+uids has (`policies`, the prefix memo: `gateway.counting.prefix`, `gateway.prefix` before the
+packages) and nothing of this checkout's benchmarks.
 
 Each request is parsed afresh from its bytes and its messages get uids from the prefix memo.
 "first": a new memo and prefix memo per request (a conversation this process never saw);
@@ -25,7 +26,10 @@ from typing import Any
 
 import orjson
 
-from gateway.counting.prefix import PrefixCounts
+try:
+    from gateway.counting.prefix import PrefixCounts
+except ModuleNotFoundError:  # a checkout from before gateway/ had packages
+    from gateway.prefix import PrefixCounts  # type: ignore[no-redef]
 from policies import Budget, Conversation, Env, Message, build_policy, run_chain
 from policies.conversation import content_text
 from policies.registry import DEFAULT_STEPS

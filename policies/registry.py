@@ -4,11 +4,13 @@ A read-only table built from the step modules, not a mutable global filled by de
 what exists is visible in one place. Adding a step touches its module and this table.
 
 `DEFAULT_STEPS` is the chain a policy without `steps` gets: no LLM calls, least loss first.
-`tool_output_cache` replaces old tool output by refs the model can expand (nothing is lost for
-good), `content_type_chunking` squeezes JSON, code and logs in older Turns, `ledger` carries what
-the user stated in the Turns about to go into one block after the system prompt, and `fifo` drops
-the oldest whole Turns when that was not enough. All are cache-stable between events. Summaries
-are only used when a policy lists a summarising step.
+`excerpt` cuts the oldest large user and tool messages to their head (and tail) with the rest
+behind a ref, landing at the target; `tool_output_cache` replaces old tool output by refs the
+model can expand (nothing is lost for good), `content_type_chunking` squeezes JSON, code and
+logs in older Turns, `ledger` carries what the user stated in the Turns about to go into one
+block after the system prompt, and `fifo` drops the oldest whole Turns when that was not
+enough. All are cache-stable between events. Summaries are only used when a policy lists a
+summarising step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .steps import (
     content_type_chunking,
     discard_low_rel,
     emergency,
+    excerpt,
     fifo,
     ledger,
     prioritize_recent,
@@ -65,10 +68,12 @@ STEPS: Mapping[str, tuple[type[StepConfig], StepFactory]] = MappingProxyType(
         ),
         emergency.EmergencyConfig.TYPE: (emergency.EmergencyConfig, emergency.Emergency),
         ledger.LedgerConfig.TYPE: (ledger.LedgerConfig, ledger.Ledger),
+        excerpt.ExcerptConfig.TYPE: (excerpt.ExcerptConfig, excerpt.Excerpts),
     }
 )
 
 DEFAULT_STEPS: tuple[StepConfig, ...] = (
+    excerpt.ExcerptConfig(),
     tool_output_cache.ToolOutputCacheConfig(),
     content_type_chunking.ContentTypeChunkingConfig(),
     ledger.LedgerConfig(),

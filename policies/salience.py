@@ -97,6 +97,13 @@ _EN_CUES = {
         r"every \w+ (?:needs|must|should|has to|gets)",
         r"(?:for|in|on) (?:every|each|all) \w+",
         r"by default",
+        r"(?:ground |house )?rules?",
+        r"conventions?",
+        r"guidelines?",
+        # a conditional rule: "if X, run Y" (a standing instruction, not a request for now)
+        r"(?:if|when|whenever|once|before|after) [^,?.]{3,120}, (?:then |please |just |always "
+        r"|first )?(?:run|use|ask|send|tell|ping|check|stop|keep|add|put|log|skip|retry|fall "
+        r"back|notify|write|make|call|wait|do|don'?t|let me know|email|page)",
     ),
     "correction": _words(
         "actually",
@@ -150,6 +157,7 @@ _EN_CUES = {
         "agreed",
         r"the decision",
         r"we'?re going with",
+        r"let'?s (?:use|keep|do|stick with|go for|drop)",
     ),
     "preference": _words(
         r"i prefer",
@@ -164,6 +172,8 @@ _EN_CUES = {
         r"please keep",
         r"please write",
         "favou?r",
+        "personally",
+        r"i find",
     ),
     "goal": _words(
         r"the goal",
@@ -179,6 +189,11 @@ _EN_CUES = {
         r"in order to",
         r"so that",
         "target",
+        "ultimately",
+        "eventually",
+        r"what i (?:really |ultimately )?want",
+        r"end goal",
+        r"long[- ]term",
     ),
 }
 # Each kind's English cues as one alternation on word boundaries (the plain form).
@@ -207,12 +222,15 @@ _ZH = {
         "不要|不能|不得|禁止|切勿|千万别|绝不|绝对不|不许|不允许|不可以|不准|别碰|别动|严禁|避免"
     ),
     "instruction": (
-        "一定要|务必|始终|总是|每次|每周|每天|每月|记住|请确保|确保|从现在起|以后都|今后|一律|都用|统一"
+        "一定要|务必|始终|总是|每次|每周|每天|每月|记住|请确保|确保|从现在起|以后都|今后|一律|都用|统一|"
+        "规则|约定|规矩|规范|如果.{1,40}，(?:先|就|要|请|必须|务必|一律|不要|别)"
     ),
     "correction": "其实|更正|我是说|我的意思是|不是.{1,12}而是|纠正|搞错|说错|改成|改为",
-    "constraint": "必须|需要|至少|最多|不超过|不少于|截止|只能|只用|上限|下限|预算|以内|期限",
-    "decision": "决定|我们选|选定|确定用|定了|采用|就用|敲定",
-    "preference": "我喜欢|更喜欢|偏好|倾向于|我希望|请用|我想要|宁愿",
+    "constraint": "必须|需要|至少|最多|不超过|不少于|截止|只能|只用|上限|下限|预算|以内|期限|"
+    "都要|都得",
+    "decision": "决定|我们选|选定|确定用|定了|采用|就用|敲定|就按|按方案|"
+    "方案[一二三四五六七八九十]|不搞",
+    "preference": "我喜欢|更喜欢|偏好|倾向于|我希望|请用|我想要|宁愿|就行|就好|简短|简洁",
     "goal": "目标|目的是|我们要|计划是|打算|为了",
 }
 
@@ -222,12 +240,16 @@ _JA = {
         "ないでください|使わないで|触らないで|絶対に|ダメ|だめ|避けて|厳禁"
     ),
     "instruction": (
-        "必ず|常に|いつも|毎回|毎週|毎日|毎月|覚えておいて|今後は|これからは|忘れずに|徹底|すべて|全て"
+        "必ず|常に|いつも|毎回|毎週|毎日|毎月|覚えておいて|今後は|これからは|忘れずに|徹底|すべて|全て|"
+        "ルール|決まり|約束|規約|(?:とき|時|場合|たら)は?、[^。？]*(?:ください|こと)"
     ),
     "correction": "訂正|間違い|間違えました|実は|ではなく|じゃなくて|言い間違い|修正します",
-    "constraint": "必要|以内|以下|以上|までに|締め切り|締切|期限|のみ|だけ|上限|下限|予算|必須",
-    "decision": "決定|決めました|決めた|にします|にしました|採用|することにした|確定",
-    "preference": "好き|好み|がいい|の方がいい|希望|したい|ほしい|欲しい",
+    "constraint": "必要|以内|以下|以上|までに|締め切り|締切|期限|のみ|だけ|上限|下限|予算|必須|"
+    "\\d[^。？]{0,12}?まで",
+    "decision": "決定|決めました|決めた|にします|にしました|採用|することにした|確定|"
+    "ましょう|やめます|やめる",
+    "preference": "好き|好み|がいい|の方がいい|希望|したい|ほしい|欲しい|でお願いします|"
+    "短め|簡潔に",
     "goal": "目標|目的|ゴール|計画|狙い|ために",
 }
 
@@ -542,7 +564,8 @@ _FILLER = re.compile(rf"^\W*(?:{_FILLER_WORDS})(?:\W+(?:{_FILLER_WORDS}))*\W*$",
 _SENTENCE = re.compile(
     r"[^\n。！？!?.]*(?:\.(?!\s|$)[^\n。！？!?.]*)*(?:[。！？!?]+|\.(?=\s|$)|\n|$)"
 )
-_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
+_BULLET = re.compile(r"^\s*(?:[-*•・]\s*|\d+[.)]\s+)")
+_NUMBER_MARK = re.compile(r"^\d+[.)]$")  # "1." split off its item by the sentence rule
 
 
 # A sentence stating a fact: a copula or a verb of having or being located, in each language.
@@ -604,7 +627,13 @@ def sentences(text: str) -> list[str]:
 
 def _spans(text: str) -> list[tuple[int, int]]:
     """Where each sentence of `text` is, without surrounding blanks and list bullets."""
+    return [(start, end) for start, end, _ in _items(text)]
+
+
+def _items(text: str) -> list[tuple[int, int, bool]]:
+    """`_spans`, each told whether it is a list item (it started with a bullet or a number)."""
     out = []
+    numbered = False
     for match in _SENTENCE.finditer(text):
         piece = match.group()
         start, end = match.start(), match.end()
@@ -612,8 +641,13 @@ def _spans(text: str) -> list[tuple[int, int]]:
         lead = bullet.end() if bullet else len(piece) - len(piece.lstrip())
         start += lead
         end -= len(piece) - len(piece.rstrip())
-        if end > start:
-            out.append((start, end))
+        if end <= start:
+            continue
+        if _NUMBER_MARK.match(text[start:end]) and "\n" not in piece.rstrip(" \t"):
+            numbered = True  # "1." of "1. item": the item that follows is a list item
+            continue
+        out.append((start, end, bullet is not None or numbered))
+        numbered = False
     return out
 
 
@@ -639,10 +673,10 @@ def _score(sentence: str, cues: bool) -> Statement:
     elif details:
         kind = "fact"
         value = FACT_BASE + FACT_STEP * (min(details, 3) - 1)
-        if _stated(seen):
-            value += STATED_BONUS
-        elif _REQUEST.match(text):
+        if _REQUEST.match(text):  # "show me where X is called": a request, whatever its verbs
             value *= REQUEST_FACTOR
+        elif _stated(seen):
+            value += STATED_BONUS
     else:
         return Statement(text, 0.0, None)
     if _is_question(text):
@@ -666,6 +700,17 @@ def salience(text: str) -> float:
     return max((_score(s, cues).score for s in sentences(text)), default=0.0)
 
 
+def look(text: str) -> tuple[bool, bool]:
+    """(whether a sentence of `text` may have a cue, whether one may score above 0): one cheap
+    look at the whole text, for `passages` of its parts."""
+    return _may_score(text)
+
+
+def passages(part: str, threshold: float, cues: bool) -> list[Statement]:
+    """`salient` of a part of a text whose `look` said `cues` (true when it may have a cue)."""
+    return _passages(part, threshold, cues)
+
+
 def salient(text: str, threshold: float) -> list[Statement]:
     """The passages of `text` that must survive, word for word, in order: each sentence scoring
     at least `threshold`, with the sentences right after it that carry it on ("Don't delete
@@ -676,13 +721,20 @@ def salient(text: str, threshold: float) -> list[Statement]:
 
 
 def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
-    """`salient`, told whether the text may have a cue at all."""
+    """`salient`, told whether the text may have a cue at all. A list under a salient lead-in
+    ("A few ground rules before we start:") is one passage with it, however long."""
     out: list[Statement] = []
     passage: list[tuple[int, int, Statement]] = []
-    for start, end in _spans(text):
+    listing = False  # the passage is a salient lead-in and its list
+    for start, end, item in _items(text):
         statement = _score(text[start:end], cues)
+        if passage and item and (listing or _leads_list(passage)):
+            listing = True
+            passage.append((start, end, statement))
+            continue
         if (
             passage
+            and not listing
             and len(passage) < PASSAGE_SENTENCES
             and _carries_on(passage[-1][2], statement, threshold)
         ):
@@ -691,9 +743,14 @@ def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
         if passage:
             out.append(_joined(text, passage))
         passage = [(start, end, statement)] if statement.score >= threshold else []
+        listing = False
     if passage:
         out.append(_joined(text, passage))
     return out
+
+
+def _leads_list(passage: Sequence[tuple[int, int, Statement]]) -> bool:
+    return len(passage) == 1 and passage[0][2].text.endswith((":", "："))
 
 
 def _carries_on(lead: Statement, statement: Statement, threshold: float) -> bool:

@@ -186,10 +186,6 @@ async def test_responses_context_error_is_recovered_and_errors_have_openais_shap
     local_upstream.script([{"kind": "context_limit", "limit": 2000}])
     reply = await client.responses.create(model="m", input=history)
     assert reply.output_text == "fake answer"
-    # A stream whose first event is the context error is retried the same way.
-    local_upstream.script([{"kind": "stream_error_event"}])
-    async with client.responses.stream(model="m", input=history) as events:
-        assert (await events.get_final_response()).output_text == "fake answer"
     with pytest.raises(openai.NotFoundError) as missing:
         await client.responses.create(model="no-such-model", input="hi")
     assert "no-such-model" in missing.value.message
@@ -204,6 +200,25 @@ async def test_responses_context_error_is_recovered_and_errors_have_openais_shap
         "param",
         "code",
     }
+
+
+async def test_a_responses_stream_opening_with_a_context_error_is_retried(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """A stream whose first event is the context error (no numbers, as OpenAI's) is compacted
+    and retried before any byte reaches the client. A gateway of its own: after a first
+    refusal the gateway has learnt a smaller window and compacts before sending."""
+    gw = await start_app(config(local_upstream))
+    history = [
+        {"role": "user", "content": "question " + "word " * 1500},
+        {"role": "assistant", "content": "answer " + "word " * 1500},
+        {"role": "user", "content": "and now?"},
+    ]
+    local_upstream.script([{"kind": "stream_error_event"}])
+    async with gw.openai().responses.stream(model="m", input=history) as events:
+        assert (await events.get_final_response()).output_text == "fake answer"
+    sent = sizes(local_upstream, "/v1/responses")
+    assert len(sent) == 2 and sent[1] < sent[0]
 
 
 async def test_responses_expansion_is_answered_by_the_gateway(

@@ -24,6 +24,7 @@ CONTRACT = {
     "discard_low_rel",
     "emergency",
     "ledger",
+    "excerpt",
 }
 
 
@@ -69,6 +70,7 @@ def test_default_policy_has_the_default_chain() -> None:
     policy = build_policy("default")
     assert [s.type for s in policy.steps] == [c.type for c in DEFAULT_STEPS]
     assert [c.type for c in DEFAULT_STEPS] == [
+        "excerpt",
         "tool_output_cache",
         "content_type_chunking",
         "ledger",

@@ -25,6 +25,7 @@ from policies.salience import normalised
 from policies.steps.content_type_chunking import ContentTypeChunking, ContentTypeChunkingConfig
 from policies.steps.fifo import Fifo, FifoConfig
 from policies.steps.ledger import Ledger, LedgerConfig
+from policies.steps.ledger_entries import texts_of
 from tests.policy_strategies import budget, conv, env, msg
 
 pytestmark = pytest.mark.unit
@@ -37,7 +38,7 @@ class PlainLedger(Ledger):
         seen: set[str] = set()
         out = []
         for k, message in enumerate(messages):
-            for text, key, value in self._candidates(message.text, env):
+            for text, key, value in self._candidates(texts_of(message), env):
                 if key not in seen:
                     seen.add(key)
                     out.append((text, key, value, k))

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from gateway.config import Config
-from policies.registry import STEPS
+from policies.registry import DEFAULT_STEPS, STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.yaml"
@@ -210,8 +210,9 @@ def reference() -> str:
         "## Policy steps",
         "",
         "Each item of `policies.<name>.steps` is `{type: <step>, ...}` with that step's keys;",
-        "a policy without `steps` runs the default chain (`tool_output_cache`,",
-        "`content_type_chunking`, `ledger`, `fifo`).",
+        "a policy without `steps` runs the default chain ("
+        + ", ".join(f"`{step.type}`" for step in DEFAULT_STEPS)
+        + ").",
         "",
     ]
     for type_name, rows in step_keys():

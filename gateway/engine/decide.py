@@ -25,7 +25,7 @@ from policies.summarising import SummarisingStep
 
 from ..counting.prefix import Counted
 from ..counting.tokens import PRIMING_TOKENS
-from ..errors import ContextLengthExceededError, InvalidRequestError
+from ..errors import ContextLengthExceededError, GatewayError, InvalidRequestError
 from ..ops.metrics import Metrics
 from ..routing import Route
 from ..summaries import SummaryAsk, SummaryService
@@ -194,9 +194,16 @@ class Decision:
         if chain is not None and check(conversation, chain.conversation):
             chain = None  # cannot happen while the client only appends; an event then
         if chain is None:
-            chain, complete = await self._run(
-                conversation, budget, route, tenant, force, headers, request.api
-            )
+            try:
+                chain, complete = await self._run(
+                    conversation, budget, route, tenant, force, headers, request.api
+                )
+            except GatewayError:
+                raise
+            except Exception:  # a fault in a step must not fail a request (design D1.9)
+                self._metrics.policy_errors.inc()
+                log.exception("compaction abandoned: a policy step failed; sent as it came")
+                return request, budget, None
             if chain.error is not None:
                 raise ContextLengthExceededError(chain.error, param="messages")
             if chain.changed and not self._valid(conversation, chain):

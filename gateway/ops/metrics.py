@@ -296,6 +296,11 @@ class Metrics:
             ["rule"],
             registry=r,
         )
+        self.policy_errors = Counter(
+            "compactgate_policy_errors",
+            "Compactions abandoned because a policy step failed (the request went as it came)",
+            registry=r,
+        )
         self.internal_tool_rounds = Counter(
             "compactgate_internal_tool_rounds",
             "Extra upstream rounds run to expand masked tool outputs",

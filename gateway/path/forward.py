@@ -240,6 +240,8 @@ class Forwarder:
         books = call.books
         books.note(exchange, prepared)
         exchange.status = status
+        if 200 <= status < 300:
+            self._windows.served(call.route, prepared.sent_tokens)
         usage = None if "content-encoding" in response.headers else call.wire.usage(data)
         books.account(prepared, exchange, usage)  # known before the headers: they say it
         if status == 200:
@@ -260,19 +262,21 @@ class Forwarder:
     def overflowed(
         self, route: Route, exchange: Exchange, overflow: Overflow, prepared: Prepared
     ) -> None:
-        """Count a context error and learn the window from it (design D6.2): the limit it
+        """Count a context error and learn the window from it (design D2.4): the limit it
         states, or, when it states none (the Responses API's errors), the refused request's own
         size with the output it reserved, an upper bound of the window in the gateway's units
-        whether or not the upstream counts the output. An empty stream is only a guess at an
-        overflow and teaches nothing."""
+        whether or not the upstream counts the output (unless a request as large was answered
+        before: `Windows.refused`). An empty stream is only a guess at an overflow and teaches
+        nothing."""
         error = overflow.error
         self._metrics.context_errors.labels(error.signature).inc()
         exchange.context_errors.append(error.signature)
-        limit = error.limit
-        if limit is None and (overflow.failed is not None or overflow.head):
+        if error.limit is not None:
+            self._windows.learn(route, error.limit, error.signature)
+        elif overflow.failed is not None or overflow.head:
             budget = prepared.budget
-            limit = prepared.sent_tokens + (budget.reserved_output if budget is not None else 0)
-        self._windows.learn(route, limit, error.signature)
+            reserved = budget.reserved_output if budget is not None else 0
+            self._windows.refused(route, prepared.sent_tokens, reserved, error.signature)
 
     async def answer_overflow(
         self, send: Send, call: Call, exchange: Exchange, prepared: Prepared, overflow: Overflow
@@ -347,6 +351,8 @@ class Forwarder:
         books, wire = call.books, call.wire
         books.note(exchange, prepared)
         exchange.status = response.status
+        if 200 <= response.status < 300 and not exchange.failed_in_stream:
+            self._windows.served(call.route, prepared.sent_tokens)
         await send(
             {
                 "type": "http.response.start",

@@ -22,6 +22,21 @@ class Windows:
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
         self._learned: dict[str, int] = {}
+        self._served: dict[str, int] = {}  # the largest prompt each model's upstream answered
+
+    def served(self, route: Route, tokens: int) -> None:
+        """The upstream answered a prompt of `tokens` (the gateway's units): its window holds at
+        least that, so an error that states no window is not about a request no larger."""
+        if tokens > self._served.get(route.name, 0):
+            self._served[route.name] = tokens
+
+    def refused(self, route: Route, tokens: int, reserved: int, signature: str) -> None:
+        """The upstream refused a prompt of `tokens` that reserved `reserved` for the output,
+        with a context error that states no window: the two together bound the window from
+        above (whether or not the upstream counts the output). Unless a prompt at least as
+        large was answered before: then the refusal says nothing about the window."""
+        if tokens > self._served.get(route.name, 0):
+            self.learn(route, tokens + reserved, signature)
 
     @property
     def learned(self) -> Mapping[str, int]:

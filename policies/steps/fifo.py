@@ -42,7 +42,7 @@ class Fifo:
         if not droppable:
             return StepResult.unchanged(conversation, reason="no droppable turns")
         summaries = summary_indices(conversation)
-        sizes = _droppable_sizes(conversation, turns, summaries)
+        sizes = droppable_sizes(conversation, turns, summaries)
         fixed = conversation.tokens - sum(sizes)
         cut = min(stable_cut(sizes, fixed, budget.trigger, budget.target), len(droppable))
         if cut == 0:
@@ -57,7 +57,7 @@ class Fifo:
 _TOKENS = operator.attrgetter("tokens")
 
 
-def _droppable_sizes(
+def droppable_sizes(
     conversation: Conversation, turns: Sequence[Turn], summaries: frozenset[int]
 ) -> list[int]:
     """Tokens of every Turn without its protected messages and summaries.

@@ -1,19 +1,29 @@
-"""`ledger`: what the user stated survives the Turns that carried it.
+"""`ledger` (design D5.3): what the user stated survives the Turns that carried it.
 
-Placed before the steps that drop or summarise, it collects the salient sentences
+Placed before the steps that drop or summarise, it collects the salient passages
 (`policies/salience.py`: rules, prohibitions, constraints, decisions, preferences, goals,
-corrections, concrete facts) of the messages those steps may remove, and puts them, word for
-word, in one block right after the system prompt. When the chain has run, `finish` takes out every
-entry that is still present in a kept message or in a summary (a summary that kept a statement
-verbatim makes its entry redundant; one that lost it leaves it in the ledger); an empty ledger
-leaves no message.
+corrections, concrete facts) of what the user wrote as prose (`policies/prose.py`: never a
+line of a file, code, a log or tool output) in the messages those steps will remove, and puts
+them, word for word, in one block right after the system prompt.
+
+Only the Turns that go: the ledger works out which oldest Turns a Turn-dropping step after it
+removes (fifo's stable cut, the last Turn kept), counting its own block as kept: the more Turns
+go, the more it holds, the more must go; the cut only moves on, so the two settle in a few
+rounds (the block's exact size is what fifo sees, so fifo never drops a Turn whose
+statements the block lacks). So the ledger takes the room its statements need, that room
+comes out of the Turns that go (filler and acknowledgements with them), and a request never
+leaves bigger than it came. When the chain has run, `finish` takes out every entry that is
+still present in a kept message or in a summary (a summary that kept a statement verbatim
+makes its entry redundant; one that lost it leaves it in the ledger); an empty ledger leaves
+no message.
 
 Bounded: the block takes at most `share` of the budget's limit; when the statements do not fit,
 the least salient leave first (the older first among equals). Deduplicated: a statement repeated
-anywhere is one entry. Stable: entries keep the order in which they were said, so a later event
-that drops more Turns appends to the block; between events the gateway holds the forwarded
-result, block included. The block is pinned (no later step drops or rewrites it) and a system
-message: the gateway, not the user, is speaking (the Messages API gets it as a system block).
+anywhere is one entry, and one that another entry holds whole is merged into it. Stable:
+entries keep the order in which they were said, so a later event that drops more Turns appends
+to the block; between events the gateway holds the forwarded result, block included. The block
+is pinned (no later step drops or rewrites it) and a system message: the gateway, not the user,
+is speaking (the Messages API gets it as a system block).
 
 Never drops or rewrites a client's message: it only adds its own block, and takes it out again.
 """
@@ -23,18 +33,21 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from typing import ClassVar, Literal, NamedTuple
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ..budget import Budget
+from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
-from ..salience import normalised, salient, score
+from ..placement import summary_indices
+from ..prose import prose_spans
+from ..salience import look, normalised, passages, score
 from ..step import Env, StepConfig, StepResult
+from .fifo import droppable_sizes
+from .ledger_entries import BULLET, Entry, lines_of, merged, parse, texts_of
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
-BULLET = "- "
 FRAMING_TOKENS = 8  # a message's own framing, on top of its text
 _KIND = operator.attrgetter("kind")
 
@@ -42,19 +55,17 @@ _KIND = operator.attrgetter("kind")
 class LedgerConfig(StepConfig):
     TYPE: ClassVar[str] = "ledger"
     type: Literal["ledger"] = "ledger"
-    share: float = Field(0.1, gt=0, le=0.5, description="Most of the budget the ledger may take")
+    share: float = Field(
+        0.5, gt=0, le=0.8, description="Most of the budget's limit the ledger may take"
+    )
     min_salience: float = Field(0.45, ge=0, le=1, description="Sentences scoring less stay out")
     roles: tuple[str, ...] = Field(("user",), min_length=1, description="Whose statements count")
-    max_entry_chars: int = Field(400, ge=40, description="A longer sentence is trimmed to this")
+    max_entry_chars: int = Field(
+        400,
+        ge=40,
+        description="A longer passage goes sentence by sentence; a longer sentence is cut",
+    )
     header: str = Field(HEADER, min_length=1)
-
-
-class Entry(NamedTuple):
-    text: str
-    # None for an entry read back from the block: scored from its text only when the block
-    # must shrink (most passes it fits, and a new request's memo has not seen it yet)
-    score: float | None
-    order: int  # position in the conversation (earlier entries first)
 
 
 class Ledger:
@@ -65,8 +76,10 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        entries = self._entries(conversation, at, env)
         cap = int(budget.limit * self.config.share)
+        said = self._said(conversation, env)
+        reach = self._reach(conversation, budget, env, at, said, cap)
+        entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
         kept = self._bounded(entries, cap, env)
         if at is not None:
             old = conversation.messages[at]
@@ -83,7 +96,8 @@ class Ledger:
                 detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
             )
         if not kept:
-            return StepResult.unchanged(conversation, reason="nothing salient to keep")
+            reason = "ledger full" if entries else "nothing salient to keep"
+            return StepResult.unchanged(conversation, reason=reason, left_out=len(entries))
         message = self._message(kept, env)
         result = inserted(conversation, conversation.head_end(), [message])
         return StepResult(
@@ -91,6 +105,70 @@ class Ledger:
             added=1,
             detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
         )
+
+    def _reach(
+        self,
+        conversation: Conversation,
+        budget: Budget,
+        env: Env,
+        at: int | None,
+        said: Sequence[tuple[str, str, float, int]],
+        cap: int,
+    ) -> int:
+        """The index before which messages will go: the oldest Turns that a Turn-dropping step
+        after this one (fifo's stable cut, keeping the last Turn) removes once the ledger holds
+        their statements. The ledger's own size is part of what is kept, so the cut and the
+        ledger are worked out together: round by round the cut moves on (the ledger grows with
+        it) until the cut fifo makes with this very block is no further on than the Turns the
+        block holds the statements of; entries of Turns that stay go again in `finish`."""
+        uids: list[object] = [m.uid for m in conversation.messages]
+        if at is not None:  # the block (the step's own message, no uid) counts by its text
+            uids[at] = conversation.messages[at].text
+        if None not in uids:  # a resent conversation: remembered by its uids
+            config = self.config
+            key = (
+                "ledger-reach",
+                tuple(uids),
+                budget.trigger,
+                budget.target,
+                cap,
+                (config.min_salience, config.max_entry_chars, config.roles, config.header),
+            )
+            return env.memo.get(
+                key, lambda: self._reached(conversation, budget, env, said, cap, at), 8 * len(uids)
+            )
+        return self._reached(conversation, budget, env, said, cap, at)
+
+    def _reached(
+        self,
+        conversation: Conversation,
+        budget: Budget,
+        env: Env,
+        said: Sequence[tuple[str, str, float, int]],
+        cap: int,
+        at: int | None = None,
+    ) -> int:
+        """`_reach`, worked out."""
+        turns = conversation.turns()
+        if len(turns) < 2:
+            return 0
+        sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
+        current = conversation.messages[at].tokens if at is not None else 0
+        fixed = conversation.tokens - sum(sizes) - current
+        cut = 0
+        while True:
+            reach = turns[cut].start
+            entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
+            kept = self._bounded(entries, cap, env)
+            # the block's exact size: fifo will see this very block, so its cut is the one
+            # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
+            ledger = self._message(kept, env).tokens if kept else 0
+            moved = min(
+                stable_cut(sizes, fixed + ledger, budget.trigger, budget.target), len(turns) - 1
+            )
+            if moved <= cut:
+                return reach
+            cut = moved
 
     def finish(self, conversation: Conversation, env: Env) -> Conversation:
         """The chain's result without the entries a kept message or a summary still holds."""
@@ -105,7 +183,7 @@ class Ledger:
             ],
             env,
         )
-        entries = _parse(conversation.messages[at].text, self.config.header)
+        entries = parse(conversation.messages[at].text, self.config.header)
         left = [e for e in entries if normalised(e.text) not in present]
         if len(left) == len(entries):
             return conversation
@@ -129,23 +207,29 @@ class Ledger:
             env.memo.put(key, found, len(found) + 8 * len(uids))
         return found  # type: ignore[return-value]
 
-    def _entries(self, conversation: Conversation, at: int | None, env: Env) -> list[Entry]:
-        """The ledger's entries so far, then the salient sentences of the messages a later step
-        may remove, in the order they were said, each statement once."""
+    def _entries(
+        self,
+        conversation: Conversation,
+        at: int | None,
+        said: Sequence[tuple[str, str, float, int]],
+    ) -> list[Entry]:
+        """The ledger's entries so far, then `said` (the salient passages of the messages that
+        go, in the order they were said), each statement once: a passage that another one
+        holds whole is merged into it."""
         seen: set[str] = set()
         entries: list[Entry] = []
         if at is not None:
-            for entry in _parse(conversation.messages[at].text, self.config.header):
+            for entry in parse(conversation.messages[at].text, self.config.header):
                 key = normalised(entry.text)
                 if key not in seen:
                     seen.add(key)
                     entries.append(Entry(entry.text, entry.score, len(entries)))
         base = len(entries)
-        for text, key, value, i in self._said(conversation, env):
+        for text, key, value, i in said:
             if key not in seen:
                 seen.add(key)
                 entries.append(Entry(text, value, base + i))
-        return entries
+        return merged(entries)
 
     def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
         """(line, comparison key, score, message index) of the salient passages in the messages
@@ -183,7 +267,7 @@ class Ledger:
         Each distinct text is looked up once (a chat repeats its short replies many times), and
         only the messages with a salient passage are gone through one by one (most have none).
         """
-        texts = [m.text for m in messages]
+        texts = [texts_of(m) for m in messages]
         found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
         seen: set[str] = set()
         out = []
@@ -194,26 +278,32 @@ class Ledger:
                     out.append((text, key, value, k))
         return tuple(out)
 
-    def _candidates(self, text: str, env: Env) -> tuple[tuple[str, str, float], ...]:
-        """A message's would-be entries: (line, comparison key, score) of each salient passage;
-        remembered, since a client resends every message on every request."""
+    def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[tuple[str, str, float], ...]:
+        """A message's would-be entries: (line, comparison key, score) of each salient passage
+        of its prose (`policies.prose`: never a line of a file, code, a log or tool output),
+        text part by text part; remembered, since a client resends every message on every
+        request."""
         threshold, limit = self.config.min_salience, self.config.max_entry_chars
-        key = ("ledger-candidates", threshold, limit, text)
+        key = ("ledger-candidates", threshold, limit, parts)
         found = env.memo.peek(key)
         if found is None:
             out = []
-            for statement in salient(text, threshold):
-                # one line per entry: a statement over several lines has them joined by spaces
-                line = _trimmed(" ".join(statement.text.split()), limit)
-                out.append((line, normalised(line), statement.score))
+            for text in parts:
+                cues, may = look(text) if threshold > 0 else (True, True)
+                if not may:  # most messages: never split into lines or sentences
+                    continue
+                for start, end in prose_spans(text):
+                    for statement in passages(text[start:end], threshold, cues):
+                        for line in lines_of(statement, threshold, limit):
+                            out.append((line, normalised(line), statement.score))
             found = tuple(out)
-            env.memo.put(key, found, len(text))
+            env.memo.put(key, found, sum(map(len, parts)))
         return found  # type: ignore[return-value]
 
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
         """The entries that fit in `cap` tokens: the least salient leave first, the older first
         among equals; the rest keep their order."""
-        sizes = [env.text_tokens(BULLET + e.text + "\n") for e in entries]
+        sizes = [_line_tokens(e.text, env) for e in entries]
         total = sum(sizes) + env.text_tokens(self.config.header) + FRAMING_TOKENS
         if total <= cap:
             return entries
@@ -237,13 +327,10 @@ def _ledger_index(conversation: Conversation) -> int | None:
     return kinds.index(KIND) if KIND in kinds else None
 
 
-def _parse(text: str, header: str) -> list[Entry]:
-    """The entries of a ledger block, as `_message` wrote them, not yet scored."""
-    lines = text.split("\n")
-    if lines and lines[0] == header:
-        lines = lines[1:]
-    entries = [line[len(BULLET) :] for line in lines if line.startswith(BULLET)]
-    return [Entry(entry, None, k) for k, entry in enumerate(entries)]
+def _line_tokens(text: str, env: Env) -> int:
+    """Tokens of an entry's line in the block (remembered: worked out every pass)."""
+    line = BULLET + text + "\n"
+    return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))
 
 
 def _score(text: str, env: Env) -> float:
@@ -260,7 +347,3 @@ def _lines(messages: Sequence[Message], env: Env) -> str:
 
 def _normalised(text: str, env: Env) -> str:
     return env.memo.get(("normalised", text), lambda: normalised(text), len(text))
-
-
-def _trimmed(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

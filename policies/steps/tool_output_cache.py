@@ -43,6 +43,7 @@ from pydantic import Field
 from ..budget import Budget, stable_cut
 from ..content import with_text
 from ..conversation import Conversation, Message, is_mapping
+from ..excerpts import is_excerpt
 from ..step import Env, StepConfig, StepResult, StoredOutput
 
 EXPANSION_TOOLS = frozenset({"tool_output_cache", "tool_output_cache_grep"})
@@ -92,7 +93,7 @@ class ToolOutputCache:
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
         roles = conversation.roles()
-        expansion_ids = _expansion_call_ids(messages)
+        expansion_ids = expansion_call_ids(messages)
         refs: dict[int, str] = {}  # maskable output -> its ref, when known
         full: dict[int, str] = {}  # maskable output -> its full text
         order: list[int] = []  # maskable outputs long enough to mask, in order
@@ -214,7 +215,7 @@ class ToolOutputCache:
                 continue
             if pointer == len(candidates) or running <= target:
                 continue
-            bound = _group_start(messages, roles, i)
+            bound = group_start(messages, roles, i)
             while pointer < len(candidates) and candidates[pointer] < bound and running > target:
                 index = candidates[pointer]
                 pointer += 1
@@ -289,10 +290,12 @@ def _maskable_text(message: Message, expansion_ids: AbstractSet[str]) -> str | N
     text = message.text
     if len(text) < 200 and PLACEHOLDER_RE.match(text.strip()):
         return None
+    if is_excerpt(text):  # the `excerpt` step's: its rest is stored already, its head must stay
+        return None
     return text
 
 
-def _group_start(messages: list[Message], roles: Sequence[str], index: int) -> int:
+def group_start(messages: Sequence[Message], roles: Sequence[str], index: int) -> int:
     """For a tool result, the index of the assistant message whose calls it answers; else `index`.
 
     Results directly follow their call (OpenAI's rule, checked by `invariants`), so the opening
@@ -308,7 +311,7 @@ def _group_start(messages: list[Message], roles: Sequence[str], index: int) -> i
     return index
 
 
-def _expansion_call_ids(messages: Sequence[Message]) -> set[str]:
+def expansion_call_ids(messages: Sequence[Message]) -> set[str]:
     """Ids of the tool calls to the gateway's expansion tools (by `pinning.call_names`'s rule:
     the last call with an id names it)."""
     ids: set[str] = set()
