@@ -42,8 +42,11 @@ from .engine.engine import Engine
 from .expansion import Expansion
 from .http.admin import AdminViews
 from .http.auth import Authenticator
+from .http.compress import CompressEndpoint
+from .http.cors import Origins
 from .http.dispatch import Dispatch, logged
 from .http.endpoints import CountTokens, Doorway, Endpoint, MessagesEndpoint, Serving
+from .http.hosts import Hosts
 from .http.limits import ConcurrencyLimits, register_gauges
 from .http.models import Models
 from .http.passthrough import Passthrough
@@ -55,7 +58,8 @@ from .ops.costs import Accountant, OwnSpend, price_map
 from .ops.events import EventLog
 from .ops.memory import freeze_startup_objects
 from .ops.metrics import Metrics
-from .ops.readiness import Readiness
+from .ops.readiness import Readiness, drain_on_termination
+from .ops.upstream_health import UpstreamHealth
 from .path.accounting import Accounting
 from .path.calibration import Calibration
 from .path.forward import Forwarder
@@ -97,10 +101,14 @@ class Core:
     counting: Counting
     engine: Engine
     precompute: Precompute  # the summaries a conversation will need, made ahead of need
+    readiness: Readiness  # can this replica serve (draining, its store)
+    upstream_health: UpstreamHealth  # which models' upstreams accept connections
 
     async def close(self) -> None:
-        """Shutdown, in the reverse order of building: background summaries and counts are
-        cancelled, then the store and the upstream client closed, then the event log."""
+        """Shutdown, in the reverse order of building: upstream checks stopped, background
+        summaries and counts cancelled, then the store and the upstream client closed, then the
+        event log."""
+        await self.upstream_health.close()
         await self.summaries.close()
         await self.counting.close()
         await self.store.close()
@@ -109,12 +117,15 @@ class Core:
 
 
 async def assemble_core(
-    config: Config, in_process: Mapping[str, ServerFactory] | None = None
+    config: Config,
+    in_process: Mapping[str, ServerFactory] | None = None,
+    metrics: Metrics | None = None,
 ) -> Core:
     """The core, ready to serve: its store opened, the references' key resolved before
     anything that signs with it is built, the upstream client started. Runs in the event loop
-    that will serve: the upstream client and the store connect from it."""
-    metrics = Metrics()
+    that will serve: the upstream client and the store connect from it. `metrics`: an
+    embedding program's own (`integrations`), else new."""
+    metrics = metrics if metrics is not None else Metrics()
     store = open_store(config.store, metrics)
     secret = (await signing_key(config.tool_outputs.ref_secret, config.store, store, metrics)).value
     core = build_core(config, in_process, secret=secret, metrics=metrics, store=store)
@@ -177,6 +188,8 @@ def build_core(
         counting=counting,
         engine=engine,
         precompute=Precompute(summaries, engine),
+        readiness=Readiness(config, store),
+        upstream_health=UpstreamHealth(config, metrics.registry),
     )
 
 
@@ -189,10 +202,10 @@ def doors(core: Core) -> Dispatch:
     door = Doorway(auth, core.router, limits, core.metrics, server, ResentMessages())
     endpoints = compacting(core, door)
     responses = endpoints["/v1/responses"]
-    socket = ResponsesSocket(auth, responses, server, core.metrics.registry)  # Codex's socket
-    return Dispatch(
-        endpoints, [WebSocketRoute("/v1/responses", socket.session), *others(core, door)], server
-    )
+    origins = Origins(server.cors_origins, Hosts(server.allowed_hosts))
+    socket = ResponsesSocket(auth, responses, server, core.metrics.registry, origins)  # Codex's
+    routes = [WebSocketRoute("/v1/responses", socket.session), *others(core, door)]
+    return Dispatch(endpoints, routes, server, origins)
 
 
 def compacting(core: Core, door: Doorway) -> dict[str, Endpoint]:
@@ -243,6 +256,10 @@ def compacting(core: Core, door: Doorway) -> dict[str, Endpoint]:
         "/v1/messages/count_tokens": CountTokens(
             door, serving, COUNT_TOKENS, books("count_tokens", saves=False), sender
         ),
+        # Another gateway's compressor: the engine's answer, nothing sent upstream.
+        "/v1/compress": CompressEndpoint(
+            door, serving, books("compress"), core.tool_outputs, defaults=not config.models
+        ),
     }
 
 
@@ -252,8 +269,8 @@ def others(core: Core, door: Doorway) -> list[BaseRoute]:
     metrics, server, auth = core.metrics, core.config.server, door.auth
     passthrough = Passthrough(auth, core.router, door.limits, core.sender, metrics, server)
     models = Models(passthrough, core.windows, metrics)
-    probes = Probes(Readiness(core.config, core.store), metrics)
-    admin = AdminViews(core.events, metrics, core.router, core.windows)
+    probes = Probes(core.readiness, core.upstream_health, metrics)
+    admin = AdminViews(core.events, metrics, core.router, core.windows, core.upstream_health)
     plan = Plan(auth, core.router, core.engine, core.windows, server)
     return [
         HttpRoute("/v1/models", logged(metrics, "models", models.list_models), methods=["GET"]),
@@ -301,7 +318,12 @@ class GatewayApp:
             await asyncio.to_thread(price_map)
             self.core = core
             freeze_startup_objects()  # last: everything start-up made stays out of collections
-            yield core
+            undo = drain_on_termination(core.readiness)  # SIGTERM: not ready from then on
+            try:
+                yield core
+            finally:
+                core.readiness.drain()
+                undo()
         finally:
             self.core, self._doors = None, None
             await core.close()

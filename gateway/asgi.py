@@ -35,31 +35,69 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-async def read_body(receive: Receive, scope: Scope, limit: int, timeout: float) -> bytes:
-    """The whole request body; 413 past `limit`, 408 if the client trickles it past `timeout`."""
+async def read_body(
+    receive: Receive, scope: Scope, limit: int, timeout: float, drain: int = 0
+) -> bytes:
+    """The whole request body; 413 past `limit`, 408 if the client trickles it past `timeout`.
+
+    A body over the limit is read on and thrown away, up to `drain` bytes more, before the 413
+    goes out (design D15.4): a client writes its whole body before it reads an answer, and a
+    connection closed under its write is a broken pipe, not a 413 it can read. Drained whole,
+    the connection stays usable; a body that does not end within `drain` (or the deadline) gets
+    its 413 with `connection: close`.
+    """
     declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLargeError(f"The request body is {int(declared)} bytes; the limit is {limit}.")
+    length = int(declared) if declared is not None and declared.isdigit() else None
+    over = f"The request body is over the limit of {limit} bytes."
     chunks: list[bytes] = []
     size = 0
     try:
         with within(timeout):
+            if length is not None and length > limit:
+                size = length
+                drained = length <= limit + drain and await _drained(receive, length)
+                raise _too_large(
+                    f"The request body is {length} bytes; the limit is {limit}.", drained
+                )
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise ClientDisconnected
                 chunk = message.get("body", b"")
                 size += len(chunk)
+                more = message.get("more_body", False)
                 if size > limit:
-                    raise BodyTooLargeError(f"The request body is over the limit of {limit} bytes.")
+                    raise _too_large(
+                        over, not more or await _drained(receive, limit + drain - size)
+                    )
                 chunks.append(chunk)
-                if not message.get("more_body", False):
+                if not more:
                     break
     except TimeoutError:
+        if size > limit:  # the deadline passed while the rest was drained
+            raise _too_large(over, False) from None
         raise RequestTimeoutError(
             f"The request body was not received within {timeout:g} s."
         ) from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _drained(receive: Receive, bound: int) -> bool:
+    """Read and drop the rest of a body, at most `bound` bytes; whether it ended."""
+    dropped = 0
+    while dropped <= bound:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+    return False
+
+
+def _too_large(message: str, drained: bool) -> BodyTooLargeError:
+    """The 413; with `connection: close` when the rest of the body is still coming."""
+    return BodyTooLargeError(message, headers=None if drained else {"connection": "close"})
 
 
 async def send_bytes(

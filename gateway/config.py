@@ -46,6 +46,9 @@ LITELLM_HINT = (
     "`compactgate import-litellm <litellm config.yaml>`, which writes this gateway's `models:`"
 )
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
+_HOST = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 # Pages served from this machine may call the gateway from a browser; other sites may not.
 LOOPBACK_ORIGINS = ("http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*")
 # How a model's upstream is reached (`upstream.provider`): each names one transport.
@@ -67,6 +70,12 @@ class _Strict(BaseModel):
 
 class ServerConfig(_Strict):
     max_body_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413")
+    max_drain_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="A body over max_body_bytes is read on and dropped up to this much more, so "
+        "the client can read its 413; past it the connection is closed",
+    )
     max_messages: int = Field(20_000, gt=0, description="More messages get 400")
     upstream_timeout_s: float = Field(600.0, gt=0, description="Whole upstream call, non-streaming")
     connect_timeout_s: float = Field(10.0, gt=0)
@@ -79,6 +88,14 @@ class ServerConfig(_Strict):
     )
     header_read_timeout_s: float = Field(
         10.0, gt=0, description="A client trickling its request line and headers is cut off"
+    )
+    compress_timeout_s: float = Field(
+        8.0,
+        gt=0,
+        description=(
+            "POST /v1/compress answers within this or 503 compress_timeout (agentgateway waits "
+            "10 s for its compressor, then fails open)"
+        ),
     )
     max_concurrent_per_tenant: int | None = Field(None, gt=0, description="429 beyond it")
     max_open_files: int | None = Field(
@@ -109,10 +126,12 @@ class ServerConfig(_Strict):
         None, gt=0, lt=65536, description="Serve admin surfaces there only"
     )
     readiness_upstreams: bool = Field(
-        True, description="/readyz also needs one upstream per model to accept connections"
+        True,
+        description="Check that each model has an upstream accepting connections, for /healthz "
+        "detail, the overview and compactgate_upstream_reachable (never for /readyz)",
     )
     readiness_cache_s: float = Field(
-        5.0, ge=0, description="How long /readyz reuses its last round of checks"
+        5.0, ge=0, description="How long /readyz and the upstream checks reuse their last round"
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="text: key=value lines; json: one JSON object per line"
@@ -121,6 +140,27 @@ class ServerConfig(_Strict):
         default_factory=lambda: list(LOOPBACK_ORIGINS),
         description="Browser origins allowed to call the gateway: exact, `*`, or ending in `:*`",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names browsers may reach the gateway by, besides loopback names and IP "
+        "addresses (DNS rebinding): exact, `*.example.com`, or `*`",
+    )
+    websocket_queue_bytes: int = Field(
+        64 * 1024 * 1024,
+        gt=0,
+        description="Frames waiting on a Responses WebSocket behind the one being served; past "
+        "this the socket gets an error frame and is closed",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: list[str]) -> list[str]:
+        bad = [h for h in value if h != "*" and not _HOST.fullmatch(h.removeprefix("*."))]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not a host name: use name.example.com, *.example.com or *"
+            )
+        return value
 
     @field_validator("cors_origins")
     @classmethod

@@ -9,7 +9,9 @@ code. The hierarchy:
     │   └── InvalidCompactionError      400, code invalid_encrypted_content (forged, other tenant's)
     ├── AuthenticationError          401 authentication_error
     ├── PermissionDeniedError        403 permission_error
-    │   └── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
+    │   ├── OriginNotAllowedError       code origin_not_allowed (a web page's origin, CORS)
+    │   └── HostNotAllowedError         code host_not_allowed (a Host no browser may use: DNS
+    │                                   rebinding)
     ├── NotFoundError                404 invalid_request_error
     │   ├── ModelNotFoundError          code model_not_found
     │   └── RouteNotFoundError          no code (no endpoint at this path)
@@ -18,10 +20,13 @@ code. The hierarchy:
     ├── RequestTimeoutError          408 (a client that trickles its body too slowly)
     ├── CompactionExpiredError       410 (a compaction item whose summary left the store)
     ├── TooManyRequestsError         429 rate_limit_error (per-tenant concurrency)
+    │   └── TooManyFramesError          code websocket_queue_full (frames waiting on a socket)
     ├── UpstreamError                502 upstream_error
-    │   └── UpstreamUnreachableError    code upstream_unreachable
+    │   ├── UpstreamUnreachableError    code upstream_unreachable
+    │   └── UpstreamMalformedError      code upstream_malformed (a 2xx not in the API's format)
     ├── UpstreamTimeoutError         504 upstream_timeout
     ├── ShuttingDownError            503 (the shutdown deadline ended a response)
+    ├── CompressTimeoutError         503 (POST /v1/compress past server.compress_timeout_s)
     └── StoreUnavailableError        503 (a summary the request needs is in an unreachable store)
 
 Errors coming *from* the upstream are not in this tree: the upstream's status and body are relayed
@@ -109,6 +114,10 @@ class OriginNotAllowedError(PermissionDeniedError):
     """A web page from an origin `server.cors_origins` does not allow."""
 
 
+class HostNotAllowedError(PermissionDeniedError):
+    """A browser's request by a Host name the gateway is not served as (`hosts`)."""
+
+
 class NotFoundError(GatewayError):
     """A path the gateway does not serve."""
 
@@ -137,6 +146,10 @@ class TooManyRequestsError(GatewayError):
     """The tenant has too many upstream requests in flight."""
 
 
+class TooManyFramesError(TooManyRequestsError):
+    """More frames wait on a Responses WebSocket than `server.websocket_queue_bytes` allows."""
+
+
 class UpstreamError(GatewayError):
     """The upstream failed in a way that is not an HTTP answer (protocol error, dropped stream)."""
 
@@ -145,12 +158,21 @@ class UpstreamUnreachableError(UpstreamError):
     """The upstream refused or dropped the connection before answering."""
 
 
+class UpstreamMalformedError(UpstreamError):
+    """The upstream answered 2xx with something that is not the API's answer: not JSON,
+    truncated, or not an event stream of the API (`wire.framing`)."""
+
+
 class UpstreamTimeoutError(GatewayError):
     """The upstream did not answer (or stalled) within the configured timeout."""
 
 
 class ShuttingDownError(GatewayError):
     """The server's shutdown deadline passed before this response could finish."""
+
+
+class CompressTimeoutError(GatewayError):
+    """Compacting a `/v1/compress` conversation took longer than its configured bound."""
 
 
 class Row(NamedTuple):
@@ -178,6 +200,7 @@ ERROR_TABLE: dict[type[GatewayError], Row] = {
     AuthenticationError: Row(401, "authentication_error", "invalid_api_key", "auth"),
     PermissionDeniedError: Row(403, "permission_error", "model_not_allowed", "forbidden"),
     OriginNotAllowedError: Row(403, "permission_error", "origin_not_allowed", "origin_not_allowed"),
+    HostNotAllowedError: Row(403, "permission_error", "host_not_allowed", "host_not_allowed"),
     NotFoundError: Row(404, "invalid_request_error", "not_found", "not_found"),
     ModelNotFoundError: Row(404, "invalid_request_error", "model_not_found", "unknown_model"),
     RouteNotFoundError: Row(404, "invalid_request_error", None, "not_found"),
@@ -187,12 +210,17 @@ ERROR_TABLE: dict[type[GatewayError], Row] = {
     TooManyRequestsError: Row(
         429, "rate_limit_error", "too_many_concurrent_requests", "tenant_limit"
     ),
+    TooManyFramesError: Row(
+        429, "rate_limit_error", "websocket_queue_full", "websocket_queue_full"
+    ),
     UpstreamError: Row(502, "upstream_error", "bad_gateway", "upstream_error"),
     UpstreamUnreachableError: Row(
         502, "upstream_error", "upstream_unreachable", "upstream_unreachable"
     ),
+    UpstreamMalformedError: Row(502, "upstream_error", "upstream_malformed", "upstream_malformed"),
     UpstreamTimeoutError: Row(504, "upstream_error", "upstream_timeout", "upstream_timeout"),
     ShuttingDownError: Row(503, "server_error", "shutting_down", "shutting_down"),
+    CompressTimeoutError: Row(503, "server_error", "compress_timeout", "compress_timeout"),
 }
 
 

@@ -17,7 +17,15 @@ from urllib.parse import urlsplit
 from policies import Policy, build_policy
 
 from . import model_registry
-from .config import Config, ModelConfig, PolicyConfig, PricingConfig, RetryConfig, UpstreamConfig
+from .config import (
+    DEFAULT_UPSTREAM,
+    Config,
+    ModelConfig,
+    PolicyConfig,
+    PricingConfig,
+    RetryConfig,
+    UpstreamConfig,
+)
 from .counting.cache import CountCache
 from .counting.tokenizers import UpstreamTokenizer, default_tokenizer_spec, load_tokenizer
 from .counting.tokens import MessageCounter
@@ -74,6 +82,7 @@ class Router:
         self._exact: dict[str, Route] = {}
         self._globs: list[ModelConfig] = []
         self._resolved: dict[str, Route | None] = {}
+        self._defaults: dict[tuple[str, str | None, int | None, int | None], Route] = {}
         for model in config.models:
             if any(ch in model.name for ch in "*?["):
                 self._globs.append(model)
@@ -99,6 +108,35 @@ class Router:
             self._resolved.pop(next(iter(self._resolved)))
         self._resolved[name] = found
         return found
+
+    def default_route(
+        self,
+        name: str,
+        *,
+        upstream_model: str | None = None,
+        context_window: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> Route:
+        """`name` with every model setting at its default (the registry's window and
+        tokenizer, the default policy, the default upstream for its summaries), but for what
+        the caller knows of the model: for `/v1/compress` and the LiteLLM callback on a config
+        that lists no models. Never what `resolve` answers (such a config forwards nothing).
+        Bounded like the names matched by a glob."""
+        key = (name, upstream_model, context_window, max_output_tokens)
+        route = self._defaults.get(key)
+        if route is None:
+            upstream = UpstreamConfig(base_url=DEFAULT_UPSTREAM, model=upstream_model)
+            model = ModelConfig(
+                name=name,
+                upstream=upstream,
+                context_window=context_window,
+                max_output_tokens=max_output_tokens,
+            )
+            route = self._build(name, model)
+            if len(self._defaults) >= _MAX_GLOB_ROUTES:
+                self._defaults.pop(next(iter(self._defaults)))
+            self._defaults[key] = route
+        return route
 
     def _counter(self, spec: str) -> MessageCounter:
         counter = self._counters.get(spec)

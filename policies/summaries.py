@@ -57,9 +57,17 @@ class SummaryRequest:
         }
         if self.append:
             fields["append"] = True
-        canonical = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+        try:
+            canonical = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError as error:
+            raise UnwritableError(str(error)) from None
         object.__setattr__(self, "_canonical", canonical)  # a cache of a pure function
         return canonical
+
+
+class UnwritableError(ValueError):
+    """A summary request whose messages cannot be written as JSON again (nested deeper than the
+    encoder writes, though the parser read them): what the client sent cannot be summarised."""
 
 
 @dataclass(frozen=True, slots=True)

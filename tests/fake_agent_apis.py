@@ -16,6 +16,8 @@ envelopes. Behaviours they know:
     expand              call the first tool the request offers (the gateway's read tool) with the
                         first `ref=` of a masked output in the request: {"ref_id": ...}; with
                         also: [tool_calls] the client's calls come in the same answer
+    not_json, truncated, bad_framing, no_final, hang
+                        a 200 that is not the API's answer, streamed or not (`malformed`)
 
 Before answering, each request is checked against the rules the real providers enforce, and
 broken ones get the provider's 400 (so a gateway that breaks them fails the test that sent it):
@@ -48,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -464,7 +466,8 @@ def openai_error(
 async def _payload(request: web.Request) -> JSON | None:
     try:
         payload = orjson.loads(await request.read())
-    except orjson.JSONDecodeError:
+        orjson.dumps(payload)  # nested deeper than a provider takes: refused, as they do
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return None
     return payload if isinstance(payload, dict) else None
 
@@ -479,6 +482,32 @@ def _expanded(payload: Mapping[str, Any], step: JSON) -> JSON:
     name = tools[-2].get("name", "tool") if len(tools) >= 2 else "tool"  # read, then grep
     call = {"name": name, "arguments": {"ref_id": found.group(1) if found else "none"}}
     return {**step, "kind": "tool_calls", "tool_calls": [call, *step.get("also", [])]}
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def tracked(state: Any, handler: Handler) -> Handler:
+    """`handler` counted in the fake's counters as its chat route is (`/_fake/inflight`:
+    in flight, started, completed, and cancelled by the client hanging up)."""
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        state.tasks.add(task)
+        state.started += 1
+        try:
+            response = await handler(request)
+        except (asyncio.CancelledError, ConnectionResetError):
+            if task in state.tasks:  # not a reset
+                state.cancelled += 1
+            raise
+        finally:
+            state.tasks.discard(task)
+        state.completed += 1
+        return response
+
+    return counted
 
 
 def add_routes(app: web.Application, state: Any) -> None:
@@ -526,12 +555,14 @@ def add_routes(app: web.Application, state: Any) -> None:
                 ],
             )
         body = responses_body(payload, _expanded(payload, step), prompt)
-        if not stream:
-            return web.json_response(body, headers={"x-request-id": "req_fake"})
         frames = [
             _frame(event["type"], {**event, "sequence_number": n})
             for n, event in enumerate(responses_events(body))
         ]
+        if step.get("kind") in MALFORMED:
+            return await malformed(request, step["kind"], stream, frames, orjson.dumps(body))
+        if not stream:
+            return web.json_response(body, headers={"x-request-id": "req_fake"})
         if step.get("kind") == "drop_mid_stream":  # the connection closes after a few events
             return await _sse(request, frames[: int(step.get("after_chunks", 2))], drop=True)
         if step.get("kind") == "slow_stream":
@@ -608,6 +639,9 @@ def add_routes(app: web.Application, state: Any) -> None:
             }
             return await _sse(request, [_frame("error", error)])
         body = messages_body(payload, _expanded(payload, step), prompt)
+        if step.get("kind") in MALFORMED:
+            frames = [_frame(name, data) for name, data in messages_events(body)]
+            return await malformed(request, step["kind"], stream, frames, orjson.dumps(body))
         if not stream:
             return web.json_response(body, headers={"request-id": "req_fake"})
         return await _sse(request, [_frame(name, data) for name, data in messages_events(body)])
@@ -620,10 +654,55 @@ def add_routes(app: web.Application, state: Any) -> None:
             {"input_tokens": prompt_tokens(payload, state.config.chars_per_token)}
         )
 
-    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/responses", tracked(state, responses))
     app.router.add_post("/v1/responses/compact", compact)
-    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages", tracked(state, messages))
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
+
+
+MALFORMED = frozenset({"not_json", "truncated", "bad_framing", "no_final", "hang"})
+NOT_JSON = b"<html><body><h1>502 Bad Gateway</h1><p>nginx</p></body></html>\n"
+
+
+async def malformed(
+    request: web.Request, kind: str, stream: bool, frames: list[bytes], whole: bytes
+) -> web.StreamResponse:
+    """A 200 that is not the API's answer, as broken proxies and servers send them (`frames`:
+    the stream's events, `whole` the JSON body, of the answer this would have been):
+
+        not_json     an HTML page (with the API's content type)
+        truncated    half of the JSON body; a stream cut inside an event, then ended cleanly
+        bad_framing  a stream whose second half of events lost their `data:` / `event:` field
+                     names; the whole body sent as one SSE event
+        no_final     a stream without its last event (`[DONE]`, `response.completed`,
+                     `message_stop`); the whole body as it should be
+        hang         nothing, ever (the handler sleeps)
+    """
+    if kind == "hang":
+        await asyncio.sleep(3600)
+    if kind == "not_json":
+        out = [NOT_JSON]
+    elif kind == "truncated":
+        half = len(frames) // 2
+        out = (
+            [*frames[:half], frames[half][: len(frames[half]) // 2]]
+            if stream
+            else [whole[: len(whole) // 2]]
+        )
+    elif kind == "bad_framing":
+        half = len(frames) // 2
+        broken = [re.sub(rb"(?m)^(data|event): ?", b"", f) for f in frames[half:]]
+        out = [*frames[:half], *broken] if stream else [b"data: " + whole + b"\n\n"]
+    else:  # no_final
+        out = frames[:-1] if stream else [whole]
+    kind_of = "text/event-stream" if stream else "application/json"
+    response = web.StreamResponse(status=200, headers={"Content-Type": kind_of})
+    await response.prepare(request)
+    for part in out:
+        await response.write(part)
+        await asyncio.sleep(0.005 if stream else 0)  # events arrive one by one, as upstreams send
+    await response.write_eof()
+    return response
 
 
 async def _sse(

@@ -10,14 +10,16 @@ fake; this is it.
 Control endpoints (JSON; nothing under /_fake/ is recorded):
 
     GET  /_fake/requests   every recorded request: method, path, query, headers ([name, value]
-                           pairs in order), body_b64 (raw bytes), json (parsed, or null)
+                           pairs in order), body_b64 (raw bytes), json (parsed, or null; also
+                           null for a body nested deeper than it can be written back)
     POST /_fake/reset      clear records, script, config and counters; cancel hung handlers
     POST /_fake/script     append behaviours (a JSON list), consumed one per chat request, FIFO
     POST /_fake/release    let a held-back streamed legacy completion finish
     POST /_fake/config     {"context_limit": N|null, "style": name, "usage_tokenizer": "chars:X",
                             "remote_compaction": bool}
-    GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"}; `cancelled` counts
-                           chat requests ended by the client disconnecting
+    GET  /_fake/inflight   {"inflight", "started", "completed", "cancelled"} of the chat,
+                           Responses and Messages routes; `cancelled` counts requests ended by
+                           the client disconnecting
 
 Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
 
@@ -32,6 +34,10 @@ Behaviours (`kind` plus parameters; an empty script means {"kind": "ok"}):
     empty_200            200 with an empty body (llama-cpp-python's streaming quirk)
     slow_stream          chunks, interval; content in `chunks` pieces, `interval` s apart
     context_limit        limit, style; that provider's context error iff prompt > limit, else ok
+    not_json, truncated, bad_framing, no_final, hang
+                         a 200 that is not the API's answer, streamed or not (an HTML page,
+                         half the body, events without their field names, no last event, or
+                         nothing ever: `tests.fake_agent_apis.malformed`)
 
 `GET /v1/models` lists `fake-model`; `GET /v1/models/{id}` answers any id as a model it serves;
 `POST /v1/embeddings` answers one embedding; a streamed `POST /v1/completions` answers one
@@ -73,7 +79,7 @@ from gateway.devtools.echo_upstream import (
     sse,
     stream_frames,
 )
-from tests.fake_agent_apis import add_routes
+from tests.fake_agent_apis import MALFORMED, add_routes, malformed
 
 JSON = dict[str, Any]
 STYLES = (
@@ -374,6 +380,10 @@ async def _answer(x: Exchange, behaviour: JSON) -> web.StreamResponse:
         interval = float(behaviour.get("interval", 0.1))
         body = x.body({"content": behaviour.get("content", "slow " * chunks), **behaviour})
         return await x.send(x.pieces(body, pieces=chunks), interval=interval)
+    if kind in MALFORMED:
+        frames = x.pieces(x.body(behaviour))
+        whole = b"".join(frames) if not x.stream else _dumps(x.body(behaviour))
+        return await malformed(x.request, kind, x.stream, frames, whole)
     if kind == "context_limit":
         limit = int(behaviour["limit"])
         if x.prompt > limit:
@@ -394,7 +404,8 @@ def _context_error(x: Exchange, style: str, limit: int) -> web.Response:
 def _record(request: web.Request, raw: bytes) -> JSON:
     try:
         parsed = orjson.loads(raw) if raw else None
-    except orjson.JSONDecodeError:
+        orjson.dumps(parsed)  # the record must be written to the test (not nested too deeply)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         parsed = None
     return {
         "method": request.method,
@@ -419,7 +430,8 @@ def make_app(state: State) -> web.Application:
     async def chat(request: web.Request) -> web.StreamResponse:
         try:
             payload = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
+            orjson.dumps(payload)  # nested deeper than a provider takes: refused, as they do
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             payload = None
         if not isinstance(payload, dict):
             return web.json_response(
@@ -427,6 +439,8 @@ def make_app(state: State) -> web.Application:
                     "error": {
                         "message": "fake upstream: body is not a JSON object",
                         "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
                     }
                 },
                 status=400,

@@ -64,7 +64,7 @@ from gateway.upstream import ServerFactory
 from gateway.upstream.in_process import authority
 from tests.fake_upstream import JSON, Config, State, make_app
 
-ORIGIN = "http://gateway.test"  # never resolved: requests go to the app itself
+ORIGIN = "http://gateway.localhost"  # never resolved: requests go to the app itself
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"  # what `serve` prints
 # The running fake upstreams by `base_url`'s host:port: the servers every in-app gateway embeds.
 # One that stops leaves it, so a gateway then finds nobody there, as over TCP.

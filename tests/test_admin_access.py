@@ -36,7 +36,7 @@ def config(upstream: LocalUpstream | FakeUpstream, **server: Any) -> dict[str, A
 
 @asynccontextmanager
 async def client_at(
-    gw: AppGateway, address: str, origin: str = "http://gateway:8080"
+    gw: AppGateway, address: str, origin: str = "http://localhost:8080"
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A client on the app whose requests come from `address` (the ASGI scope's `client`)."""
     transport = httpx.ASGITransport(app=gw.app, client=(address, 50000))
@@ -100,8 +100,14 @@ async def test_an_admin_port_without_a_token_is_left_to_its_network(
     start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     gw = await start_app(config(local_upstream, admin_port=9091))
-    async with client_at(gw, "192.0.2.7", origin="http://gateway:9091") as remote:
+    async with client_at(gw, "192.0.2.7", origin="http://192.0.2.1:9091") as remote:
         assert (await remote.get("/metrics")).status_code == 200
+    async with client_at(gw, "192.0.2.7", origin="http://gateway:9091") as by_name:
+        refused = await by_name.get("/metrics")  # a name: what a rebinding page would send
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "host_not_allowed"
+    named = await start_app(config(local_upstream, admin_port=9091, allowed_hosts=["gateway"]))
+    async with client_at(named, "192.0.2.7", origin="http://gateway:9091") as by_name:
+        assert (await by_name.get("/metrics")).status_code == 200
 
 
 def test_startup_warning_says_who_reaches_the_admin_surfaces() -> None:

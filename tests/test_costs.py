@@ -39,8 +39,8 @@ from gateway.ops.metrics import Metrics
 from gateway.wire import CHAT, MESSAGES, RESPONSES
 from gateway.wire.usage import Usage
 from tests.configs import one_model
+from tests.fuzz_oracle import summary_call
 from tests.in_process import AppStarter, LocalUpstream
-from tests.test_fuzz import _summary_call
 from tests.test_metrics import series
 from tests.test_summaries_e2e import app_metric, chat_history
 
@@ -417,7 +417,7 @@ async def test_summariser_calls_are_the_gateways_own_spend(
     )
     assert response.status_code == 200
     assert response.headers["x-compactgate-steps"].startswith("compaction")
-    calls = [r for r in local_upstream.chat_requests() if _summary_call(r["json"])]
+    calls = [r for r in local_upstream.chat_requests() if summary_call(r["json"])]
     assert calls
     own = len(calls) * (1000 * 2 + 50 * 8) * PER_M
     spent = await app_metric(gw, "compactgate_cost_usd_total", 'arm="actual",component="summaries"')

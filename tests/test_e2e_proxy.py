@@ -391,7 +391,8 @@ async def test_models_report_the_window_they_are_compacted_to(
 
 async def test_health_and_metrics(app: AppGateway) -> None:
     await app.openai().chat.completions.create(model="m", messages=SMALL)
-    assert (await app.http.get(f"{app.url}/healthz")).json() == {"status": "ok"}
+    health = (await app.http.get(f"{app.url}/healthz")).json()
+    assert health["status"] == "ok" and health["upstreams"]["models"]["m"]["reachable"]
     assert (await app.http.get(f"{app.url}/readyz")).status_code == 200
     text = (await app.http.get(f"{app.url}/metrics")).text
     assert 'compactgate_requests_total{api="chat",model="m",status="200"} 1.0' in text

@@ -1,21 +1,19 @@
-"""Hostile input against a real gateway process (design D15.3): it never answers with its own
-5xx, never crashes, and keeps serving.
+"""Hostile input against a real `compactgate serve` process (design D15.3): no 5xx for any
+client input on any endpoint or frame, errors in each API's own shape, nothing unparseable or
+half-parsed upstream, and the process keeps serving.
 
-Hypothesis builds chat-completion bodies that are wrong at every level (types, huge numbers,
-unknown roles, content parts, tool calls whose ids collide or dangle, extension marks, unknown
-fields) and then mangles some of them at the byte level (invalid UTF-8, raw NUL bytes, duplicate
-keys, truncation); a table adds the cases too big to generate (10,000 levels of nesting and a
-million, 10,000 messages, a 30 MB message). Models with a tiny window send the survivors through
-the policy chains (including a summarising one) rather than straight upstream.
-
-For every answer: the status is below 500 unless it is the fake upstream's own status relayed
-(`x-compactgate-steps` is only on relayed answers); the gateway's own 4xx is an OpenAI error body;
-a request refused as invalid sent nothing upstream; the process is alive and serves a normal
-request afterwards. Bounded: the whole module runs in well under 90 s.
+The generated part is the in-process suite's (tests/test_fuzz_in_process.py: bodies from every
+wire API's schema, broken structurally and at the byte level, frames on the Responses
+WebSocket), with fewer examples, here through real sockets, uvicorn's parser and the fake
+upstream process; every answer is judged by tests/fuzz_oracle.py. A table adds the cases too big
+to generate (10,000 levels of nesting and a million, 10,000 messages, a 30 MB message). Bounded:
+the whole module runs in well under a minute and a half on a quiet machine.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import socket
 import time
@@ -26,25 +24,44 @@ import httpx
 import openai
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from websockets.asyncio.client import connect
 
 from gateway.summaries.transcript import SYSTEM_PROMPT
+from tests.asgi_socket import FINALS
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import FakeUpstream
+from tests.fuzz_oracle import MARK, PATHS, answer_problems, socket_problems, upstream_problems
+from tests.fuzz_strategies import (
+    FUZZ,
+    MODELS,
+    call_ids,
+    chat_bodies,
+    compact_bodies,
+    count_tokens_bodies,
+    encode,
+    fuzz_config,
+    json_values,
+    mangled,
+    messages_bodies,
+    mutated,
+    responses_bodies,
+    socket_frames,
+    texts,
+)
 from tests.gateway_process import gateway_process
 
 MAX_BODY = 40 * 1024 * 1024
-MODELS = ("big", "tiny", "tiny-summary", "tiny-error", "tiny-tiktoken")
-FUZZ = settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
+FUZZ_E2E = settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 3))
+EXAMPLES = itertools.count()
+SCHEMAS: dict[str, Any] = {
+    "chat": chat_bodies(),
+    "responses": responses_bodies(),
+    "messages": messages_bodies(),
+    "count_tokens": count_tokens_bodies(),
+    "compact": compact_bodies(),
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,248 +69,26 @@ def gateway(
     fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
     base = fake_upstream_server.base_url
-
-    def tiny(name: str, policy: str, tokenizer: str = "chars:4") -> dict[str, Any]:
-        return {
-            "name": name,
+    config = fuzz_config(base)
+    config["server"] = {"max_body_bytes": MAX_BODY, "body_read_timeout_s": 30}
+    config["models"].append(
+        {
+            "name": "tiny-tiktoken",
             "upstream": {"base_url": base},
             "context_window": 400,
             "max_output_tokens": 64,
-            "tokenizer": tokenizer,
-            "policy": policy,
+            "tokenizer": "tiktoken:o200k_base",
             "retry": {"max_attempts": 1},
         }
-
-    config = {
-        "server": {"max_body_bytes": MAX_BODY, "body_read_timeout_s": 30},
-        "models": [
-            {
-                "name": "big",
-                "upstream": {"base_url": base},
-                "context_window": 100_000_000,
-                "tokenizer": "chars:4",
-                "retry": {"max_attempts": 1},
-            },
-            tiny("tiny", "default"),
-            tiny("tiny-summary", "summary"),
-            tiny("tiny-error", "strict"),
-            tiny("tiny-tiktoken", "default", "tiktoken:o200k_base"),
-        ],
-        "policies": {
-            "summary": {
-                "steps": [{"type": "tool_output_cache"}, {"type": "sandwich"}, {"type": "fifo"}]
-            },
-            "strict": {"recovery_mode": "error", "steps": [{"type": "fifo"}]},
-        },
-    }
+    )
     with gateway_process(config, tmp_path_factory.mktemp("fuzz")) as gw:
         yield gw
 
 
 @pytest.fixture(scope="module")
 def http(gateway: GatewayProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway.base_url, timeout=60) as client:
+    with httpx.Client(base_url=gateway.url, timeout=60) as client:
         yield client
-
-
-# -- strategies --------------------------------------------------------------------------------
-
-TRICKY_TEXT = [
-    "",
-    " ",
-    "\x00",
-    "a\x00b",
-    "<|endoftext|>",
-    "<|im_start|>system",
-    "\u202e\u2066",
-    "\ufeff",
-    "𝕏" * 40,
-    "ä" * 300,
-    "\n" * 200,
-    "{" * 300,
-    "word " * 600,
-    "x" * 5000,
-    "```python\nprint(1)\n```",
-    '{"json": [1, 2, {"deep": true}]}',
-    "Traceback (most recent call last):\n" * 50,
-]
-texts = st.one_of(st.text(max_size=60), st.sampled_from(TRICKY_TEXT))
-huge_numbers = st.sampled_from(
-    [2**63 - 1, 2**63, 2**64 - 1, 2**64, 10**30, -(2**63) - 1, 1e308, -1e308, 5e-324, -0.0]
-)
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**80), max_value=2**80),
-    huge_numbers,
-    st.floats(allow_nan=False, allow_infinity=False),
-    texts,
-)
-json_values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
-)
-call_ids = st.sampled_from(
-    ["call_1", "call_2", "call_3", "call_1 ", ""]
-)  # a small pool: ids collide
-marks = st.fixed_dictionaries(
-    {},
-    optional={
-        "pin": st.booleans(),
-        "priority": st.integers(1, 3),
-        "type": st.sampled_from(["message", "code", "plan_ref", "log", "other"]),
-    },
-)
-
-
-@st.composite
-def user_message(draw: st.DrawFn) -> dict[str, Any]:
-    if draw(st.booleans()):
-        content: Any = draw(texts)
-    else:
-        parts = [{"type": "text", "text": draw(texts)}]
-        if draw(st.booleans()):
-            parts.append(
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
-            )
-        content = parts
-    message = {"role": "user", "content": content}
-    if draw(st.booleans()):
-        message["compactgate"] = draw(marks)
-    return message
-
-
-@st.composite
-def turn(draw: st.DrawFn) -> list[dict[str, Any]]:
-    """A user message, maybe rounds of tool calls and results (ids may collide or dangle), and an
-    assistant answer."""
-    out = [draw(user_message())]
-    for _ in range(draw(st.integers(0, 2))):
-        ids = draw(st.lists(call_ids, min_size=1, max_size=3))
-        calls = [
-            {
-                "id": i,
-                "type": "function",
-                "function": {
-                    "name": draw(st.sampled_from(["read", "grep", ""])),
-                    "arguments": draw(texts),
-                },
-            }
-            for i in ids
-        ]
-        out.append({"role": "assistant", "content": draw(st.none() | texts), "tool_calls": calls})
-        for i in draw(st.lists(call_ids, max_size=3)) if draw(st.booleans()) else ids:
-            out.append({"role": "tool", "tool_call_id": i, "content": draw(texts)})
-    if draw(st.booleans()):
-        out.append({"role": "assistant", "content": draw(texts)})
-    return out
-
-
-@st.composite
-def valid_bodies(draw: st.DrawFn) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    if draw(st.booleans()):
-        messages.append(
-            {"role": draw(st.sampled_from(["system", "developer"])), "content": draw(texts)}
-        )
-    for t in draw(st.lists(turn(), min_size=1, max_size=6)):
-        messages += t
-    body: dict[str, Any] = {"model": draw(st.sampled_from(MODELS)), "messages": messages}
-    if draw(st.booleans()):
-        body["stream"] = True
-        if draw(st.booleans()):
-            body["stream_options"] = {"include_usage": draw(st.booleans())}
-    if draw(st.booleans()):
-        body[draw(st.sampled_from(["max_tokens", "max_completion_tokens"]))] = draw(
-            st.integers(1, 300)
-        )
-    if draw(st.booleans()):
-        body["tools"] = [
-            {"type": "function", "function": {"name": "read", "parameters": draw(json_values)}}
-        ]
-    return body
-
-
-@st.composite
-def bodies(draw: st.DrawFn) -> Any:
-    """A valid body (a third of the time) or one with one to three faults at random places: a
-    value of another type or size, a key removed, an unknown key added."""
-    body: Any = draw(valid_bodies())
-    for _ in range(draw(st.integers(0, 3)) if draw(st.integers(0, 2)) else 0):
-        places = list(_places(body, ()))
-        path = draw(st.sampled_from(places))
-        action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
-        body = _apply(body, path, action, draw(json_values), draw(st.text(max_size=12)))
-    return body
-
-
-def _places(value: Any, path: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
-    yield path
-    if isinstance(value, dict):
-        for key, child in value.items():
-            yield from _places(child, (*path, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            yield from _places(child, (*path, index))
-
-
-def _apply(root: Any, path: tuple[Any, ...], action: str, value: Any, key: str) -> Any:
-    if not path:
-        return value if action == "replace" else root
-    parent = root
-    for step in path[:-1]:
-        parent = parent[step]
-    last = path[-1]
-    if action == "replace":
-        parent[last] = value
-    elif action == "delete":
-        del parent[last]
-    elif isinstance(parent[last], dict):
-        parent[last][key] = value
-    elif isinstance(parent[last], list):
-        parent[last].append(value)
-    return root
-
-
-@st.composite
-def mangled(draw: st.DrawFn) -> bytes:
-    """A serialised body, then damaged the way a broken client or an attacker would."""
-    raw = encode(draw(bodies()))
-    kind = draw(st.sampled_from(["utf8", "nul", "duplicate", "truncate", "bytes", "wrap"]))
-    at = draw(st.integers(0, len(raw)))
-    if kind == "utf8":
-        bad = draw(
-            st.sampled_from(
-                [
-                    b"\xff",
-                    b"\xc3\x28",
-                    b"\xed\xa0\x80",
-                    b"\xf4\x90\x80\x80",
-                    b"\xc0\xaf",
-                    b"\xe2\x82",
-                ]
-            )
-        )
-        return raw[:at] + bad + raw[at:]
-    if kind == "nul":
-        return raw[:at] + b"\x00" + raw[at:]
-    if kind == "duplicate":
-        key = draw(st.sampled_from([b'"model":', b'"messages":', b'"stream":', b'"max_tokens":']))
-        value = encode(draw(json_values))
-        return raw[:1] + key + value + b"," + raw[1:]
-    if kind == "truncate":
-        return raw[:at]
-    if kind == "bytes":
-        return draw(st.binary(max_size=200))
-    return draw(st.sampled_from([b"\xef\xbb\xbf", b" \n\t", b"[", b"null"])) + raw
-
-
-def encode(value: Any) -> bytes:
-    """JSON as a client would send it; unlike orjson, integers beyond 64 bits are allowed."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
 
 
 # -- the checks ---------------------------------------------------------------------------------
@@ -304,50 +99,30 @@ def check(
     fake: FakeUpstream,
     http: httpx.Client,
     raw: bytes,
-    headers: dict[str, str] | None = None,
+    api: str = "chat",
 ) -> httpx.Response:
+    """One hostile body on `api`'s endpoint, judged by tests/fuzz_oracle.py."""
     fake.reset()
+    example = str(next(EXAMPLES))
     response = http.post(
-        "/chat/completions",
+        PATHS[api],
         content=raw,
         headers={
             "content-type": "application/json",
             "authorization": "Bearer sk-fuzz",
-            **(headers or {}),
+            MARK: example,
         },
     )
     relayed = "x-compactgate-steps" in response.headers
-    assert response.status_code < 500 or relayed, (
-        f"gateway {response.status_code}: {response.text[:500]}\n{gateway.output()[-4000:]}"
-    )
-    if response.status_code >= 400 and not relayed:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}, error
-        assert isinstance(error["message"], str) and error["message"]
-        assert isinstance(error["type"], str)
-        assert error["param"] is None or isinstance(error["param"], str)
-        assert error["code"] is None or isinstance(error["code"], str)
-        if error["code"] != "context_length_exceeded":  # refused as invalid: nothing went upstream
-            assert _client_calls(fake) == [], error
-    elif response.status_code == 200:
-        if response.headers["content-type"].startswith("text/event-stream"):
-            assert response.content.endswith(b"data: [DONE]\n\n")
-        else:
-            assert "choices" in response.json()
+    status, content = response.status_code, response.content
+    problems = answer_problems(api, status, response.headers, content, relayed)
+    assert not problems, (api, raw[:1000], problems, gateway.output()[-3000:])
+    code = response.json()["error"].get("code") if status >= 400 else None
+    refused = status >= 400 and not relayed and code != "context_length_exceeded"
+    problems = upstream_problems(fake.requests(), example, refused)
+    assert not problems, (api, raw[:1000], problems)
     assert gateway.process.popen.poll() is None, gateway.output()[-3000:]
     return response
-
-
-def _client_calls(fake: FakeUpstream) -> list[Any]:
-    """Chat requests that came from a client, not the summaries an earlier example's request
-    left being made in the background (they may reach the upstream after the next `reset`)."""
-    return [r for r in fake.chat_requests() if not _summary_call(r.get("json"))]
-
-
-def _summary_call(body: Any) -> bool:
-    messages = body.get("messages") if isinstance(body, dict) else None
-    first = messages[0] if isinstance(messages, list) and messages else None
-    return isinstance(first, dict) and first.get("content") == SYSTEM_PROMPT
 
 
 def assert_still_serving(gateway: GatewayProcess) -> None:
@@ -364,21 +139,70 @@ def assert_still_serving(gateway: GatewayProcess) -> None:
 # -- the fuzzers ----------------------------------------------------------------------------------
 
 
-@FUZZ
-@given(body=bodies())
-def test_structured_bodies(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, body: dict[str, Any]
+@pytest.mark.parametrize("api", list(SCHEMAS))
+@FUZZ_E2E
+@given(data=st.data())
+def test_generated_and_broken_bodies(
+    gateway: GatewayProcess,
+    fake_upstream: FakeUpstream,
+    http: httpx.Client,
+    api: str,
+    data: st.DataObject,
 ) -> None:
-    check(gateway, fake_upstream, http, encode(body))
+    body = data.draw(st.one_of(SCHEMAS[api], mutated(SCHEMAS[api])))
+    check(gateway, fake_upstream, http, encode(body), api)
 
 
-@FUZZ
-@given(raw=mangled())
-def test_mangled_bytes(
-    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes
+@pytest.mark.parametrize("api", list(SCHEMAS))
+@FUZZ_E2E
+@given(data=st.data())
+def test_damaged_bytes(
+    gateway: GatewayProcess,
+    fake_upstream: FakeUpstream,
+    http: httpx.Client,
+    api: str,
+    data: st.DataObject,
 ) -> None:
-    response = check(gateway, fake_upstream, http, raw)
-    assert response.status_code == 200 or response.status_code < 500
+    check(gateway, fake_upstream, http, data.draw(mangled(SCHEMAS[api])), api)
+
+
+@FUZZ_E2E
+@given(frames=socket_frames())
+def test_websocket_frames(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, frames: list[Any]
+) -> None:
+    """Every frame asking for an answer gets one ending in a final frame, never a 5xx, and the
+    socket then still answers a good request."""
+    fake_upstream.reset()
+    example = str(next(EXAMPLES))
+    asyncio.run(_socket_session(gateway, frames, example))
+    assert not upstream_problems(fake_upstream.requests(), example, refused=False)
+
+
+async def _socket_session(gateway: GatewayProcess, frames: list[Any], example: str) -> None:
+    url = f"ws://127.0.0.1:{gateway.port}/v1/responses"
+    headers = {"authorization": "Bearer sk-fuzz", MARK: example}
+    last_id = "resp_unknown"
+    async with connect(url, additional_headers=headers, max_size=None) as socket:
+        for frame in [*frames, {"type": "response.create", "model": "big", "input": "hi"}]:
+            if isinstance(frame, bytes | str):
+                await socket.send(frame)
+            else:
+                if frame.get("previous_response_id") == "last":
+                    frame = {**frame, "previous_response_id": last_id}
+                await socket.send(encode(frame).decode())
+                if frame.get("type") == "response.processed":
+                    continue
+            answer = []
+            while not answer or answer[-1].get("type") not in FINALS:
+                answer.append(json.loads(await asyncio.wait_for(socket.recv(), 30)))
+            assert not socket_problems(answer), (frame, answer[-3:])
+            done = (
+                answer[-1].get("response") if answer[-1]["type"] == "response.completed" else None
+            )
+            if isinstance(done, dict) and isinstance(done.get("id"), str):
+                last_id = done["id"]
+        assert answer[-1]["type"] == "response.completed"
 
 
 def nested(depth: int, leaf: bytes = b"1") -> bytes:
@@ -417,8 +241,9 @@ def many_messages(count: int, model: str, *, paired: bool = True) -> bytes:
 
 EDGE_CASES: list[tuple[str, bytes, set[int]]] = [
     ("nested-200-fits", body_with(nested(200)), {200}),
-    # Unchanged, it is forwarded byte for byte (orjson reads it); changed, it cannot be written.
-    ("nested-300-forwarded-unchanged", body_with(nested(300)), {200}),
+    # Unchanged, it is forwarded byte for byte (orjson reads it), and the upstream refuses it as
+    # providers do (the fake's 400, relayed); changed, it cannot be written: the gateway's 400.
+    ("nested-300-forwarded-unchanged", body_with(nested(300)), {400}),
     (
         "nested-300-cannot-be-forwarded-changed",
         body_with(nested(300)).replace(
@@ -523,6 +348,48 @@ def test_edge_cases(
     assert response.status_code in allowed, response.text[:500]
 
 
+ROLE = {"role": ["user"], "content": "hi"}
+ISSUE_39: list[tuple[str, str, Any]] = [
+    # A `role` that is a list or an object (was 500: unhashable type).
+    ("responses-role-list", "responses", {"model": "big", "input": [{**ROLE, "type": "message"}]}),
+    ("responses-role-object", "responses", {"model": "big", "input": [{**ROLE, "role": {"a": 1}}]}),
+    ("messages-role-list", "messages", {"model": "big", "max_tokens": 9, "messages": [ROLE]}),
+    (
+        "count-tokens-role-object",
+        "count_tokens",
+        {"model": "big", "messages": [{**ROLE, "role": {}}]},
+    ),
+    ("compact-role-list", "compact", {"model": "emulate", "input": [ROLE]}),
+    ("chat-role-list", "chat", {"model": "big", "messages": [ROLE]}),
+    # Nothing to compact (was 500: an error class built with a wrong argument).
+    ("compact-empty-input", "compact", {"model": "emulate", "input": []}),
+    ("compact-no-input", "compact", {"model": "emulate"}),
+    ("bare-trigger", "responses", {"model": "emulate", "input": [{"type": "compaction_trigger"}]}),
+]
+
+
+@pytest.mark.parametrize(("api", "body"), [c[1:] for c in ISSUE_39], ids=[c[0] for c in ISSUE_39])
+def test_the_bodies_that_were_answered_500(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, api: str, body: Any
+) -> None:
+    response = check(gateway, fake_upstream, http, encode(body), api)
+    assert response.status_code == 400, response.text
+
+
+async def test_a_role_that_is_a_list_on_the_websocket_gets_a_400_frame(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    url = f"ws://127.0.0.1:{gateway.port}/v1/responses"
+    async with connect(url, additional_headers={"authorization": "Bearer sk-fuzz"}) as socket:
+        for item in (ROLE, {**ROLE, "role": {"a": 1}}):
+            frame_text = encode({"type": "response.create", "model": "big", "input": [item]})
+            await socket.send(frame_text.decode())
+            frame = json.loads(await asyncio.wait_for(socket.recv(), 30))
+            assert frame["type"] == "error" and frame["status"] == 400, frame
+            assert frame["error"]["param"] == "input[0].role", frame
+    assert fake_upstream.requests() == []
+
+
 @pytest.mark.parametrize("model", ["tiny", "tiny-summary", "tiny-tiktoken", "tiny-error"])
 def test_10k_messages_are_compacted_to_fit(
     gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, model: str
@@ -542,7 +409,7 @@ def test_chunked_body_and_a_body_shorter_than_declared(
 ) -> None:
     body = b'{"model":"big","messages":[{"role":"user","content":"x"}]}'
     response = http.post(
-        "/chat/completions",
+        "/v1/chat/completions",
         content=iter([body[:10], body[10:]]),
         headers={"authorization": "Bearer sk-fuzz"},
     )
@@ -557,6 +424,110 @@ def test_chunked_body_and_a_body_shorter_than_declared(
     time.sleep(0.2)
     assert fake_upstream.chat_requests() == []
     assert_still_serving(gateway)
+
+
+# -- POST /v1/compress (design D9.10) -------------------------------------------------------------
+
+
+@st.composite
+def anthropic_messages(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Anthropic Messages as agentgateway sends them (no system): text, tool_use and
+    tool_result blocks (ids may collide or dangle), thinking, cache_control markers."""
+    out: list[dict[str, Any]] = []
+    for _ in range(draw(st.integers(1, 5))):
+        text = {"type": "text", "text": draw(texts)}
+        if draw(st.booleans()):
+            text["cache_control"] = {"type": "ephemeral"}
+        out.append({"role": "user", "content": draw(st.sampled_from([draw(texts), [text]]))})
+        ids = draw(st.lists(call_ids, max_size=2))
+        blocks: list[dict[str, Any]] = [
+            {"type": "tool_use", "id": i, "name": "read", "input": draw(json_values)} for i in ids
+        ]
+        if draw(st.booleans()):
+            blocks.insert(0, {"type": "thinking", "thinking": draw(texts), "signature": "c2ln"})
+        out.append({"role": "assistant", "content": blocks or [{"type": "text", "text": "ok"}]})
+        if ids:
+            answered = ids if draw(st.booleans()) else draw(st.lists(call_ids, max_size=2))
+            out.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": i, "content": draw(texts)}
+                        for i in answered
+                    ]
+                    or [{"type": "text", "text": "-"}],
+                }
+            )
+    out.append({"role": "user", "content": [{"type": "text", "text": draw(texts)}]})
+    return out
+
+
+@st.composite
+def compress_bodies(draw: st.DrawFn) -> Any:
+    """`{"messages", "model"}` with OpenAI chat or Anthropic messages, valid half the time, else
+    with structural faults (`fuzz_strategies.mutated`; a fault may mix the two shapes)."""
+    if draw(st.booleans()):
+        messages = draw(chat_bodies())["messages"]
+    else:
+        messages = draw(anthropic_messages())
+    body: Any = {"model": draw(st.sampled_from((*MODELS, "unknown"))), "messages": messages}
+    return draw(mutated(st.just(body))) if draw(st.booleans()) else body
+
+
+def _client_calls(fake: FakeUpstream) -> list[Any]:
+    """Requests that came from a client, not the summaries an earlier example's request left
+    being made in the background (they may reach the upstream after the next `reset`)."""
+    return [r for r in fake.chat_requests() if not _summary_call(r.get("json"))]
+
+
+def _summary_call(body: Any) -> bool:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    first = messages[0] if isinstance(messages, list) and messages else None
+    return isinstance(first, dict) and first.get("content") == SYSTEM_PROMPT
+
+
+def check_compress(
+    gateway: GatewayProcess, fake: FakeUpstream, http: httpx.Client, raw: bytes
+) -> httpx.Response:
+    """Never a 5xx (nothing is relayed here), a 4xx in OpenAI's shape, an answer in the
+    contract's shape, nothing sent upstream but summaries, and the process alive."""
+    fake.reset()
+    response = http.post(
+        "/compress",
+        content=raw,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-fuzz"},
+    )
+    assert response.status_code < 500, (
+        f"gateway {response.status_code}: {response.text[:500]}\n{gateway.output()[-4000:]}"
+    )
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and error["message"]
+    else:
+        answer = response.json()
+        assert set(answer) == {"messages", "tokens_saved"}
+        assert isinstance(answer["messages"], list) and answer["messages"]
+        assert isinstance(answer["tokens_saved"], int) and answer["tokens_saved"] >= 0
+    assert _client_calls(fake) == []
+    assert gateway.process.popen.poll() is None, gateway.output()[-3000:]
+    return response
+
+
+@FUZZ
+@given(body=compress_bodies())
+def test_compress_bodies(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, body: Any
+) -> None:
+    check_compress(gateway, fake_upstream, http, encode(body))
+
+
+@settings(FUZZ, max_examples=60)
+@given(raw=mangled(compress_bodies()))
+def test_compress_mangled_bytes(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream, http: httpx.Client, raw: bytes
+) -> None:
+    check_compress(gateway, fake_upstream, http, raw)
 
 
 def test_still_serving_after_the_fuzzing(

@@ -11,6 +11,7 @@ retry was right: smaller, system prompt and latest user message intact, tool cal
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from gateway.devtools.echo_upstream import estimate_prompt_tokens
 from tests.conftest import GatewayProcess
 from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
 from tests.gateway_process import gateway_process
+from tests.in_process import AppStarter, LocalUpstream
 
 CONFIGURED_WINDOW = 64_000  # what the operator (wrongly) configured
 LIMIT = 2_000  # the fake upstream's real limit, in its own tokens (chars of JSON / 4)
@@ -461,7 +463,7 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
     forwarder = Forwarder(gw.sender, gw.engine, expansion, gw.tool_outputs, gw.windows, gw.metrics)
     books = Accounting(gw.metrics, gw.events, gw.costs, gw.calibration, "chat", True)
     call = Call(CHAT, request, route, "t", [], books)
-    retry = await forwarder.recompact(call, first, Overflow(error))
+    retry = await forwarder.recompact(call, first, Overflow(error), error)
     assert retry.budget is not None
     assert retry.budget.context_window <= (limit or CONFIGURED_WINDOW)
     if limit is not None:  # one retry is enough when the limit is stated
@@ -473,3 +475,50 @@ async def test_the_retry_targets_the_real_limit_not_a_share_of_the_configured_wi
     assert retry.messages[0] == {"role": "system", "content": SYSTEM}
     assert retry.messages[-1] == {"role": "user", "content": LATEST}
     assert_tool_pairs(retry.messages)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+async def test_the_last_context_error_quotes_the_real_window_and_request(
+    start_app: AppStarter, local_upstream: LocalUpstream, api: str
+) -> None:
+    """Regression: after the upstream's context errors the gateway's final 400 named the
+    window of its last retry ("the 7-token context window"), a window scaled down into the
+    gateway's units, not the model's. The upstream here counts twice what the gateway does
+    and allows 60 tokens: the retry compacts against about 30, and nothing fits either."""
+    config = {
+        "models": [
+            {
+                "name": "m",
+                "upstream": {"base_url": local_upstream.base_url},
+                "tokenizer": "chars:4",
+                "context_window": CONFIGURED_WINDOW,
+                "policy": "strict",
+            }
+        ],
+        "policies": {"strict": {"recovery_mode": "error"}},
+    }
+    gw = await start_app(config)
+    local_upstream.configure({"context_limit": 60, "style": "openai", "usage_tokenizer": "chars:2"})
+    latest = "Please explain the whole design once more, slowly. " * 6
+    path, body = {
+        "chat": (
+            "/v1/chat/completions",
+            {"max_tokens": 10, "messages": [{"role": "user", "content": latest}]},
+        ),
+        "responses": ("/v1/responses", {"max_output_tokens": 10, "input": latest}),
+        "messages": (
+            "/v1/messages",
+            {"max_tokens": 10, "messages": [{"role": "user", "content": latest}]},
+        ),
+    }[api]
+    response = await gw.http.post(path, json={"model": "m", **body})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    if api == "responses":  # the fake's Responses error states no figures, as OpenAI's may not
+        assert "without saying its window" in error["message"], error
+        assert re.search(r"about \d+ tokens by the gateway's count", error["message"]), error
+    else:
+        assert "window is 60 tokens" in error["message"], error
+        assert re.search(r"it counted \d+ tokens in this request", error["message"]), error
+    assert not re.search(r"\d+-token context window", error["message"]), error
+    assert len(local_upstream.requests()) == 1  # refused once; the retry could not be sent

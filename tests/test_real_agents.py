@@ -13,6 +13,7 @@ The agents come from `agents/package-lock.json` (`scripts/install-agents`): see
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -59,7 +60,7 @@ def test_codex_finishes_a_tool_session_that_outgrows_the_window(
     assert refused == 0, gateway.output()[-3000:]
     # The history outgrew the window: what reached the upstream was compacted to fit it.
     assert max(sizes) <= window * 1.1
-    assert "steps=tool_output_cache" in gateway.output() or "steps=fifo" in gateway.output()
+    assert re.search(r"steps=(?!none\b)\w", gateway.output())  # some request was compacted
 
 
 def test_claude_code_finishes_a_tool_session_that_outgrows_the_window(
@@ -83,7 +84,7 @@ def test_claude_code_finishes_a_tool_session_that_outgrows_the_window(
     assert gateway.output().count("status=400") == 0, gateway.output()[-3000:]
     assert max(sizes) <= window * 1.1
     assert "api=messages" in gateway.output() and "steps=none" in gateway.output()
-    assert any(step in gateway.output() for step in ("steps=tool_output_cache", "steps=fifo"))
+    assert re.search(r"steps=(?!none\b)\w", gateway.output())  # some request was compacted
 
 
 def test_codexs_own_compaction_is_answered_from_a_summary_made_ahead(

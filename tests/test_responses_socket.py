@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -336,7 +337,7 @@ def test_codex_over_its_websocket_finishes_a_tool_session_that_outgrows_the_wind
     assert gateway.output().count("status=400") == 0, gateway.output()[-3000:]
     sizes = [prompt_tokens(body, 4.0) for body in sent]
     assert max(sizes) <= window * 1.1
-    assert "steps=tool_output_cache" in gateway.output() or "steps=fifo" in gateway.output()
+    assert re.search(r"steps=(?!none\b)\w", gateway.output())  # some request was compacted
 
 
 @pytest.mark.slow

@@ -89,6 +89,8 @@ def test_sigterm_lets_the_stream_in_flight_finish_refuses_new_connections_and_ex
         assert time.monotonic() - signalled < 2, "still accepting connections after SIGTERM"
         time.sleep(0.05)
     assert not reader.finished  # refused while the stream was still in flight
+    gw.process.wait_for(r"not ready: draining", 5)  # readiness knew it from the signal on,
+    assert not reader.finished  # not only once the lifespan ended
 
     reader.join(15)
     assert reader.error is None and reader.finished

@@ -301,7 +301,10 @@ def _conversation_key(api: str) -> str:
 def _compaction_body(request: WireRequest, template: Template) -> dict[str, Any]:
     """The agent's compaction request, as it would send it over this request's history."""
     key = _conversation_key(request.api)
-    history = list(request.payload.get(key) or [])
+    raw = request.payload.get(key) or []
+    if isinstance(raw, str):  # a Responses `input` that is one user message
+        raw = [{"type": "message", "role": "user", "content": raw}]
+    history = list(raw)
     prompt = template.prompt
     if request.api == "messages" and history and isinstance(prompt, dict):
         # Claude Code puts the prompt in the turn that answers the last tool call.

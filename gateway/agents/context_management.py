@@ -38,6 +38,7 @@ from ..errors import GatewayError, InvalidRequestError
 from ..path.sse import EventSplitter
 from ..routing import Route
 from ..wire import WireRequest
+from ..wire.fields import serialise
 from .blocks import (
     COMPACT,
     BlockInStream,
@@ -243,7 +244,13 @@ def _clear_tool_uses(
     trigger = _amount(edit.get("trigger"), 100_000, "input_tokens", "trigger")
     keep = _amount(edit.get("keep"), 3, "tool_uses", "keep")
     at_least = _amount(edit.get("clear_at_least"), 0, "input_tokens", "clear_at_least")
-    excluded = set(edit.get("exclude_tools") or [])
+    names = edit.get("exclude_tools") or []
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise InvalidRequestError(
+            "context_management: exclude_tools must be a list of tool names.",
+            param="context_management",
+        )
+    excluded = set(names)
     clear_inputs = edit.get("clear_tool_inputs") is True
     total = sum(count(m.get("content")) for m in messages if isinstance(m, dict))
     if total <= trigger:
@@ -351,7 +358,7 @@ class ContextManagement:
             )
             return request
         payload = {**request.payload, "messages": compacted(messages, summary, start)}
-        forwarded = request.wire.parse(orjson.dumps(payload), self._max_messages)
+        forwarded = request.wire.parse(serialise(payload), self._max_messages)
         after = sum(route.counter.message(m) for m in forwarded.messages)
         after += self._tools_tokens(forwarded, route)
         applied.edits.append({"type": COMPACT, "cleared_input_tokens": max(0, tokens - after)})
@@ -381,10 +388,10 @@ def apply_to(request: Any, route: Any, max_messages: int) -> tuple[Any, Applied]
         return request, Applied()
 
     def count(value: Any) -> int:
-        text = value if isinstance(value, str) else orjson.dumps(value).decode()
+        text = value if isinstance(value, str) else serialise(value).decode()
         return route.counter.text(text)
 
     forwarded, applied = adapt(request.payload, route.context_management, count)
     if forwarded is None:
         return request, applied
-    return request.wire.parse(orjson.dumps(forwarded), max_messages), applied
+    return request.wire.parse(serialise(forwarded), max_messages), applied

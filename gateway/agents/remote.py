@@ -62,7 +62,7 @@ from ..routing import Route
 from ..store import SafeStore
 from ..summaries import SummaryService
 from ..wire.base import WireRequest
-from ..wire.fields import EXTENSION
+from ..wire.fields import EXTENSION, serialise
 from . import refs as compaction_refs
 from .answers import CompactionAnswers
 
@@ -138,7 +138,7 @@ class RemoteCompaction:
                 raise self._missing(index)
             replaced[index] = summary_item(text)
             self._keep_alive(tenant, ref_id, text)
-        return orjson.dumps({**payload, "input": replaced})
+        return serialise({**payload, "input": replaced})
 
     async def _summary(self, tenant: str, ref_id: str) -> str | None:
         value = await self._store.get(KEY_PREFIX + ref_id)
@@ -332,7 +332,7 @@ def without_trigger(request: WireRequest, max_messages: int) -> WireRequest:
     """The request with its trailing `compaction_trigger` removed: the history to compact."""
     items = request.payload["input"]
     payload = {**request.payload, "input": items[:-1]}
-    return request.wire.parse(orjson.dumps(payload), max_messages)
+    return request.wire.parse(serialise(payload), max_messages)
 
 
 def user_messages(payload: Mapping[str, Any]) -> list[Any]:

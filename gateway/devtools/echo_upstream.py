@@ -183,7 +183,10 @@ def make_echo_app(context_window: int = 4096, chars_per_token: float = 4.0) -> w
             return _invalid("'messages' must be a non-empty array.", "messages")
         max_tokens = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
         max_tokens = max_tokens if type(max_tokens) is int and max_tokens > 0 else 0
-        prompt = estimate_prompt_tokens(payload, chars_per_token)
+        try:
+            prompt = estimate_prompt_tokens(payload, chars_per_token)
+        except orjson.JSONEncodeError:  # nested deeper than providers take: they refuse it too
+            return _invalid("The request body is nested too deeply.")
         if prompt + max_tokens > context_window:
             body = context_error_body(context_window, prompt, max_tokens)
             return web.Response(

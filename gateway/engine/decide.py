@@ -20,15 +20,15 @@ from dataclasses import replace
 from policies import Budget, ChainResult, Conversation, Env, Memo, Message, run_chain
 from policies.invariants import TOOL_CALLS_PAIRED, check, check_tool_pairs
 from policies.pinning import apply_pin_rules
-from policies.summaries import SummaryAnswer, SummaryRequest, SummarySource
+from policies.summaries import SummaryAnswer, SummaryRequest, SummarySource, UnwritableError
 from policies.summarising import SummarisingStep
 
 from ..counting.prefix import Counted
 from ..counting.tokens import PRIMING_TOKENS
-from ..errors import ContextLengthExceededError, GatewayError, InvalidRequestError
+from ..errors import ContextLengthExceededError, GatewayError
 from ..ops.metrics import Metrics
 from ..routing import Route
-from ..summaries import SummaryAsk, SummaryService
+from ..summaries import SummaryAsk, SummaryService, unsummarisable
 from ..tool_outputs import ToolOutputCache
 from ..wire import WireRequest
 from .held import HeldResults
@@ -198,6 +198,8 @@ class Decision:
                 chain, complete = await self._run(
                     conversation, budget, route, tenant, force, headers, request.api
                 )
+            except UnwritableError as error:  # a message nested too deeply to be summarised
+                raise unsummarisable(error) from None
             except GatewayError:
                 raise
             except Exception:  # a fault in a step must not fail a request (design D1.9)
@@ -304,12 +306,12 @@ class Decision:
                 budget.trigger_ratio,
                 budget.target_ratio,
             )
-        raise InvalidRequestError(
+        raise ContextLengthExceededError(
             f"max_tokens ({budget.reserved_output}) plus the tool definitions "
-            f"({tools_tokens} tokens) "
-            f"leave no room for messages in the {budget.context_window}-token context window.",
+            f"({tools_tokens} tokens) and the gateway's margin and overhead "
+            f"({budget.fixed_tokens - tools_tokens} tokens) leave no room for messages in the "
+            f"{budget.context_window}-token context window.",
             param="max_tokens" if request.max_output is not None else "tools",
-            code="context_length_exceeded",
         )
 
 

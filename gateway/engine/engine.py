@@ -83,6 +83,7 @@ class Engine:
         headers: Sequence[tuple[bytes, bytes]] | None = None,
         remember: bool = True,
         count_late: bool = False,
+        offer_expansion: bool = True,
     ) -> Prepared:
         """Decide what to send for `request` against `window` (the effective context window).
 
@@ -90,7 +91,8 @@ class Engine:
         for the plan, only stored summaries are used). `remember`: hold a compaction event's
         result for the conversation's next requests (a question about a request, plan or
         count_tokens, reads what is held only). `count_late`: a request whose upper bound fits
-        may be forwarded before it is counted exactly (`bounded`).
+        may be forwarded before it is counted exactly (`bounded`). `offer_expansion`: False
+        where the caller forwards the messages alone (design D13.4).
         """
         measure = self.measure
         decision = self.decision
@@ -130,6 +132,7 @@ class Engine:
             observe,
             conversation=conversation,
             chain=chain,
+            offer_expansion=offer_expansion,
         )
 
     # -- what the other parts ask of the engine -------------------------------------------

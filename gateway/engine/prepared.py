@@ -13,13 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-
 from policies import Budget, ChainResult, Conversation, StepReport, StoredOutput
 
 from ..counting.tokenizers import CharsTokenizer
 from ..counting.tokens import PRIMING_TOKENS
-from ..errors import InvalidRequestError
 from ..routing import Route
 
 
@@ -114,14 +111,3 @@ def correction_of(route: Route) -> float | None:
     """The calibration multiplier of the route's heuristic tokenizer, None for exact ones."""
     tokenizer = route.counter.tokenizer
     return tokenizer.correction if isinstance(tokenizer, CharsTokenizer) else None
-
-
-def serialise(payload: Mapping[str, Any]) -> bytes:
-    """The body to forward. orjson reads 1024 levels of nesting but writes fewer: a body between
-    the two can only be refused here, when it has to be written again (passthrough never is)."""
-    try:
-        return orjson.dumps(payload)
-    except orjson.JSONEncodeError as exc:
-        raise InvalidRequestError(
-            f"The request body cannot be forwarded once changed: {exc}."
-        ) from None

@@ -22,7 +22,8 @@ from ..expansion import offer
 from ..routing import Route
 from ..tool_outputs import ToolOutputCache
 from ..wire import WireRequest
-from .prepared import ExactCount, Prepared, correction_of, serialise
+from ..wire.fields import serialise
+from .prepared import ExactCount, Prepared, correction_of
 
 
 class Render:
@@ -48,17 +49,21 @@ class Render:
         conversation: Conversation | None = None,
         chain: ChainResult | None = None,
         late: asyncio.Future[ExactCount] | None = None,
+        offer_expansion: bool = True,
     ) -> Prepared:
         """What to forward and its figures. Without a `conversation` (no chain was needed) the
         client's request goes as it is, its figures summed from `counts` (with `late`, those
         and `tools_tokens` are upper bounds and `late` makes the exact ones); with one, the
-        chain's result when it changed anything (not in shadow mode), else the request."""
+        chain's result when it changed anything (not in shadow mode), else the request.
+        `offer_expansion`: False when the caller cannot run the expansion tools (it forwards
+        the messages alone): they are not added."""
         if conversation is None:
             return self._unchanged(
                 request, route, counted, counts, tools_tokens, budget, observe, late
             )
+        offered = self._expansion_offered(chain, budget, route) if offer_expansion else None
         return self._compacted(
-            request, route, counted, conversation, chain, budget, tools_tokens, observe
+            request, route, counted, conversation, chain, budget, tools_tokens, observe, offered
         )
 
     def _unchanged(
@@ -121,9 +126,10 @@ class Render:
         budget: Budget | None,
         tools_tokens: int,
         observe: bool,
+        offered: ToolOutputCache | None,
     ) -> Prepared:
         """The body to forward (the chain's result, or the request as sent when nothing
-        changed or the gateway only observes) and the figures reported about it."""
+        changed or the gateway only observes), the tools of `offered` added, and its figures."""
         result = chain.conversation if chain is not None and chain.changed else conversation
         changed = result is not conversation
         rename = route.upstream_model if route.renamed else None
@@ -137,11 +143,10 @@ class Render:
             sent: list[Any] = request.messages
         else:
             payload = request.forward_payload(result.messages, rename, inject, counted.uids)
-            cache = self._expansion_offered(chain, budget, route)
-            if cache is not None:
-                offered = offer(request.api, payload, cache)
-                if offered is not None:
-                    payload, expandable = offered, True
+            if offered is not None:
+                with_tools = offer(request.api, payload, offered)
+                if with_tools is not None:
+                    payload, expandable = with_tools, True
             body = serialise(payload)
             sent = result.data()
         counts = Counter(m.role for m in (conversation if observe else result).messages)

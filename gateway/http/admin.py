@@ -11,21 +11,13 @@ a page saying how to pass it; API clients get the JSON error. The plan endpoint 
 key and the admin token travels in `x-compactgate-admin-token`, a header the gateway never
 forwards upstream. Health checks stay open on both ports for probes.
 
-`/metrics`, `/ui`, `/v1/compactgate/events` and `/v1/compactgate/plan` are admin surfaces. With
-`server.admin_port` they are served only on that port (and the proxy only on the main one);
-with `server.admin_token` they require the token, presented as `x-compactgate-admin-token:
-<token>`, or `Authorization: Bearer <token>`, or `?token=<token>` (so a browser can open `/ui`),
-looked for in that order: the first one present is the one compared. The plan endpoint also
-runs `auth` (it acts for a tenant), so with gateway keys configured its `Authorization` carries
-the caller's key and the admin token travels in `x-compactgate-admin-token`, a header the
-gateway never forwards upstream. Health checks stay open on both ports for probes.
-
 Without a token nothing is opened silently: on the main port the admin surfaces answer only
 clients on this machine (loopback, or a Unix socket), so a laptop or the demo works as before
 and anyone else gets a 403 that says how to open them. A separate `admin_port` without a token
 is a deliberate choice (its network decides who reaches it) and `serve` warns about it when it
 listens beyond loopback. An empty token (`admin_token: ""`, often an unset variable) is no
-token: it never matches a request that presents none.
+token: it never matches a request that presents none. Without a token, an admin surface also
+needs a Host no DNS-rebinding page can use (`hosts`); no page on another origin reads one (`cors`).
 """
 
 from __future__ import annotations
@@ -58,9 +50,11 @@ from ..errors import (
 from ..ops.events import EventLog, RequestSample
 from ..ops.metrics import Metrics
 from ..ops.overview import overview as aggregate
+from ..ops.upstream_health import Round, UpstreamHealth
 from ..path.windows import Windows
 from ..routing import Router
 from .auth import is_loopback
+from .hosts import Hosts
 
 ADMIN_PATHS = frozenset(
     {
@@ -75,12 +69,15 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|m|h|d)?")
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 LATEST_REQUESTS = 100  # the request list under the tables
+UPSTREAMS_WAIT_S = 0.5  # the overview waits at most this long for a round of upstream checks
 
 ADMIN_TOKEN_HEADER = b"x-compactgate-admin-token"
 
 
-def refusal(scope: Scope, server: ServerConfig) -> GatewayError | None:
-    """Why this request may not reach its path here (404 or 401); None when it may."""
+def refusal(scope: Scope, server: ServerConfig, hosts: Hosts) -> GatewayError | None:
+    """Why this request may not reach its path here (404, 401 or 403); None when it may.
+    Without an admin token, an admin surface also needs a Host no rebinding page can use
+    (`hosts`, design D16.7): the token is what a rebinding page cannot present."""
     path = scope["path"]
     if path in OPEN_PATHS:
         return None
@@ -109,7 +106,7 @@ def refusal(scope: Scope, server: ServerConfig) -> GatewayError | None:
             "them on a port of their own with server.admin_port.",
             code="admin_token_required",
         )
-    return None
+    return hosts.refusal(scope)
 
 
 def admin_token(server: ServerConfig) -> str | None:
@@ -138,7 +135,8 @@ def exposure_warning(server: ServerConfig, host: str) -> str | None:
         return (
             f"{empty}admin surfaces (/metrics, /ui, events, plan) are served on port "
             f"{server.admin_port} without a token: anyone who can reach that port can read "
-            "them. Keep the port inside a trusted network, or set server.admin_token."
+            "them. Keep the port inside a trusted network, or set server.admin_token; reached "
+            "by a host name (not an address), list it in server.allowed_hosts."
         )
     if is_loopback(host) and not empty:
         return None
@@ -197,18 +195,25 @@ class AdminViews:
     """The admin surfaces' feeds and page (behind the gate above): what they read is passed in."""
 
     def __init__(
-        self, events: EventLog, metrics: Metrics, router: Router, windows: Windows
+        self,
+        events: EventLog,
+        metrics: Metrics,
+        router: Router,
+        windows: Windows,
+        upstreams: UpstreamHealth,
     ) -> None:
         self._events = events
         self._metrics = metrics
         self._router = router
         self._windows = windows
+        self._upstreams = upstreams
 
     async def events(self, request: Request) -> Response:
         return await events(self._events, request)
 
     async def overview(self, request: Request) -> Response:
-        return await overview(self._events, self._metrics, self.windows(), request)
+        upstreams = await self._upstreams.report(UPSTREAMS_WAIT_S)
+        return await overview(self._events, self._metrics, self.windows(), upstreams, request)
 
     async def ui(self, request: Request) -> Response:
         return await ui(request)
@@ -242,14 +247,18 @@ def parse_range(text: str) -> float | None:
 
 
 async def overview(
-    log: EventLog, metrics: Metrics, model_windows: list[dict[str, Any]], request: Request
+    log: EventLog,
+    metrics: Metrics,
+    model_windows: list[dict[str, Any]],
+    upstreams: Round | None,
+    request: Request,
 ) -> Response:
     """GET /v1/compactgate/overview?range=1h: what `/ui` shows, for the last `range`.
 
     Per model, per wire API and per tenant: requests, rate, errors by reason, p50/p99 latency
     and the gateway's own overhead, compaction, retries, internal rounds and cost; the cost
     totals; then, since start, the summary cache and the summariser; the learned windows; the
-    latest requests and compaction events of the range.
+    latest requests and compaction events of the range; each model's upstream reachability.
     """
     text = request.query_params.get("range", "1h")
     try:
@@ -272,6 +281,7 @@ async def overview(
         "since_start": feed["totals"],
         "summaries": summaries(metrics),
         "windows": model_windows,
+        "upstreams": upstreams.view() if upstreams is not None else None,
         "requests": [sample_view(s) for s in reversed(recent)],
         "events": feed["events"],
         "kept": {"requests": len(log.requests), "limit": log.requests.maxlen},

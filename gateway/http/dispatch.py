@@ -27,7 +27,7 @@ from ..path.accounting import finish
 from ..path.exchange import Exchange
 from ..wire import CHAT, MESSAGES
 from . import admin
-from .cors import BrowserAccess
+from .cors import BrowserAccess, Origins
 
 Handler = Callable[[Request, Exchange], Awaitable[Response]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -93,6 +93,7 @@ class Dispatch:
         endpoints: Mapping[str, ASGIApp],
         routes: list[BaseRoute],
         server: ServerConfig,
+        origins: Origins,
     ) -> None:
         self.endpoints = endpoints
         self.app = Starlette(
@@ -104,7 +105,8 @@ class Dispatch:
             },
         )
         self.server = server
-        self.browser = BrowserAccess(self.dispatch, server.cors_origins)
+        self.hosts = origins.hosts
+        self.browser = BrowserAccess(self.dispatch, origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.browser.cross_origin(scope):
@@ -114,7 +116,7 @@ class Dispatch:
 
     async def dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if (refused := admin.refusal(scope, self.server)) is not None:
+            if (refused := admin.refusal(scope, self.server, self.hosts)) is not None:
                 await admin.send_refusal(send, scope, refused)
                 return
             if scope["method"] == "POST":

@@ -121,7 +121,11 @@ class Endpoint:
             identity = door.auth.authenticate(scope)  # 401 before the body is even read
             exchange.tenant = identity.tenant
             body = await read_body(
-                receive, scope, server.max_body_bytes, server.body_read_timeout_s
+                receive,
+                scope,
+                server.max_body_bytes,
+                server.body_read_timeout_s,
+                server.max_drain_bytes,
             )
             request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream
@@ -189,7 +193,8 @@ class Endpoint:
         exchange.reason = reason_of(error)
         with contextlib.suppress(OSError, RuntimeError):  # the client may be gone already
             if watcher.started:
-                await watcher.end_with_error(self.wire.stream_error_event(error))
+                sequence = exchange.framing.next_sequence if exchange.framing else 0
+                await watcher.end_with_error(self.wire.stream_error_event(error, sequence))
                 return
             exchange.status = error.status
             headers = [

@@ -29,6 +29,7 @@ from ..upstream import UpstreamResponse, passthrough_path
 from ..upstream.destinations import destinations
 from ..upstream.retry import Sender
 from ..wire import CHAT, MESSAGES
+from ..wire.fields import serialise
 from .auth import Authenticator
 from .limits import ConcurrencyLimits
 
@@ -37,7 +38,11 @@ async def read_limited(server: ServerConfig, request: Request) -> bytes | None:
     """The body under the size and time limits (413/408 raised); None if the client left."""
     try:
         return await read_body(
-            request.receive, request.scope, server.max_body_bytes, server.body_read_timeout_s
+            request.receive,
+            request.scope,
+            server.max_body_bytes,
+            server.body_read_timeout_s,
+            server.max_drain_bytes,
         )
     except ClientDisconnected:
         return None
@@ -82,7 +87,7 @@ class Passthrough:
         if route.upstream.base_url is None:
             raise NotFoundError(f"The model `{route.name}` has no OpenAI-compatible upstream.")
         if fields is not None and model == route.name and route.renamed:
-            body = orjson.dumps({**fields, "model": route.upstream_model})
+            body = serialise({**fields, "model": route.upstream_model})
         # The path only extends the configured base_url: no `..`, no other host (no SSRF).
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
         path = passthrough_path(raw_path)

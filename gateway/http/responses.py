@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-import orjson
-
 from ..agents.refs import MARK
 from ..agents.remote import (
     AGENT,
@@ -30,7 +28,8 @@ from ..routing import Route
 from ..upstream.destinations import destinations
 from ..upstream.retry import Sender
 from ..wire import Wire, WireRequest, answers
-from ..wire.fields import load_object
+from ..wire.fields import load_object, serialise
+from ..wire.framing import answer_problem
 from .endpoints import Doorway, Endpoint, Serving
 
 
@@ -106,7 +105,7 @@ class CompactEndpoint(ResponsesEndpoint):
             await self.forward(scope, send, request, route, exchange)
             return
         compacted = await self.remote.compact(request, route, exchange.tenant, scope["headers"])
-        body = orjson.dumps(compacted_body(request.payload, compacted.item, route.name))
+        body = serialise(compacted_body(request.payload, compacted.item, route.name))
         await self.send_compaction(send, exchange, compacted.outcome, body, b"application/json")
 
     async def forward(
@@ -118,7 +117,7 @@ class CompactEndpoint(ResponsesEndpoint):
         body = request.body
         if route.renamed or request.has_extension:  # our marks never reach an upstream
             model = route.upstream_model if route.renamed else None
-            body = orjson.dumps(self.wire.render(request, None, model, False))
+            body = serialise(self.wire.render(request, None, model, False))
         started = time.perf_counter()
         targets = destinations(route, self.wire, scope["headers"], suffix="/compact")
         response, _ = await self.sender.send(route, targets, body)
@@ -127,6 +126,9 @@ class CompactEndpoint(ResponsesEndpoint):
         finally:
             response.release()
             exchange.upstream_seconds += time.perf_counter() - started
+        if 200 <= response.status < 300 and "content-encoding" not in response.headers:
+            if (malformed := answer_problem(self.wire, data)) is not None:
+                raise malformed
         exchange.status = response.status
         await send_bytes(
             send,

@@ -10,13 +10,21 @@ socket stays open for the next request. The rules this module keeps:
   (authentication, parsing, compaction, reactive retry, metrics, event log, agent compaction
   answers), and the SSE answer is cut into frames. Nothing here compacts or retries.
 - The socket is authenticated once, at the upgrade, exactly as an HTTP request (401 and 403
-  before the socket opens); every request on it belongs to that tenant.
-- Requests on one socket run one after the other, in the order they came.
+  before the socket opens); every request on it belongs to that tenant. A browser's upgrade
+  (it carries `Origin`) is refused before the socket opens as an HTTP request from that page
+  would be: an origin `server.cors_origins` does not allow, or a Host a DNS-rebinding page
+  could use (`cors.Origins`, `hosts`; design D16.7).
+- Requests on one socket run one after the other, in the order they came. The frames waiting
+  behind the one being answered are bounded (`server.websocket_queue_bytes`, see
+  `socket_frames`): past it the client gets an error frame (429 `websocket_queue_full`) and
+  the socket is closed. When the client leaves, the frames still waiting are dropped: nothing
+  it queued is sent upstream after it has gone (design D9.8).
 - A request that fails gets one `error` frame in the shape Codex reads on this transport,
   `{"type": "error", "status": N, "error": {...}, "headers": {...}}`, and the socket stays
-  usable. Nothing is sent for a request after its last frame (`response.completed`,
-  `response.failed`, `response.incomplete` or `error`): a stray frame would be read as the
-  start of the next answer.
+  usable; it carries the `sequence_number` after the last frame of its answer. Nothing is sent
+  for a request after its last frame (`response.completed`, `response.failed`,
+  `response.incomplete` or `error`): a stray frame would be read as the start of the next
+  answer.
 - Codex sends a follow-up as `previous_response_id` plus only the new input items, expecting
   the server to remember the last response of the socket (it sends `store: false`, so no
   upstream holds it). The socket remembers the last request's full input and the items its
@@ -48,10 +56,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..asgi import Message, Receive, Scope, Send, header
 from ..config import ServerConfig
-from ..errors import GatewayError, InvalidRequestError, UpstreamError, status_of_code
-from ..wire.usage import json_or_none, sse_events
+from ..errors import GatewayError, InvalidRequestError, TooManyFramesError
+from ..wire.fields import serialise
 from . import admin
 from .auth import Authenticator
+from .cors import Origins
+from .socket_frames import FrameQueue, FrameRelay
 
 log = logging.getLogger("compactgate.websocket")
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -59,7 +69,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PATH = "/v1/responses"
 CREATE = "response.create"
 PROCESSED = "response.processed"  # Codex's acknowledgement of an answer: nothing to send back
-TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 EXCHANGE_HEADER = b"x-compactgate-exchange"
 # The upgrade's own headers, and the request id (each request on the socket gets its own).
 NOT_FORWARDED = frozenset(
@@ -73,7 +82,6 @@ NOT_FORWARDED = frozenset(
     }
 )
 SOCKET_BETA = b"responses_websockets="  # Codex's `openai-beta` flag for this transport
-ENDED_EARLY = "The upstream's stream ended before `response.completed`."
 
 
 class SocketMetrics:
@@ -91,6 +99,12 @@ class SocketMetrics:
             "Responses WebSocket connections open now",
             registry=registry,
             multiprocess_mode="livesum",
+        )
+        self.overflows = Counter(
+            "compactgate_websocket_queue_overflows",
+            "Responses WebSockets closed because more frames waited than "
+            "server.websocket_queue_bytes allows",
+            registry=registry,
         )
         self.requests = Counter(
             "compactgate_websocket_requests",
@@ -133,142 +147,6 @@ def _items(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-class FrameRelay:
-    """The `send` an HTTP answer is given: it turns the answer into frames on the socket.
-
-    A streamed 200 is cut into its events, each sent as one text frame as the upstream wrote it
-    (an `error` event gets the `status` Codex needs to treat it as final); any other answer is
-    one error frame. It notes what the client was told: the response id and output items (for
-    `SocketHistory`) and whether the answer reached its last frame.
-    """
-
-    def __init__(self, websocket: WebSocket, exchange_frames: bool) -> None:
-        self.websocket = websocket
-        self.exchange_frames = exchange_frames
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self.streamed = False
-        self.ended = False  # the answer's last frame has been sent
-        self.gone = False  # the client has closed the socket
-        self.response_id: str | None = None
-        self.output: list[Any] = []
-        self._pending = b""
-        self._body: list[bytes] = []
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            raw = message.get("headers", ())
-            self.headers = {
-                k.decode("latin-1").lower(): v.decode("latin-1")
-                for k, v in raw
-                if k.lower().startswith(b"x-compactgate-") or k.lower() == b"retry-after"
-            }
-            self.streamed = self.status == 200 and any(
-                k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in raw
-            )
-            if self.streamed and self.exchange_frames:
-                await self.send_event({"type": "compactgate.exchange", "headers": self.headers})
-        elif message["type"] == "http.response.body":
-            chunk = message.get("body", b"")
-            if self.streamed:
-                await self._feed(chunk)
-            else:
-                self._body.append(chunk)
-
-    async def finish(self) -> None:
-        """After the answer: an error frame for an answer that was not a stream, or a stream
-        that stopped before its last event."""
-        if self.ended:
-            return
-        if self.streamed:
-            await self._feed(b"\n\n")  # an unterminated last event
-        if self.ended or self.status == 0:  # nothing was answered (the client left)
-            return
-        if self.streamed or 200 <= self.status < 300:
-            await self.error(UpstreamError(ENDED_EARLY))
-            return
-        document = json_or_none(b"".join(self._body))
-        error = document.get("error") if isinstance(document, dict) else None
-        if isinstance(error, Mapping):
-            await self._error_frame(self.status, dict(error))
-        else:  # not an OpenAI error body: its text is the message
-            text = b"".join(self._body).decode("utf-8", "replace")[:2000]
-            await self._error_frame(self.status, {"type": "upstream_error", "message": text})
-
-    async def error(self, error: GatewayError) -> None:
-        body = orjson.loads(error.body())["error"]
-        self.headers.update(error.headers)
-        await self._error_frame(error.status, body)
-
-    async def _error_frame(self, status: int, error: dict[str, Any]) -> None:
-        event = {"type": "error", "status": status, "error": error, "headers": self.headers}
-        await self.send_event(event)
-        self.ended = True
-
-    async def _feed(self, chunk: bytes) -> None:
-        data = (self._pending + chunk).replace(b"\r\n", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return
-        complete, self._pending = data[: end + 2], data[end + 2 :]
-        for _, event in sse_events(complete):
-            if self.ended:
-                return
-            await self._relay(event)
-
-    async def _relay(self, data: bytes) -> None:
-        document = json_or_none(data)
-        kind = document.get("type") if isinstance(document, dict) else None
-        if kind is None:
-            return  # not an event of this API (a `[DONE]`, a comment)
-        if kind == "error":  # final on this transport only with a status
-            await self._error_frame(*_stream_error(document))
-            return
-        if kind == "response.output_item.done" and "item" in document:
-            self.output.append(document["item"])
-        elif kind == "response.completed":
-            response = document.get("response")
-            if isinstance(response, dict) and isinstance(response.get("id"), str):
-                self.response_id = response["id"]
-        await self._send_text(data.decode("utf-8", "replace"))
-        if kind in TERMINAL:
-            self.ended = True
-
-    async def send_event(self, event: Mapping[str, Any]) -> None:
-        await self._send_text(orjson.dumps(event).decode())
-
-    async def _send_text(self, text: str) -> None:
-        """A frame to the client; once the client has gone, nothing (as an HTTP response's
-        body is dropped after a disconnect: the endpoint notices and cancels the upstream)."""
-        if self.gone:
-            return
-        try:
-            await self.websocket.send_text(text)
-        except (WebSocketDisconnect, OSError, RuntimeError):
-            self.gone = True
-
-
-def _stream_error(event: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """An SSE `error` event as this transport's final error: a status, and the error object.
-
-    The flat form (`code`, `message`, `param` beside `type`: OpenAI's, and the gateway's own)
-    and the nested one (`error: {...}`) are both read; the status is the event's own, else the
-    one the error table gives the code, else 502.
-    """
-    nested = event.get("error")
-    if isinstance(nested, Mapping):
-        error = dict(nested)
-    else:
-        error = {k: v for k, v in event.items() if k not in ("type", "sequence_number", "status")}
-    error.setdefault("type", "upstream_error")
-    status = event.get("status")
-    if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status < 600:
-        status = status_of_code(error.get("code"))
-    return status, error
-
-
 class ResponsesSocket:
     """The WebSocket endpoint: accepts the socket, then serves its frames one at a time through
     `endpoint` (the HTTP Responses endpoint, an ASGI app)."""
@@ -279,15 +157,19 @@ class ResponsesSocket:
         endpoint: ASGIApp,
         server: ServerConfig,
         registry: CollectorRegistry,
+        origins: Origins,
     ) -> None:
         self.auth = auth
         self.endpoint = endpoint
         self.server = server
+        self.origins = origins
         self.metrics = SocketMetrics(registry)
 
     async def session(self, websocket: WebSocket) -> None:
         scope = websocket.scope
-        refused = admin.refusal(scope, self.server)
+        refused = admin.refusal(scope, self.server, self.origins.hosts) or self.origins.refusal(
+            scope
+        )
         try:
             if refused is not None:
                 raise refused
@@ -298,9 +180,9 @@ class ResponsesSocket:
         await websocket.accept()
         self.metrics.connections.inc()
         self.metrics.open.inc()
-        frames: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        frames = FrameQueue(self.server.websocket_queue_bytes)
         closed = asyncio.Event()
-        reader = asyncio.create_task(_read(websocket, frames, closed))
+        reader = asyncio.create_task(self._read(websocket, frames, closed))
         history = SocketHistory()
         exchange_frames = (header(scope, EXCHANGE_HEADER) or b"").lower() in (b"on", b"1")
         served = 0
@@ -315,8 +197,40 @@ class ResponsesSocket:
             pass  # the client left mid-answer: the endpoint has already dropped the upstream
         finally:
             reader.cancel()
+            frames.close()
             self.metrics.open.dec()
             log.info("websocket closed after %d requests", served)
+
+    async def _read(self, websocket: WebSocket, frames: FrameQueue, closed: asyncio.Event) -> None:
+        """Queue every frame the client sends until it leaves: then `closed` is set and the
+        frames still waiting are dropped (nothing queued goes upstream after a disconnect). Past
+        the queue's bound the client gets an error frame and the socket is closed."""
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if not frames.put(text if text is not None else message.get("bytes") or b""):
+                    await self._overflowed(websocket, frames)
+                    break
+        finally:
+            closed.set()
+            frames.close()
+
+    async def _overflowed(self, websocket: WebSocket, frames: FrameQueue) -> None:
+        self.metrics.overflows.inc()
+        error = TooManyFramesError(
+            f"More than {frames.limit} bytes of frames are waiting on this socket behind the "
+            "request being answered (server.websocket_queue_bytes): send the next request after "
+            "the last one's final event. The socket is closed."
+        )
+        log.warning("websocket closed: %s", error.message)
+        body = orjson.loads(error.body())["error"]
+        event = {"type": "error", "status": error.status, "error": body, "headers": {}}
+        with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+            await websocket.send_text(orjson.dumps(event).decode())
+            await websocket.close(code=1008, reason="too many frames queued")
 
     async def serve(
         self,
@@ -341,7 +255,11 @@ class ResponsesSocket:
             history.remember(payload, response_id, [])
             return "prewarm"
         payload["stream"] = True  # this transport only streams
-        body = orjson.dumps(payload)
+        try:
+            body = serialise(payload)
+        except GatewayError as error:
+            await relay.error(error)
+            return str(error.status)
         await self.endpoint(_http_scope(scope, len(body)), _receive(body, closed), relay)
         if closed.is_set():
             return "499"  # the client left: nobody to tell
@@ -436,22 +354,6 @@ def _receive(body: bytes, closed: asyncio.Event) -> Receive:
         return {"type": "http.disconnect"}
 
     return receive
-
-
-async def _read(
-    websocket: WebSocket, frames: asyncio.Queue[str | bytes | None], closed: asyncio.Event
-) -> None:
-    """Queue every frame the client sends until it leaves (then None, and `closed` is set)."""
-    try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                break
-            text = message.get("text")
-            frames.put_nowait(text if text is not None else message.get("bytes") or b"")
-    finally:
-        closed.set()
-        frames.put_nowait(None)
 
 
 async def _deny(websocket: WebSocket, error: GatewayError) -> None:

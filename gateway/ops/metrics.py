@@ -148,10 +148,24 @@ class Metrics:
             ["model", "api"],
             registry=r,
         )
+        self.embedded = Counter(
+            "compactgate_embedded",
+            "Conversations handed to the engine inside another program (the LiteLLM callback), "
+            "by outcome: compacted, unchanged, recompacted, unknown_model, failed_open",
+            ["outcome"],
+            registry=r,
+        )
         self.compactions = Counter(
             "compactgate_compactions",
             "Requests changed by a step, by step type",
             ["step"],
+            registry=r,
+        )
+        self.upstream_malformed = Counter(
+            "compactgate_upstream_malformed",
+            "Upstream 2xx answers that were not the API's format (not JSON, truncated, not its "
+            "event stream), answered 502 or ended with an error event, by model and API",
+            ["model", "api"],
             registry=r,
         )
         self.context_errors = Counter(

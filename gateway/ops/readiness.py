@@ -1,38 +1,38 @@
 """What /readyz answers: can this replica serve requests?
 
-Ready means the store answers (a Redis store is pinged; the memory store always answers) and
-every configured model has at least one upstream that accepts a TCP connection. The upstream
-check opens a connection to each distinct host and port and closes it: no request, no
-credential, nothing billed, no TLS handshake. An upstream reached through litellm without a
-`base_url` (a hosted provider) counts as reachable. `server.readiness_upstreams: false` leaves
-upstreams out (a replica is then ready whatever its upstreams do).
+The rule this module owns (design D17.5): ready means this replica itself can serve. It is not
+ready while it drains (the server is shutting down: SIGTERM received, or the lifespan ending)
+or while a store the config needs (a shared Redis store; the memory store always answers) does
+not answer a ping. Nothing outside the replica decides it: an upstream that does not answer is
+the same upstream behind every replica, and a readiness that followed it would take every
+replica out of the load balancer's pool together, with the models whose upstreams do answer.
+Upstream reachability is detail (`ops.upstream_health`: `/healthz`, the overview, a gauge).
 
 Results are kept for `server.readiness_cache_s`, so probes from many places (kubelet, a load
-balancer, a person) make one round of checks, and probes that arrive while a round runs share
-it. The body names what is wrong without hosts or credentials (the endpoint is open to anyone
-who can reach the port); the log line written when readiness changes names the hosts.
+balancer, a person) make one store ping, and probes that arrive while one runs share it; a
+drain is seen at once. The body names what is wrong without hosts or credentials (the endpoint
+is open to anyone who can reach the port); the log line written when readiness changes names
+the store's problem in full.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
-from urllib.parse import urlsplit
 
-from ..config import Config, UpstreamConfig
+from ..config import Config
 from ..store import SafeStore
 
 log = logging.getLogger("compactgate.readiness")
 
-MAX_CONNECT_S = 2.0  # under the usual probe timeout (3 s), whatever connect_timeout_s says
-
-Address = tuple[str, int]
+DRAINING = "draining: the server is shutting down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,18 +54,28 @@ class Readiness:
         self._config = config
         self._store = store
         self._clock = clock
-        self._timeout = min(config.server.connect_timeout_s, MAX_CONNECT_S)
+        self._shared = config.store.startswith(("redis", "rediss"))  # a store the config needs
         self._cached: Report | None = None
         self._until = 0.0
         self._running: asyncio.Future[Report] | None = None
+        self.draining = False
+
+    def drain(self) -> None:
+        """From now on this replica is not ready (it is shutting down)."""
+        if not self.draining:
+            self.draining = True
+            log.info("not ready: %s", DRAINING)
 
     async def report(self) -> Report:
-        """The latest round's report, or a new round's when it is older than the cache time."""
+        """Not ready while draining; else the latest store check, or a new one when it is older
+        than the cache time."""
+        if self.draining:
+            return Report(False, (DRAINING,), (DRAINING,))
         if self._cached is not None and self._clock() < self._until:
             return self._cached
         if self._running is None or self._running.done():
             self._running = asyncio.ensure_future(self._check())
-        report = await asyncio.shield(self._running)  # a probe that hangs up ends no round
+        report = await asyncio.shield(self._running)  # a probe that hangs up ends no check
         if self._cached is None or report.ready != self._cached.ready:
             if report.ready:
                 log.info("ready")
@@ -76,66 +86,35 @@ class Readiness:
         return report
 
     async def _check(self) -> Report:
-        store, upstreams = await asyncio.gather(self._check_store(), self._check_upstreams())
-        found = [*store, *upstreams]
-        return Report(
-            not found, tuple(reason for reason, _ in found), tuple(detail for _, detail in found)
-        )
-
-    async def _check_store(self) -> list[tuple[str, str]]:
+        if not self._shared:
+            return Report(True)
         problem = await self._store.ping()
         if problem is None:
-            return []
+            return Report(True)
         kind = problem.partition(":")[0]
-        return [(f"store: not answering ({kind})", f"store: {problem}")]
-
-    async def _check_upstreams(self) -> list[tuple[str, str]]:
-        if not self._config.server.readiness_upstreams:
-            return []
-        models = self._config.models
-        addresses = sorted({a for m in models for u in m.targets if (a := _address(u))})
-        outcomes = await asyncio.gather(*(self._reach(a) for a in addresses))
-        failed = {a: why for a, why in zip(addresses, outcomes, strict=True) if why is not None}
-        found = []
-        for model in models:
-            reached = [_address(u) for u in model.targets]
-            if any(a is None or a not in failed for a in reached):
-                continue
-            whys = sorted({failed[a] for a in reached if a is not None})
-            hosts = ", ".join(f"{a[0]}:{a[1]} {failed[a]}" for a in reached if a is not None)
-            count = len(reached)
-            found.append(
-                (
-                    f"model {model.name}: none of its {count} upstream(s) accepts connections "
-                    f"({', '.join(whys)})",
-                    f"model {model.name}: no upstream reachable ({hosts})",
-                )
-            )
-        return found
-
-    async def _reach(self, address: Address) -> str | None:
-        """None if `address` accepts a TCP connection, else why not, in a few words."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                _, writer = await asyncio.open_connection(*address)
-        except TimeoutError:
-            return "connect timed out"
-        except OSError as error:  # errno's text: asyncio's own message repeats the address
-            return os.strerror(error.errno).lower() if error.errno else "connect failed"
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        return None
+        return Report(False, (f"store: not answering ({kind})",), (f"store: {problem}",))
 
 
-def _address(upstream: UpstreamConfig) -> Address | None:
-    if upstream.base_url is None:
-        return None
-    parts = urlsplit(upstream.base_url)
-    if parts.hostname is None:
-        return None
-    default = 443 if parts.scheme == "https" else 80
-    try:
-        return parts.hostname, parts.port or default
-    except ValueError:
-        return None
+def drain_on_termination(readiness: Readiness) -> Callable[[], None]:
+    """Under `serve`, a SIGTERM marks `readiness` draining before uvicorn's own handler begins
+    the shutdown; returns the undo. Only the main thread may set handlers, and only uvicorn's
+    (a bound method of its `Server`) is chained: elsewhere (a test's event loop) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    owner = getattr(previous, "__self__", None)
+    if not callable(previous) or type(owner).__module__ != "uvicorn.server":
+        return lambda: None
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        readiness.drain()
+        previous(number, frame)
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def undo() -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, previous)
+
+    return undo

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..engine.prepared import Prepared, when_settled
+from ..errors import UpstreamMalformedError, reason_of
 from ..ops.costs import Accountant, Priced
 from ..ops.events import EventLog, RequestSample, reward
 from ..ops.logs import access_logged, log_request, tenant_label
@@ -23,6 +24,7 @@ from .calibration import Calibration
 from .exchange import Exchange
 
 REMOTE_COMPACTION = "responses"  # the agent label of compactions the gateway made itself
+MALFORMED = reason_of(UpstreamMalformedError(""))  # the log reason the malformed metric counts
 
 
 class Accounting:
@@ -308,6 +310,8 @@ class Accounting:
 def finish(metrics: Metrics, exchange: Exchange, total: float) -> None:
     """Count a served request and write its log line (every API, passthrough included)."""
     metrics.child(metrics.requests, exchange.model, str(exchange.status), exchange.api).inc()
+    if exchange.reason == MALFORMED:
+        metrics.child(metrics.upstream_malformed, exchange.model, exchange.api).inc()
     if access_logged():  # the line is not built for nobody
         log_request(exchange.line(total))
 

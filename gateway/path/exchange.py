@@ -18,6 +18,7 @@ from ..errors import GatewayError, reason_of
 from ..ops.costs import Priced
 from ..ops.logs import clip, request_fields
 from ..wire import Usage
+from ..wire.framing import StreamCheck
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class Exchange:
     requested: str = ""  # the model name the client sent (the log line's `model`)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
     conversation: str = ""  # the conversation key a load balancer hashes on (path.affinity)
+    framing: StreamCheck | None = None  # the stream being relayed, as checked (`wire.framing`)
 
     @property
     def answered(self) -> bool:

@@ -44,7 +44,8 @@ from ..upstream import UpstreamResponse
 from ..upstream.failover import Destination
 from ..upstream.retry import Sender
 from ..wire import Wire, WireRequest
-from ..wire.context_errors import classify
+from ..wire.context_errors import ContextError, beyond_window, classify
+from ..wire.framing import StreamCheck, answer_problem
 from .accounting import Accounting
 from .exchange import Exchange
 from .outcome import (
@@ -102,6 +103,7 @@ class Forwarder:
     async def forward(self, send: Send, call: Call, prepared: Prepared, exchange: Exchange) -> None:
         """Attempt until the client has its answer (or the upstream's refusal, out of retries)."""
         retries = Retries(call.route.max_retries)
+        first: ContextError | None = None  # the upstream's figures for the client's own request
         while True:
             outcome = await self.attempt(send, call, prepared, exchange)
             match outcome:
@@ -112,6 +114,7 @@ class Forwarder:
                     return
                 case Overflow():
                     self.overflowed(call.route, exchange, outcome, prepared)
+                    first = first or outcome.error
                     if not retries.left:
                         await self.answer_overflow(send, call, exchange, prepared, outcome)
                         return
@@ -120,7 +123,7 @@ class Forwarder:
                     self._metrics.emergency_retries.labels(exchange.model).inc()
                     if outcome.stream is not None:
                         outcome.stream.close()
-                    prepared = await self.recompact(call, prepared, outcome)
+                    prepared = await self.recompact(call, prepared, outcome, first)
 
     async def attempt(
         self, send: Send, call: Call, prepared: Prepared, exchange: Exchange
@@ -182,10 +185,11 @@ class Forwarder:
             response.close()
             raise UpstreamError(EMPTY_STREAM)
         if not prepared.expandable:
-            chunks = call.decoration.stream(_stream(head, response))
+            chunks = call.decoration.stream(_then(head, response.chunks()))
             stripper = UsageStripper() if prepared.injected_usage else None
             await self.relay(send, call, exchange, prepared, response, chunks, stripper)
             return RELAYED
+        check = exchange.framing = StreamCheck(wire)  # its error events number on from it
         streamed = await self._expansion.stream(
             call.request.api,
             response,
@@ -195,7 +199,7 @@ class Forwarder:
             chosen.url,  # later internal rounds go there too
             dict(chosen.headers),
             call.tenant,
-            lambda message: wire.stream_error_event(UpstreamError(message)),
+            lambda message: wire.stream_error_event(UpstreamError(message), check.next_sequence),
         )
         response = streamed.response
         if response.status >= 400:
@@ -223,6 +227,9 @@ class Forwarder:
         response.release()
         if 200 <= response.status < 300 and not data:
             raise UpstreamError("The upstream answered with an empty body.")
+        if 200 <= response.status < 300 and "content-encoding" not in response.headers:
+            if (malformed := answer_problem(call.wire, data)) is not None:
+                raise malformed  # not this API's answer: a 502, not a 200 the client misreads
         status, relay_headers = response.status, response.relay_headers()
         if status == 200 and prepared.expandable and self._expansion.calls_internal(data):
             resolved = await self._expansion.resolve(
@@ -288,7 +295,7 @@ class Forwarder:
         elif overflow.stream is not None and overflow.head:
             stream = overflow.stream
             exchange.failed_in_stream = True  # the stream relayed is the upstream's refusal
-            chunks = _stream(overflow.head, stream)
+            chunks = _then(overflow.head, stream.chunks())
             await self.relay(send, call, exchange, prepared, stream, chunks)
         else:
             if overflow.stream is not None:
@@ -305,8 +312,12 @@ class Forwarder:
         headers = [*failed.headers, *books.headers(exchange)]
         await send_bytes(send, failed.status, failed.body, headers, None)
 
-    async def recompact(self, call: Call, previous: Prepared, overflow: Overflow) -> Prepared:
-        """Prepare the client's original request again against a tighter window."""
+    async def recompact(
+        self, call: Call, previous: Prepared, overflow: Overflow, first: ContextError
+    ) -> Prepared:
+        """Prepare the client's original request again against a tighter window. When nothing
+        fits it, the 400 quotes the real figures (the upstream's window, the request's size),
+        never those of the tighter window the retry was compacted against (design D15.6)."""
         engine, request, route = self._engine, call.request, call.route
         if previous.late is not None:  # the window is learnt in counted tokens, not a bound
             await asyncio.wait([previous.late])
@@ -333,7 +344,10 @@ class Forwarder:
             if overflow.stream is not None and not overflow.head:
                 # An empty stream was only a guess at an overflow: report what happened.
                 raise UpstreamError(EMPTY_STREAM) from None
-            raise
+            figures = beyond_window(
+                first, overflow.error.limit, current, previous.tokens_before, request.max_output
+            )
+            raise ContextLengthExceededError(figures, param=call.wire.conversation_field) from None
 
     async def relay(
         self,
@@ -347,8 +361,11 @@ class Forwarder:
         streamed: Streamed | None = None,
     ) -> None:
         """Relay a stream chunk by chunk as it arrives, watching it for its usage (`streamed`:
-        the expansion's stream, whose rounds are counted as it is relayed)."""
+        the expansion's stream, whose rounds are counted as it is relayed) and checking it is
+        the API's stream (design D15.5): one that is not is a 502 until its first event goes
+        out, then ends with an error event numbered after the last one relayed."""
         books, wire = call.books, call.wire
+        chunks = await _checked(wire, exchange, response, chunks)
         books.note(exchange, prepared)
         exchange.status = response.status
         if 200 <= response.status < 300 and not exchange.failed_in_stream:
@@ -377,7 +394,8 @@ class Forwarder:
                 "request %s: upstream stream failed: %s", exchange.request_id, error.message
             )
             exchange.reason = reason_of(error)
-            event = wire.stream_error_event(error)
+            check = exchange.framing
+            event = wire.stream_error_event(error, check.next_sequence if check else 0)
             exchange.failed_in_stream = True
             await send({"type": "http.response.body", "body": event, "more_body": True})
         finally:
@@ -390,9 +408,26 @@ class Forwarder:
             books.calibrate(prepared.route, prepared, exchange, tap.usage)
 
 
-async def _stream(head: bytes, response: UpstreamResponse) -> AsyncIterator[bytes]:
+async def _checked(
+    wire: Wire, exchange: Exchange, response: UpstreamResponse, chunks: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """`chunks` checked as `wire`'s stream (design D15.5), its first events read already: one
+    that is not the API's raises here, a 502 before anything is sent (a compressed stream
+    cannot be read and goes unchecked)."""
+    if exchange.framing is None and "content-encoding" not in response.headers:
+        exchange.framing = StreamCheck(wire)
+    if exchange.framing is None:
+        return chunks
+    try:
+        return await exchange.framing.begin(chunks)
+    except BaseException:
+        response.close()
+        raise
+
+
+async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """A stream's bytes: what was read of it already, then the rest as it arrives."""
-    if head:
-        yield head
-    async for chunk in response.chunks():
+    if first:
+        yield first
+    async for chunk in rest:
         yield chunk

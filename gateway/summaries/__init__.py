@@ -8,7 +8,7 @@
 """
 
 from .precompute import ChainRunner, Job, Precompute
-from .service import RequestSummaries, SummaryAsk, SummaryService
+from .service import RequestSummaries, SummaryAsk, SummaryService, unsummarisable
 from .summarizer import Summarizer, SummarizerError
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "SummarizerError",
     "SummaryAsk",
     "SummaryService",
+    "unsummarisable",
 ]

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from policies.memo import Memo
-from policies.summaries import FAILED, MISSING, SummaryAnswer, SummaryRequest
+from policies.summaries import FAILED, MISSING, SummaryAnswer, SummaryRequest, UnwritableError
 
 from ..config import SummariesConfig
+from ..errors import InvalidRequestError
 from ..ops.metrics import Metrics
 from ..routing import Route
 from ..store import SafeStore
@@ -57,6 +58,13 @@ class SummaryAsk:
     headers: tuple[tuple[bytes, bytes], ...] | None  # the client's (credential); None: cache only
     wait: bool  # the request cannot be sent without them: wait (bounded); else compute meanwhile
     api: str = "chat"  # the client's wire API: its upstream speaks it, so summaries use it
+
+
+def unsummarisable(error: UnwritableError) -> InvalidRequestError:
+    """The 400 of a conversation whose messages cannot be written again to be summarised."""
+    return InvalidRequestError(
+        f"The conversation cannot be summarised: a message is nested too deeply ({error})."
+    )
 
 
 class RequestSummaries:
@@ -132,7 +140,12 @@ class SummaryService:
     # -- keys and the store -------------------------------------------------------------------
 
     def key(self, request: SummaryRequest, route: Route, tenant: str) -> str:
-        return self.key_of(request, request.canonical(), route, tenant)
+        """The cache key of `request` (400 for one whose messages cannot be written again)."""
+        try:
+            canonical = request.canonical()
+        except UnwritableError as error:
+            raise unsummarisable(error) from None
+        return self.key_of(request, canonical, route, tenant)
 
     def key_of(self, request: SummaryRequest, canonical: bytes, route: Route, tenant: str) -> str:
         """Hash of tenant, summary model, summariser fingerprint and the request's bytes.

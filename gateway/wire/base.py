@@ -19,11 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import orjson
-
 from ..errors import GatewayError
 from .context_errors import ContextError, classify
-from .fields import Marks
+from .fields import Marks, serialise
 from .usage import Usage, UsageTap, json_or_none, sse_events
 
 if TYPE_CHECKING:
@@ -41,6 +39,8 @@ class Wire:
     # the gateway may ask for it on the client's behalf (`server.stream_usage: inject`).
     asks_stream_usage: ClassVar[bool] = False
     upstream_path: ClassVar[str]  # appended to the upstream's base_url
+    answer_field: ClassVar[str]  # every whole answer of this API has it (`framing`)
+    conversation_field: ClassVar[str] = "messages"  # the body's field holding the history
 
     def parse(
         self, body: bytes, max_messages: int, resent: ResentScope | None = None
@@ -74,9 +74,15 @@ class Wire:
         """The gateway's own error, in this API's shape (OpenAI's unless overridden)."""
         return error.body()
 
-    def stream_error_event(self, error: GatewayError) -> bytes:
-        """The gateway's own error as the last event of a stream already under way."""
+    def stream_error_event(self, error: GatewayError, sequence: int = 0) -> bytes:
+        """The gateway's own error as the last event of a stream already under way;
+        `sequence` is the number it must carry where events are numbered (Responses)."""
         return b"data: " + error.body() + b"\n\n"
+
+    def final_event(self, name: bytes, data: bytes, document: Any) -> bool:
+        """Whether a stream event (its `event:` name, its data, that data parsed) is the last
+        one of an answer of this API (`framing.StreamCheck`)."""
+        raise NotImplementedError
 
     def head_decided(self, head: bytes) -> bool:
         """Whether the start of a stream read so far shows what it is: an answer, or an error
@@ -163,7 +169,7 @@ class WireRequest:
         """The same request asking for at most `value` output tokens (clamp_max_tokens)."""
         key = self.wire.max_output_field(self.payload)
         payload = {**self.payload, key: value}
-        return replace(self, payload=payload, body=orjson.dumps(payload), max_output=value)
+        return replace(self, payload=payload, body=serialise(payload), max_output=value)
 
     def forward_payload(
         self,

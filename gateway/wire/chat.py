@@ -45,6 +45,7 @@ class ChatWire(Wire):
     name = "chat"
     upstream_path = "/chat/completions"
     asks_stream_usage = True
+    answer_field = "choices"
 
     def __init__(self, validated: ValidatedMessages | None = None) -> None:
         self._validated = validated  # a resent history's messages are not checked again
@@ -131,6 +132,10 @@ class ChatWire(Wire):
         if model is not None:
             payload["model"] = model
         return payload
+
+    def final_event(self, name: bytes, data: bytes, document: Any) -> bool:
+        """`[DONE]`, or an error (after which OpenAI ends the stream)."""
+        return data == b"[DONE]" or (isinstance(document, dict) and "error" in document)
 
     def max_output_field(self, payload: Mapping[str, Any]) -> str:
         return "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"

@@ -64,6 +64,31 @@ class ContextError:
     reserved_output: int | None = None  # the completion reservation it added, when stated
 
 
+def beyond_window(
+    first: ContextError, stated: int | None, window: int | None, counted: int, output: int | None
+) -> str:
+    """What the client is told when its request still overflowed after every retry: the real
+    window (the one the upstream stated, else that it stated none and the model's window) and
+    the request's real size (as the upstream counted it first, else the gateway's count), never
+    the figures of the tighter window a retry was compacted against (design D15.6)."""
+    if stated:
+        limit = f"the upstream's window is {stated} tokens"
+    else:
+        known = f"; the model's window here is {window} tokens" if window else ""
+        limit = f"the upstream refused it as too long without saying its window{known}"
+    if first.requested is not None:
+        size = f"it counted {first.requested} tokens in this request"
+    else:
+        size = f"this request is about {counted} tokens by the gateway's count"
+    asked = f" (max_tokens {output})" if output else ""
+    return (
+        f"The request does not fit the model's context window: {limit}, and {size}{asked}. "
+        "Compacted as far as the model's policy allows (the system prompts and the latest user "
+        "message are never dropped), it still does not fit; shorten the latest message or the "
+        "system prompt, or lower max_tokens."
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorView:
     """The parts of an error body that signatures look at, whatever the provider's envelope.

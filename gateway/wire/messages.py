@@ -73,6 +73,7 @@ ERROR_TYPES = {
 class MessagesWire(Wire):
     name = "messages"
     upstream_path = "/messages"
+    answer_field = "content"
 
     def __init__(self, *, count_only: bool = False) -> None:
         self.count_only = count_only  # /v1/messages/count_tokens: no max_tokens, no stream
@@ -159,7 +160,11 @@ class MessagesWire(Wire):
     def error_body(self, error: GatewayError) -> bytes:
         return orjson.dumps(_error(error))
 
-    def stream_error_event(self, error: GatewayError) -> bytes:
+    def final_event(self, name: bytes, data: bytes, document: Any) -> bool:
+        kind = document.get("type") if isinstance(document, dict) else None
+        return (kind or name.decode("latin-1")) in ("message_stop", "error")
+
+    def stream_error_event(self, error: GatewayError, sequence: int = 0) -> bytes:
         return b"event: error\ndata: " + orjson.dumps(_error(error)) + b"\n\n"
 
     def stream_context_error(self, first: bytes) -> ContextError | None:

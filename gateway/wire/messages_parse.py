@@ -8,10 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ..errors import InvalidRequestError
-from .fields import EXTENSION, NO_MARKS, Marks, read_marks
+from .fields import EXTENSION, NO_MARKS, Marks, read_marks, serialise
 
 ROLES = frozenset({"user", "assistant", "system"})
 SYSTEM = -1  # layout entry of the canonical message made from the top-level `system`
@@ -134,7 +132,7 @@ class Builder:
         before = len(self.messages)
         role = message.get("role")
         content = message.get("content")
-        if role not in ROLES:
+        if type(role) is not str or role not in ROLES:  # (a list is no role, and unhashable)
             where = f"messages.{index}.role"
             raise InvalidRequestError(
                 f"{where}: Input should be 'user' or 'assistant'", param=where
@@ -189,7 +187,7 @@ class Builder:
                 name = block.get("name", "")
                 function = {
                     "name": name if type(name) is str else str(name),
-                    "arguments": orjson.dumps(block.get("input", {})).decode(),
+                    "arguments": serialise(block.get("input", {})).decode(),
                 }
                 calls.append({"id": call_id, "type": "function", "function": function})
             elif kind == "text":

@@ -47,11 +47,14 @@ if TYPE_CHECKING:
     from .resent import ResentScope
 
 PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+FINAL = frozenset({"response.completed", "response.failed", "response.incomplete", "error"})
 
 
 class ResponsesWire(Wire):
     name = "responses"
     upstream_path = "/responses"
+    answer_field = "output"
+    conversation_field = "input"
 
     def parse(
         self, body: bytes, max_messages: int, resent: ResentScope | None = None
@@ -159,15 +162,19 @@ class ResponsesWire(Wire):
 
     # -- errors and usage --------------------------------------------------------------------
 
-    def stream_error_event(self, error: Any) -> bytes:
+    def stream_error_event(self, error: Any, sequence: int = 0) -> bytes:
         event = {
             "type": "error",
             "code": error.code,
             "message": error.message,
             "param": error.param,
-            "sequence_number": 0,
+            "sequence_number": sequence,
         }
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    def final_event(self, name: bytes, data: bytes, document: Any) -> bool:
+        kind = document.get("type") if isinstance(document, dict) else None
+        return (kind or name.decode("latin-1")) in FINAL
 
     def head_decided(self, head: bytes) -> bool:
         """Read past the preamble (`response.created`, `response.in_progress`): a failure

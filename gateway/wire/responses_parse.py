@@ -10,12 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from policies.conversation import content_text
 
 from ..errors import InvalidRequestError
-from .fields import EXTENSION, NO_MARKS, Marks, read_marks
+from .fields import EXTENSION, NO_MARKS, Marks, read_marks, serialise
 
 ROLES = frozenset({"user", "assistant", "system", "developer"})
 INSTRUCTIONS = -1  # layout entry of the canonical message made from `instructions`
@@ -100,9 +98,10 @@ class Builder:
             raise InvalidRequestError(f"{where} must have a string `type`.", param=f"{where}.type")
         if kind == "message":
             role = item.get("role")
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
+                named = f" {role[:40]!r}" if isinstance(role, str) else ""  # never a whole object
                 raise InvalidRequestError(
-                    f"{where}.role {role!r} is not one of {', '.join(sorted(ROLES))}.",
+                    f"{where}.role{named} is not one of {', '.join(sorted(ROLES))}.",
                     param=f"{where}.role",
                 )
             content = _content(item.get("content"), where)
@@ -260,7 +259,7 @@ def _call(item: Mapping[str, Any], kind: str, where: str) -> dict[str, Any] | No
     else:
         name = kind
         rest = {k: v for k, v in item.items() if k not in ("type", "id", "call_id", "status")}
-        arguments = orjson.dumps(rest).decode()
+        arguments = serialise(rest).decode()
     return {
         "id": call_id,
         "type": "function",
