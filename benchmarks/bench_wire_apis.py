@@ -2,7 +2,7 @@
 
 Run: `python -m benchmarks.bench_wire_apis [--rounds 300]`. Under a minute; no network.
 
-The same agent conversation (`benchmarks.bench_cache.session`: tool calls with ~3 000-character
+The same agent conversation (`tests.agent_session.session`: tool calls with ~3 000-character
 outputs) is sent as Chat Completions, Responses and Anthropic Messages. For each API the
 gateway's own work on a request is timed: parsing the body into the canonical conversation,
 counting, compacting when needed, rendering the forwarded body back into the API, and reading
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from benchmarks.bench_cache import WIRES, body, gateway, session
+from tests.agent_session import WIRES, body, parts_at, session
 
 ANSWERS = {
     "chat": {"usage": {"prompt_tokens": 1000, "completion_tokens": 10}},
@@ -41,7 +41,7 @@ ANSWERS = {
 
 
 async def measure(rounds: int, steps: int, window: int) -> dict[str, list[float]]:
-    gw = gateway(window, None)
+    gw = parts_at(window, None)
     route = gw.router.resolve("m")
     assert route is not None
     conversation = session(steps + 8)

@@ -20,7 +20,8 @@ worker) on 127.0.0.1, then:
 
 Everything is read from the gateway process itself: RSS and file descriptors from /proc/<pid>,
 asyncio tasks and in-flight requests from its /metrics (`compactgate_asyncio_tasks`,
-`compactgate_inflight_requests`). The test suite runs short versions (tests/test_load_short.py).
+`compactgate_inflight_requests`). The test suite runs short versions
+(benchmarks/test_soak_short.py).
 Exit status: 0 when every check passed, 1 otherwise.
 """
 

@@ -170,7 +170,7 @@ IN_PROCESS_FIXTURES = frozenset({"start_app", "local_upstream"})
 LAYERS = ("e2e", "in_process", "property", "unit")
 # Files that run for minutes. Spread over workers (`-n 2 --dist loadfile`, as .ci/run does),
 # they start first, while the other workers still have the rest of the suite to share.
-LONGEST_FIRST = ("test_load_short.py",)
+LONGEST_FIRST = ("test_soak_short.py",)  # in benchmarks/
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

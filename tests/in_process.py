@@ -46,7 +46,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +181,23 @@ class AppGateway:
 
 @contextlib.asynccontextmanager
 async def running_app(
-    config: Mapping[str, Any], directory: Path, env: Mapping[str, str] | None = None
+    config: Mapping[str, Any],
+    directory: Path,
+    env: Mapping[str, str] | None = None,
+    served_gc: bool = False,
 ) -> AsyncIterator[AppGateway]:
-    """Build the app from `config` as `serve` would, run its lifespan, yield it, shut it down."""
+    """Build the app from `config` as `serve` would, run its lifespan, yield it, shut it down.
+
+    Start-up ends with a full garbage collection (gateway/ops/memory.py). In a served process
+    it walks the gateway's own objects; here it would walk the whole test process (pytest, the
+    SDKs, every module any test imported), about half a second a start on a loaded machine.
+    So the test process's objects are frozen first and start-up collects only what the app
+    made; `served_gc=True` leaves them in, for the test of that collection itself."""
     path = directory / "gateway.json"
     path.write_text(json.dumps(in_process(config, LIVE)))
     app = build_app(load_config(path, {**os.environ, **(env or {})}), LIVE)
     thresholds = gc.get_threshold()
-    with _captured_logs() as logs:
+    with _captured_logs() as logs, _collected_normally(thresholds, served_gc):
         async with _lifespan(app):
             # The app freezes what start-up made and collects less often, to spare a serving
             # process long collections; the test process must keep collecting normally. What
@@ -223,6 +232,19 @@ def in_process(config: Mapping[str, Any], servers: Mapping[str, ServerFactory]) 
             model["upstreams"] = [declared(u) for u in model["upstreams"]]
         models.append(model)
     return {**config, "models": models} if "models" in config else dict(config)
+
+
+@contextlib.contextmanager
+def _collected_normally(thresholds: tuple[int, int, int], served_gc: bool) -> Iterator[None]:
+    """The test process's objects frozen for the app's start-up (unless `served_gc`); however
+    start-up ends, nothing stays frozen and the thresholds are the test process's again."""
+    if not served_gc:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 @contextlib.contextmanager
@@ -292,15 +314,18 @@ async def local_upstream() -> AsyncIterator[LocalUpstream]:
 
 @pytest.fixture
 async def start_app(tmp_path: Path) -> AsyncIterator[AppStarter]:
-    """start_app(config, env=None) -> AppGateway; every app started is shut down after the test."""
+    """start_app(config, env=None, served_gc=False) -> AppGateway (see `running_app`); every app
+    started is shut down after the test."""
     async with contextlib.AsyncExitStack() as stack:
         counter = iter(range(1000))
 
         async def start(
-            config: Mapping[str, Any], env: Mapping[str, str] | None = None
+            config: Mapping[str, Any],
+            env: Mapping[str, str] | None = None,
+            served_gc: bool = False,
         ) -> AppGateway:
             directory = tmp_path / f"app-{next(counter)}"
             directory.mkdir()
-            return await stack.enter_async_context(running_app(config, directory, env))
+            return await stack.enter_async_context(running_app(config, directory, env, served_gc))
 
         yield start

@@ -1,9 +1,10 @@
 """Between compaction events a conversation's forwarded requests only append (the provider's
 prompt cache keeps hitting), and an event ends at or under the target.
 
-In process: the engine (`gateway.devtools.parts`) decides what each request of a long agent session forwards
-(`benchmarks.bench_cache` prints the same measure for more windows and chains); one test sends a
-session through the app to the fake upstream and checks what the upstream received.
+In process: the engine (`gateway.devtools.parts`) decides what each request of a long agent
+session (tests/agent_session.py) forwards (`benchmarks.bench_cache` prints the same measure for
+more windows and chains); one test sends a session through the app to the fake upstream and
+checks what the upstream received.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.bench_cache import CONVERSATION, WIRES, _pieces, body, ceiling, gateway, session
+from tests.agent_session import CONVERSATION, WIRES, body, parts_at, pieces, session
 from tests.configs import one_model
 from tests.in_process import AppStarter, LocalUpstream
 
@@ -62,18 +63,18 @@ async def test_an_agent_session_appends_between_events(api: str) -> None:
     """Over 120 requests of 3 000-character tool outputs in a 32k window, a request that does
     not extend the previous forwarded one byte for byte only comes when appending would have
     passed the trigger; nine in ten requests extend it, and every request fits."""
-    gw = gateway(32_768, TOOL_CACHE_FIFO)
+    gw = parts_at(32_768, TOOL_CACHE_FIFO)
     steps = session(120)
     previous: list[bytes] | None = None
     extended = events = 0
     for end in range(1, len(steps) + 1):
         prepared, sent = await forwarded(gw, api, steps[:end])
-        pieces = _pieces(api, sent[CONVERSATION[api]])
+        forwarded_pieces = pieces(api, sent[CONVERSATION[api]])
         budget = prepared.budget
         assert prepared.tokens_after <= budget.limit + prepared.tokens_by_region["tools"] + 10
         assert pairs_broken(api, sent) == []
         if previous is not None:
-            if pieces[: len(previous)] == previous:
+            if forwarded_pieces[: len(previous)] == previous:
                 extended += 1
             else:
                 events += 1
@@ -81,7 +82,7 @@ async def test_an_agent_session_appends_between_events(api: str) -> None:
                 # trigger, and the event ends at or under the target.
                 assert prepared.chain is not None and prepared.chain.triggered
                 assert prepared.chain.tokens_after <= budget.target
-        previous = pieces
+        previous = forwarded_pieces
     assert events >= 3  # the session did outgrow the window, more than once
     assert extended / (len(steps) - 1) >= 0.9, (extended, events)
 
@@ -90,7 +91,7 @@ async def test_an_event_ends_at_the_target_when_masking_alone_cannot() -> None:
     """With `tool_output_cache, fifo`, masking old outputs leaves a long session between target
     and trigger (placeholders and calls add up); `fifo` then drops old Turns down to the target,
     so the next requests have room to append."""
-    gw = gateway(8192, TOOL_CACHE_FIFO)
+    gw = parts_at(8192, TOOL_CACHE_FIFO)
     prepared, _ = await forwarded(gw, "chat", session(90))
     assert prepared.chain is not None
     masked_only = next(r for r in prepared.chain.steps if r.type == "tool_output_cache")
@@ -106,7 +107,7 @@ async def test_an_edited_history_is_never_answered_from_the_held_request(
 ) -> None:
     """A client that rewrites an earlier message (an agent's own pruning, an edit) gets its new
     history compacted, not the held result of the old one."""
-    gw = gateway(8192, TOOL_CACHE_FIFO)
+    gw = parts_at(8192, TOOL_CACHE_FIFO)
     steps = session(40)
     await forwarded(gw, api, steps[:39])  # an event: held for the conversation
     changed = [dict(s) for s in steps]
@@ -117,7 +118,7 @@ async def test_an_edited_history_is_never_answered_from_the_held_request(
     else:
         changed[index]["cmd"] = mark + changed[index]["cmd"]
     prepared, sent = await forwarded(gw, api, changed)
-    fresh = gateway(8192, TOOL_CACHE_FIFO)
+    fresh = parts_at(8192, TOOL_CACHE_FIFO)
     original, _ = await forwarded(fresh, api, changed)
     assert prepared.body == original.body  # as if the gateway had never seen the old history
     assert pairs_broken(api, sent) == []
@@ -171,7 +172,7 @@ async def test_cache_keys_tools_and_system_survive_every_compaction(api: str) ->
     """The fields providers key their prompt cache on, the tool definitions and the system
     prompt reach the upstream byte for byte, however much the history was compacted (the
     expansion tools and their note, once offered, come after the client's own)."""
-    gw = gateway(8192, TOOL_CACHE_FIFO)
+    gw = parts_at(8192, TOOL_CACHE_FIFO)
     steps = session(60)
     compacted = 0
     for end in (20, 35, 50, 60):
@@ -221,35 +222,3 @@ async def test_session_headers_reach_the_upstream(
     [sent] = local_upstream.chat_requests()
     headers = {k.lower(): v for k, v in sent["headers"]}
     assert headers["session_id"] == "s-123" and headers["x-session-affinity"] == "a-9"
-
-
-def _best_extends(sizes: list[int], fixed: int, trigger: int) -> int:
-    """Exhaustive optimum over every policy (any event may keep any size from the minimum up to
-    everything), for checking that the benchmark's greedy ceiling is really a ceiling."""
-    best: dict[int, int] = {sizes[0]: 0}  # size forwarded now -> most extends so far
-    for before, after in itertools.pairwise(sizes):
-        step = after - before
-        nxt: dict[int, int] = {}
-        for current, extends in best.items():
-            if current + step <= trigger:  # append: the request extends the previous one
-                nxt[current + step] = max(nxt.get(current + step, -1), extends + 1)
-            for kept in range(fixed + step, min(current + step, trigger) + 1):  # an event
-                nxt[kept] = max(nxt.get(kept, -1), extends)
-        best = nxt
-    return max(best.values())
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    steps=st.lists(st.integers(min_value=1, max_value=9), min_size=1, max_size=12),
-    fixed=st.integers(min_value=0, max_value=4),
-    room=st.integers(min_value=9, max_value=30),
-)
-def test_the_benchmarks_ceiling_is_the_best_any_policy_can_do(
-    steps: list[int], fixed: int, room: int
-) -> None:
-    """The `ceiling` column of `bench_cache` claims no chain can extend more often than it; a
-    ceiling below the truth would excuse a chain that could do better."""
-    sizes = list(itertools.accumulate([fixed + 1, *steps]))
-    trigger = fixed + room
-    assert ceiling(sizes, fixed, trigger) == _best_extends(sizes, fixed, trigger)

@@ -6,6 +6,10 @@ the fake can speak, the client (the official openai client) must still get an or
 completion: the gateway recognises the error, learns the real window, compacts the client's
 ORIGINAL request again and retries, streaming too. What the upstream received tells whether the
 retry was right: smaller, system prompt and latest user message intact, tool calls paired.
+
+In process (tests/in_process.py): every decision here is made before a byte reaches the client
+(the error, or a stream's first events, are read whole), so nothing needs a socket or a clock;
+each test has an app of its own, so what one learnt never leaks into the next.
 """
 
 from __future__ import annotations
@@ -13,18 +17,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
 from gateway.devtools.echo_upstream import estimate_prompt_tokens
-from tests.conftest import GatewayProcess
-from tests.fake_upstream import STYLES, FakeUpstream, render_context_error
-from tests.gateway_process import gateway_process
-from tests.in_process import AppStarter, LocalUpstream
+from tests.fake_upstream import STYLES, render_context_error
+from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 CONFIGURED_WINDOW = 64_000  # what the operator (wrongly) configured
 LIMIT = 2_000  # the fake upstream's real limit, in its own tokens (chars of JSON / 4)
@@ -77,59 +77,34 @@ MESSAGES = conversation()
 assert fake_tokens(MESSAGES) > 2 * LIMIT, "the conversation must overflow the fake's limit"
 
 
-# -- one gateway for the module: a model per style and mode (learned windows are per model) -----
+# -- a gateway of the test's own: one model, `m`, on the local upstream -------------------------
 
 
-def model_names() -> list[str]:
-    return [f"{style}-{mode}" for style in STYLES for mode in ("plain", "stream")]
-
-
-def gateway_config(fake: FakeUpstream) -> dict[str, Any]:
-    def model(name: str, **extra: Any) -> dict[str, Any]:
-        return {
-            "name": name,
-            "upstream": {"base_url": fake.base_url},
-            "tokenizer": "chars:4",
-            "context_window": CONFIGURED_WINDOW,
-            **extra,
-        }
-
-    models = [model(name) for name in model_names()]
-    models += [
-        model("strict", policy="strict"),
-        model("lenient"),
-        model("one-retry", max_retries=1),
-        model("quirks"),
-        model("length"),
-        model("again"),
-    ]
-    return {
-        "server": {"stream_usage": "passthrough"},
-        "models": models,
-        "policies": {"strict": {"recovery_mode": "error"}},
+async def start(
+    start_app: AppStarter, upstream: LocalUpstream, **model: Any
+) -> tuple[AppGateway, openai.AsyncOpenAI]:
+    """An app whose model `m` is configured with a window far above the upstream's real limit,
+    and the official SDK on it."""
+    entry = {
+        "name": "m",
+        "upstream": {"base_url": upstream.base_url},
+        "tokenizer": "chars:4",
+        "context_window": CONFIGURED_WINDOW,
+        **model,
     }
+    gw = await start_app(
+        {
+            "server": {"stream_usage": "passthrough"},
+            "models": [entry],
+            "policies": {"strict": {"recovery_mode": "error"}},
+        }
+    )
+    return gw, gw.openai()
 
 
-@pytest.fixture(scope="module")
-def gateway(
-    fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    config = gateway_config(fake_upstream_server)
-    with gateway_process(config, tmp_path_factory.mktemp("reactive")) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def client(gateway: GatewayProcess) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=gateway.base_url, api_key="sk-client", max_retries=0, timeout=60
-    ) as c:
-        yield c
-
-
-def plan_window(gateway: GatewayProcess, model: str) -> int | None:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-    response = httpx.post(f"{gateway.base_url}/compactgate/plan", json=body, timeout=20)
+async def plan_window(gw: AppGateway) -> int | None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    response = await gw.http.post(f"{gw.base_url}/compactgate/plan", json=body)
     assert response.status_code == 200, response.text
     return response.json()["context_window"]
 
@@ -172,27 +147,27 @@ def assert_tool_pairs(messages: list[dict[str, Any]]) -> None:
     assert not open_calls
 
 
-def chat_bodies(fake: FakeUpstream) -> list[dict[str, Any]]:
-    return [r["json"] for r in fake.chat_requests()]
+def chat_bodies(upstream: LocalUpstream) -> list[dict[str, Any]]:
+    return [r["json"] for r in upstream.chat_requests()]
 
 
 # -- every provider style ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("style", STYLES)
-def test_non_streaming_context_error_is_recovered(
-    style: str, gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_non_streaming_context_error_is_recovered(
+    style: str, start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    fake_upstream.configure({"context_limit": LIMIT, "style": style})
-    model = f"{style}-plain"
-    raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=MESSAGES, max_tokens=50
+    gw, client = await start(start_app, local_upstream)
+    local_upstream.configure({"context_limit": LIMIT, "style": style})
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, max_tokens=50
     )
     completion = raw.parse()
     assert completion.choices[0].message.content == f"echo: {LATEST}"
     retries = int(raw.headers["x-compactgate-retries"])
     assert 1 <= retries <= 2  # max_retries
-    bodies = chat_bodies(fake_upstream)
+    bodies = chat_bodies(local_upstream)
     assert len(bodies) == retries + 1
     assert_valid_retry(bodies[0], bodies[-1])
     assert int(raw.headers["x-compactgate-tokens-after"]) < int(
@@ -200,65 +175,66 @@ def test_non_streaming_context_error_is_recovered(
     )
     assert raw.headers["x-compactgate-steps"] != "none"
     if style in STATES_LIMIT:
-        assert plan_window(gateway, model) == LIMIT
+        assert await plan_window(gw) == LIMIT
     else:  # Bedrock states no number: the refused request (with its reserved output) bounds
         # the window from above, lowering it without going under the upstream's real limit.
-        assert LIMIT < plan_window(gateway, model) < CONFIGURED_WINDOW
+        assert LIMIT < (await plan_window(gw) or 0) < CONFIGURED_WINDOW
 
 
 @pytest.mark.parametrize("style", STYLES)
-def test_streaming_context_error_is_recovered(
-    style: str, gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_streaming_context_error_is_recovered(
+    style: str, start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    fake_upstream.configure({"context_limit": LIMIT, "style": style})
-    model = f"{style}-stream"
-    with client.chat.completions.with_streaming_response.create(
-        model=model, messages=MESSAGES, max_tokens=50, stream=True
+    gw, client = await start(start_app, local_upstream)
+    local_upstream.configure({"context_limit": LIMIT, "style": style})
+    async with client.chat.completions.with_streaming_response.create(
+        model="m", messages=MESSAGES, max_tokens=50, stream=True
     ) as response:
         assert response.http_response.status_code == 200
         retries = int(response.headers["x-compactgate-retries"])
-        chunks = list(response.parse())
+        chunks = [chunk async for chunk in await response.parse()]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == f"echo: {LATEST}"
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert 1 <= retries <= 2
-    bodies = chat_bodies(fake_upstream)
+    bodies = chat_bodies(local_upstream)
     assert len(bodies) == retries + 1
     assert all(b["stream"] is True for b in bodies)
     assert_valid_retry(bodies[0], bodies[-1])
     if style in STATES_LIMIT:
-        assert plan_window(gateway, model) == LIMIT
+        assert await plan_window(gw) == LIMIT
 
 
 # -- what is learned, and what is never learned ---------------------------------------------------
 
 
-def test_learned_window_is_used_and_never_raised_by_a_later_error(
-    gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_learned_window_is_used_and_never_raised_by_a_later_error(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    fake_upstream.configure({"context_limit": LIMIT, "style": "openai"})
-    first = client.chat.completions.with_raw_response.create(model="again", messages=MESSAGES)
+    gw, client = await start(start_app, local_upstream)
+    local_upstream.configure({"context_limit": LIMIT, "style": "openai"})
+    first = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
     assert first.headers["x-compactgate-retries"] == "1"
-    assert plan_window(gateway, "again") == LIMIT
+    assert await plan_window(gw) == LIMIT
 
     # The next request is compacted proactively against the learned window: no error, no retry.
-    fake_upstream.reset()
-    fake_upstream.configure({"context_limit": LIMIT, "style": "openai"})
-    second = client.chat.completions.with_raw_response.create(model="again", messages=MESSAGES)
+    local_upstream.reset()
+    local_upstream.configure({"context_limit": LIMIT, "style": "openai"})
+    second = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
     assert second.headers["x-compactgate-retries"] == "0"
     assert second.headers["x-compactgate-steps"] != "none"
-    assert len(fake_upstream.chat_requests()) == 1
+    assert len(local_upstream.chat_requests()) == 1
 
     # An error that states a LARGER window does not raise what was learned.
-    fake_upstream.reset()
+    local_upstream.reset()
     status, headers, raw = render_context_error("openai", LIMIT * 4, LIMIT * 5)
-    fake_upstream.script(
+    local_upstream.script(
         [{"kind": "error", "status": status, "headers": headers, "body": json.loads(raw)}]
     )
-    third = client.chat.completions.with_raw_response.create(model="again", messages=MESSAGES)
+    third = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
     assert third.headers["x-compactgate-retries"] == "1"
     assert third.parse().choices[0].message.content
-    assert plan_window(gateway, "again") == LIMIT
+    assert await plan_window(gw) == LIMIT
 
 
 # -- when nothing can fit -------------------------------------------------------------------------
@@ -273,16 +249,16 @@ def oversized_latest() -> list[dict[str, Any]]:
     return [*conversation(turns=2), {"role": "user", "content": huge}]
 
 
-def test_nothing_fits_with_recovery_error_is_one_clear_400(
-    gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_nothing_fits_with_recovery_error_is_one_clear_400(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
+    gw, client = await start(start_app, local_upstream, policy="strict")
     messages = oversized_latest()
     assert fake_tokens(messages[-1:]) > LIMIT
-    fake_upstream.configure({"context_limit": LIMIT, "style": "openai"})
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "strict", "messages": messages, "max_tokens": 50},
-        timeout=30,
+    local_upstream.configure({"context_limit": LIMIT, "style": "openai"})
+    response = await gw.http.post(
+        f"{gw.base_url}/chat/completions",
+        json={"model": "m", "messages": messages, "max_tokens": 50},
     )
     assert response.status_code == 400
     assert response.headers["x-compactgate-retries"] == "1"
@@ -291,25 +267,26 @@ def test_nothing_fits_with_recovery_error_is_one_clear_400(
     assert error["type"] == "invalid_request_error"
     assert "latest user message" in error["message"]
     # The first attempt went upstream (the gateway could not know); nothing after it.
-    assert len(fake_upstream.chat_requests()) == 1
+    assert len(local_upstream.chat_requests()) == 1
     with pytest.raises(openai.BadRequestError) as info:
-        fake_upstream.reset()
-        fake_upstream.configure({"context_limit": LIMIT, "style": "openai"})
-        client.chat.completions.create(model="strict", messages=messages, max_tokens=50)
+        local_upstream.reset()
+        local_upstream.configure({"context_limit": LIMIT, "style": "openai"})
+        await client.chat.completions.create(model="m", messages=messages, max_tokens=50)
     assert info.value.code == "context_length_exceeded"
 
 
-def test_nothing_fits_with_default_truncate_still_answers(
-    gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_nothing_fits_with_default_truncate_still_answers(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
+    _, client = await start(start_app, local_upstream)
     messages = oversized_latest()
-    fake_upstream.configure({"context_limit": LIMIT, "style": "openai"})
-    raw = client.chat.completions.with_raw_response.create(
-        model="lenient", messages=messages, max_tokens=50
+    local_upstream.configure({"context_limit": LIMIT, "style": "openai"})
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=messages, max_tokens=50
     )
     assert raw.parse().choices[0].message.content
     assert int(raw.headers["x-compactgate-retries"]) >= 1
-    last = chat_bodies(fake_upstream)[-1]
+    last = chat_bodies(local_upstream)[-1]
     sent = last["messages"]
     assert sent[0] == {"role": "system", "content": SYSTEM}
     assert sent[-1]["role"] == "user" and "characters cut by compactgate" in sent[-1]["content"]
@@ -319,95 +296,98 @@ def test_nothing_fits_with_default_truncate_still_answers(
 # -- bounded: never loops -------------------------------------------------------------------------
 
 
-def test_retries_are_bounded_by_max_retries(
-    gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_retries_are_bounded_by_max_retries(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
+    one_retry, _ = await start(start_app, local_upstream, max_retries=1)
+    lenient, _ = await start(start_app, local_upstream)
     # An upstream that keeps saying "too long" whatever it gets (it states no numbers).
     status, headers, raw = render_context_error("bedrock", 0, 0)
     error = {"kind": "error", "status": status, "headers": headers, "body": json.loads(raw)}
-    fake_upstream.script([error] * 6)
+    local_upstream.script([error] * 6)
     started = time.monotonic()
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "one-retry", "messages": MESSAGES, "max_tokens": 50},
-        timeout=30,
+    response = await one_retry.http.post(
+        f"{one_retry.base_url}/chat/completions",
+        json={"model": "m", "messages": MESSAGES, "max_tokens": 50},
     )
     assert time.monotonic() - started < 10
     assert response.status_code == 400  # the upstream's own error, relayed once retries ran out
     assert response.json() == json.loads(raw)
     assert response.headers["x-compactgate-retries"] == "1"
-    assert len(fake_upstream.chat_requests()) == 2
+    assert len(local_upstream.chat_requests()) == 2
 
-    fake_upstream.reset()
-    fake_upstream.script([error] * 6)
-    response = httpx.post(
-        f"{gateway.base_url}/chat/completions",
-        json={"model": "lenient", "messages": MESSAGES, "max_tokens": 50, "stream": True},
-        timeout=30,
+    local_upstream.reset()
+    local_upstream.script([error] * 6)
+    response = await lenient.http.post(
+        f"{lenient.base_url}/chat/completions",
+        json={"model": "m", "messages": MESSAGES, "max_tokens": 50, "stream": True},
     )
     assert response.status_code == 400
     assert response.headers["x-compactgate-retries"] == "2"  # the default max_retries
-    assert len(fake_upstream.chat_requests()) == 3
+    assert len(local_upstream.chat_requests()) == 3
 
 
 # -- streaming quirks ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["stream_error_event", "empty_200"])
-def test_streaming_quirks_are_recovered(
-    kind: str, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_streaming_quirks_are_recovered(
+    kind: str, start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     """200 then an error event before any content; llama-cpp-python's empty 200 stream."""
-    fake_upstream.script([{"kind": kind}])
-    with client.chat.completions.with_streaming_response.create(
-        model="quirks", messages=MESSAGES, max_tokens=50, stream=True
+    _, client = await start(start_app, local_upstream)
+    local_upstream.script([{"kind": kind}])
+    async with client.chat.completions.with_streaming_response.create(
+        model="m", messages=MESSAGES, max_tokens=50, stream=True
     ) as response:
         retries = response.headers["x-compactgate-retries"]
-        chunks = list(response.parse())
+        chunks = [chunk async for chunk in await response.parse()]
     assert retries == "1"
     assert (
         "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == f"echo: {LATEST}"
     )
-    bodies = chat_bodies(fake_upstream)
+    bodies = chat_bodies(local_upstream)
     assert len(bodies) == 2
     assert_tool_pairs(bodies[1]["messages"])
     assert estimate_prompt_tokens(bodies[1]) < estimate_prompt_tokens(bodies[0])
     assert bodies[1]["messages"][-1] == {"role": "user", "content": LATEST}
 
 
-def test_an_empty_stream_after_the_last_retry_is_a_502_not_a_silent_200(
-    client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_an_empty_stream_after_the_last_retry_is_a_502_not_a_silent_200(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
-    fake_upstream.script([{"kind": "empty_200"}] * 5)
+    _, client = await start(start_app, local_upstream)
+    local_upstream.script([{"kind": "empty_200"}] * 5)
     with pytest.raises(openai.APIStatusError) as info:
-        client.chat.completions.create(
-            model="quirks", messages=MESSAGES, max_tokens=50, stream=True
+        await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=50, stream=True
         )
     assert info.value.status_code == 502
     assert info.value.code == "bad_gateway"
-    assert len(fake_upstream.chat_requests()) == 3  # the first attempt and max_retries (2)
+    assert len(local_upstream.chat_requests()) == 3  # the first attempt and max_retries (2)
 
 
-def test_finish_reason_length_is_not_a_context_error(
-    gateway: GatewayProcess, client: openai.OpenAI, fake_upstream: FakeUpstream
+async def test_finish_reason_length_is_not_a_context_error(
+    start_app: AppStarter, local_upstream: LocalUpstream
 ) -> None:
     """The prompt fit but the answer did not (llama.cpp's answer): relay it, never retry."""
-    fake_upstream.script(
+    gw, client = await start(start_app, local_upstream)
+    local_upstream.script(
         [{"kind": "ok", "content": "truncated ans", "finish_reason": "length"}] * 2
     )
-    raw = client.chat.completions.with_raw_response.create(
-        model="length", messages=MESSAGES, max_tokens=3
+    raw = await client.chat.completions.with_raw_response.create(
+        model="m", messages=MESSAGES, max_tokens=3
     )
     assert raw.parse().choices[0].finish_reason == "length"
     assert raw.headers["x-compactgate-retries"] == "0"
-    with client.chat.completions.with_streaming_response.create(
-        model="length", messages=MESSAGES, max_tokens=3, stream=True
+    async with client.chat.completions.with_streaming_response.create(
+        model="m", messages=MESSAGES, max_tokens=3, stream=True
     ) as response:
         assert response.headers["x-compactgate-retries"] == "0"
-        chunks = list(response.parse())
+        chunks = [chunk async for chunk in await response.parse()]
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert len(fake_upstream.chat_requests()) == 2
-    assert plan_window(gateway, "length") == CONFIGURED_WINDOW
+    assert len(local_upstream.chat_requests()) == 2
+    assert await plan_window(gw) == CONFIGURED_WINDOW
 
 
 # -- the retry's window, in-process -----------------------------------------------------------

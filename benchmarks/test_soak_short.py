@@ -7,6 +7,10 @@ see gateway/ops/memory.py; the heap malloc freed is returned once the worker is 
 load there are no errors and RSS stays flat; once the upstream keep-alive pool has expired, the
 process is back to the descriptors and tasks it started with. The full-size figures (500 streams,
 10 minutes) come from the benchmark and are in the issue's note.
+
+It lives beside the benchmark (it was tests/test_load_short.py): it is the soak run small, and
+everything it measures with (the slow upstream, the burst and soak drivers, the gateway's
+sockets, tasks and RSS read from /proc and /metrics, the leftovers' rule) is the benchmark's own.
 """
 
 from __future__ import annotations
