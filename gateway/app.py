@@ -65,7 +65,7 @@ from .path.forward import Forwarder
 from .path.own_calls import OwnCalls
 from .path.windows import Windows
 from .routing import Router
-from .stores import SafeStore, open_store
+from .store import SafeStore, open_store, signing_key
 from .summaries import Precompute, Summarizer, SummaryService
 from .tool_outputs import ToolOutputCache
 from .upstream import ServerFactory, UpstreamClient
@@ -126,7 +126,7 @@ async def assemble_core(
     embedding program's own (`integrations`), else new."""
     metrics = metrics if metrics is not None else Metrics()
     store = open_store(config.store, metrics)
-    secret = await ref_secret(config, store)
+    secret = (await signing_key(config.tool_outputs.ref_secret, config.store, store, metrics)).value
     core = build_core(config, in_process, secret=secret, metrics=metrics, store=store)
     await core.upstream.start()  # and litellm imported now, if a model uses it
     return core
@@ -157,8 +157,7 @@ def build_core(
         sender, router, metrics, config.summaries, windows.effective, on_usage=spend
     )
     summaries = SummaryService(config.summaries, store, summarizer, metrics)
-    shared = config.store.startswith(("redis://", "rediss://"))
-    counting = Counting(store if shared else None, threads=config.server.count_threads)
+    counting = Counting(store if store.shared else None, threads=config.server.count_threads)
     upstream_counts = UpstreamCounts(upstream)
     engine = Engine(
         metrics,
@@ -191,34 +190,6 @@ def build_core(
         readiness=Readiness(config, store),
         upstream_health=UpstreamHealth(config, metrics.registry),
     )
-
-
-async def ref_secret(config: Config, store: SafeStore) -> bytes:
-    """The key of tool-output refs and compaction items: the same on every replica that shares
-    a store.
-
-    Equal refs for equal outputs keep a compacted prefix byte-identical whichever replica
-    served the request (provider prompt caches keep hitting). Configured, or created once in
-    a shared store, or (memory store) random per process.
-    """
-    configured = config.tool_outputs.ref_secret
-    if configured:
-        return configured.encode()
-    if not config.store.startswith(("redis://", "rediss://")):
-        return os.urandom(32)
-    key = "ref-secret"
-    found = await store.get(key)
-    if found is None:
-        lock = await store.lock(key + ":init", 5)
-        try:
-            found = await store.get(key)
-            if found is None:
-                found = os.urandom(32).hex().encode()
-                await store.put(key, found, None)
-        finally:
-            if lock is not None:
-                await store.release(lock)
-    return found
 
 
 def doors(core: Core) -> Dispatch:

@@ -18,11 +18,9 @@ the default policy chain.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import os
 import re
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeGuard
@@ -33,18 +31,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.pinning import PinRule
 from policies.registry import STEPS
 
+from .config_errors import format_validation_error
+
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 _LITELLM_ENV = re.compile(r"os\.environ/([A-Za-z_][A-Za-z0-9_]*)")
-# LiteLLM proxy config keys, answered with how to convert rather than a bare "unknown key".
-_LITELLM_KEYS = frozenset(
-    {"model_list", "litellm_settings", "router_settings", "general_settings", "litellm_params"}
-)
-LITELLM_HINT = (
-    "LiteLLM's proxy config is not read here; convert it with "
-    "`compactgate import-litellm <litellm config.yaml>`, which writes this gateway's `models:`"
-)
 _ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:([0-9]{1,5}|\*))?")
 _HOST = re.compile(
     r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
@@ -541,7 +533,12 @@ class AgentCompactionConfig(_Strict):
 
 class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
-    store: str = Field("memory://", description="memory:// or redis://host:port/db")
+    store: str = Field(
+        "memory://",
+        description="memory://, redis://host:port/db, "
+        "redis-sentinel://h:p[,h:p...]/<service>[/<db>] or redis-cluster://h:p[,h:p...] "
+        "(rediss-... for TLS)",
+    )
     auth: AuthConfig | None = None
     mode: Literal["enforce", "observe"] = "enforce"
     tenant_header: str | None = Field(None, description="Header naming the tenant (else key hash)")
@@ -555,12 +552,9 @@ class Config(_Strict):
     @field_validator("store")
     @classmethod
     def _store(cls, value: str) -> str:
-        if not value.startswith(("memory://", "redis://", "rediss://")):
-            raise ValueError("must be memory:// or redis://host:port/db")
-        if value.startswith("memory://"):
-            from .stores import memory_max_bytes
+        from .store.urls import parse_store_url
 
-            memory_max_bytes(value)  # ValueError names the bad option
+        parse_store_url(value)  # ValueError names the bad part
         return value
 
     @model_validator(mode="after")
@@ -613,7 +607,11 @@ def parse_config(raw: Any, environ: Mapping[str, str] | None = None) -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        found = [p for p in format_validation_error(exc) if p.partition(": ")[0] not in reported]
+        found = [
+            p
+            for p in format_validation_error(exc, Config, PathProblems)
+            if p.partition(": ")[0] not in reported
+        ]
         problems += [*found, *semantic_problems(data)]
     else:
         if not problems:
@@ -710,111 +708,3 @@ def _interpolate(value: Any, environ: Mapping[str, str], path: str, problems: li
     if isinstance(value, list):
         return [_interpolate(v, environ, f"{path}[{i}]", problems) for i, v in enumerate(value)]
     return value
-
-
-def format_validation_error(exc: ValidationError) -> list[str]:
-    """pydantic errors as `yaml.path: message` lines."""
-    lines = []
-    for error in exc.errors():
-        cause = (error.get("ctx") or {}).get("error")
-        if isinstance(cause, PathProblems):
-            lines.extend(cause.problems)
-        elif error.get("type") == "extra_forbidden":
-            lines.append(f"{_format_loc(error['loc'])}: {_unknown_key(error['loc'])}")
-        else:
-            lines.append(f"{_format_loc(error['loc'])}: {_format_msg(error)}")
-    return lines
-
-
-def _unknown_key(loc: tuple[Any, ...]) -> str:
-    """ "unknown key", with the nearest key known at that level, or how to convert LiteLLM's."""
-    key = str(loc[-1])
-    if key in _LITELLM_KEYS or (key == "model_name" and "models" in loc):
-        return f"unknown key: {LITELLM_HINT}"
-    known = known_keys(loc[:-1])
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
-
-
-def known_keys(loc: tuple[Any, ...]) -> list[str]:
-    """The keys a mapping at `loc` (a pydantic error location) may have."""
-    node: Any = Config
-    for part in loc:
-        node = _descend(node, part)
-        if node is None:
-            return []
-    return [
-        field.alias or name
-        for option in _options(node)
-        if isinstance(option, type) and issubclass(option, BaseModel)
-        for name, field in option.model_fields.items()
-    ]
-
-
-def _options(node: Any) -> list[Any]:
-    """A type annotation's alternatives: Optional, unions and Annotated unwrapped."""
-    origin = typing.get_origin(node)
-    if origin is Annotated:
-        return _options(typing.get_args(node)[0])
-    if origin is typing.Union or type(node).__name__ == "UnionType":
-        return [o for arg in typing.get_args(node) for o in _options(arg)]
-    return [node]
-
-
-def _descend(node: Any, part: Any) -> Any:
-    for option in _options(node):
-        origin = typing.get_origin(option)
-        if isinstance(option, type) and issubclass(option, BaseModel) and isinstance(part, str):
-            field = option.model_fields.get(part)
-            if field is not None:
-                return field.annotation
-        if origin is list and isinstance(part, int):
-            return typing.get_args(option)[0]
-        if origin is dict and isinstance(part, str):
-            return typing.get_args(option)[1]
-    if isinstance(part, str) and part in STEPS:  # the discriminator's tag in a step's path
-        step_class = STEPS[part][0]
-        if step_class in _options(node):
-            return step_class
-    return None
-
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif (
-            i > 0
-            and isinstance(loc[i - 1], int)
-            and part in STEPS
-            and i >= 2
-            and loc[i - 2] == "steps"
-        ):
-            continue  # pydantic puts the discriminator tag in the path; YAML has no such level
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
-def _format_msg(error: Mapping[str, Any]) -> str:
-    kind = error.get("type", "")
-    ctx = error.get("ctx") or {}
-    if kind == "greater_than":
-        return f"must be > {ctx.get('gt')}"
-    if kind == "greater_than_equal":
-        return f"must be >= {ctx.get('ge')}"
-    if kind == "less_than_equal":
-        return f"must be <= {ctx.get('le')}"
-    if kind == "less_than":
-        return f"must be < {ctx.get('lt')}"
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required"
-    if kind == "union_tag_invalid":
-        return f"unknown step type {ctx.get('tag')!r} (known: {', '.join(sorted(STEPS))})"
-    if kind == "literal_error":
-        return f"must be one of {ctx.get('expected')}"
-    message = str(error.get("msg", "invalid"))
-    return message.removeprefix("Value error, ")

@@ -15,7 +15,6 @@ refs, offsets and patterns produce a tool result saying so; nothing here raises.
 from __future__ import annotations
 
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -25,14 +24,14 @@ import orjson
 from policies import StoredOutput
 
 from .config import ToolOutputsConfig
-from .stores import SafeStore
+from .store import SafeStore
 
 MAX_LIMIT = 2000  # lines per read
 MAX_RESULT_CHARS = 32_000  # one tool result
 MAX_LINE_CHARS = 2000  # a line in a result is cut here
 MAX_MATCHES = 200
 MAX_CONTEXT = 10
-_RECENT_MAX = 20_000  # refs remembered as recently stored (to skip re-storing them)
+_RECENT_MAX = 20_000  # refs remembered as stored lately (checked, not sent again)
 
 
 class ToolOutputCache:
@@ -40,25 +39,43 @@ class ToolOutputCache:
         self._store = store
         self.config = config
         self.names = frozenset({config.read_tool, config.grep_tool})
-        self._recent: OrderedDict[str, float] = OrderedDict()
+        self._recent: OrderedDict[str, None] = OrderedDict()  # keys stored lately: a hint
+        self._epoch = store.epoch
 
     # -- storing -----------------------------------------------------------------------------
 
     async def save(self, tenant: str, outputs: Sequence[StoredOutput]) -> None:
-        """Store every output the step masked; a ref stored recently is only refreshed rarely."""
-        now = time.monotonic()
-        for output in outputs:
-            key = self._key(tenant, output.ref)
-            stored_at = self._recent.get(key)
-            if stored_at is not None and now - stored_at < self.config.ttl_s / 2:
-                continue
-            if await self._store.put(
-                key, output.text.encode("utf-8", "surrogatepass"), self.config.ttl_s
-            ):
-                self._recent[key] = now
+        """Store every output the step masked, so that its ref can be read back.
+
+        An output stored lately is only checked, not sent again: in one round trip its expiry
+        is renewed and the store says whether it still holds it. One the store no longer holds
+        (emptied, restarted, evicted, or failed over without it) is stored again from the
+        conversation that brings it. The memory of what was stored lately is dropped whenever
+        the store comes back after an outage or is found emptied (`SafeStore.epoch`).
+        """
+        if self._epoch != self._store.epoch:
+            self._epoch = self._store.epoch
+            self._recent.clear()
+        texts = {self._key(tenant, o.ref): o.text for o in outputs}
+        hinted = [key for key in texts if key in self._recent]
+        ttl = self.config.ttl_s
+        if hinted:
+            held = await self._store.touch_many(hinted, ttl)
+            if held is None:
+                return  # the store is away: nothing can be stored either
+            for key, found in zip(hinted, held, strict=True):
+                if found:
+                    del texts[key]
+                    self._recent.move_to_end(key)
+        if not texts:
+            return
+        items = [(key, text.encode("utf-8", "surrogatepass")) for key, text in texts.items()]
+        if await self._store.put_many(items, ttl):
+            for key in texts:
+                self._recent[key] = None
                 self._recent.move_to_end(key)
-                while len(self._recent) > _RECENT_MAX:
-                    self._recent.popitem(last=False)
+            while len(self._recent) > _RECENT_MAX:
+                self._recent.popitem(last=False)
 
     async def _text(self, tenant: str, ref: str) -> str | None:
         value = await self._store.get(self._key(tenant, ref))

@@ -9,7 +9,12 @@ them against what the gateway really does:
   the wheel is built from;
 - compose and Kubernetes: ports, probe paths, mounted paths and environment variable names agree
   with each other and with the gateway; both gateway configs pass `load_config`, and their Redis
-  address names the Redis that the same stack starts;
+  address names the Redis that the same stack starts (in Kubernetes, the sentinels of a Redis
+  StatefulSet, whose init script is run against real `redis-server` processes);
+- Envoy: the Kubernetes ConfigMap carries deploy/envoy/envoy.yaml verbatim, its cluster resolves
+  the gateway pods' headless Service on their port and checks their readiness path, clients'
+  Service reaches Envoy; retries, timeouts, the WebSocket and the hash order are as documented
+  (tests/test_envoy.py runs the file with the real binary);
 - the Grafana dashboard: provisioned datasource and path line up; every metric its queries use is
   exposed by a real `compactgate serve` process after real traffic (official `openai` client,
   the fake upstream, one compacted request and one answered with a context error).
@@ -35,18 +40,22 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 import pytest
+import redis
 import yaml
 
 import gateway.cli
 from gateway.config import Config, load_config
+from gateway.store import parse_store_url
 from tests.configs import one_model
-from tests.conftest import REPO_ROOT, RunningProcess, start_process
+from tests.conftest import REPO_ROOT, RunningProcess, Starter, free_port, start_process
 from tests.fake_upstream import FakeUpstream
+from tests.redis_server import READY, REPLICA_READY, redis_argv
 
 DEPLOY = REPO_ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE = DEPLOY / "docker-compose.yml"
 K8S = DEPLOY / "k8s"
+ENVOY = DEPLOY / "envoy" / "envoy.yaml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "compactgate.json"
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
 DASHBOARD_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards" / "dashboards.yml"
@@ -539,7 +548,8 @@ def test_kustomization_lists_every_manifest() -> None:
     resources = yaml_doc(K8S / "kustomization.yaml")["resources"]
     files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert sorted(resources) == sorted(files)
-    assert {"configmap.yaml", "deployment.yaml", "service.yaml", "hpa.yaml", "redis.yaml"} <= files
+    expected = {"configmap.yaml", "deployment.yaml", "service.yaml", "hpa.yaml", "redis.yaml"}
+    assert expected | {"envoy.yaml", "pdb.yaml"} <= files
 
 
 def container_port(name: str) -> dict[str, Any]:
@@ -565,39 +575,125 @@ def test_deployment_probes_ask_healthz_and_readyz_on_the_container_port() -> Non
         assert "/tmp" in {m["mountPath"] for m in container["volumeMounts"]}
 
 
-def test_configmap_config_loads_and_points_at_the_shared_redis(tmp_path: Path) -> None:
+def test_configmap_config_loads_and_points_at_the_redis_sentinels(tmp_path: Path) -> None:
+    """The store URL names the sentinel Service, on its sentinel port, and the master set the
+    Redis pods' sentinels monitor; that Service selects the Redis StatefulSet's pods, whose
+    sentinel container listens there."""
     config = load_config(configmap_config(tmp_path), environ={"REDIS_PASSWORD": "pw"})
-    host, port = redis_address(config)
+    store = parse_store_url(config.store)
+    assert store.kind == "sentinel", f"store is {store.masked}: the replicas need Redis Sentinel"
+    [(host, port)] = store.hosts
     service = k8s_object("Service", host)
-    assert port in [p["port"] for p in service["spec"]["ports"]]
-    pods = [
-        o
-        for o in k8s_objects()
-        if o["kind"] == "Deployment"
-        and selects(service, o["spec"]["template"]["metadata"]["labels"])
-    ]
-    assert [p["metadata"]["name"] for p in pods] == ["compactgate-redis"]
-    assert any(
-        c["image"].split(":")[0] == "redis"
-        for c in pods[0]["spec"]["template"]["spec"]["containers"]
-    )
+    [sentinel_port] = [p for p in service["spec"]["ports"] if p["port"] == port]
+    redis = k8s_object("StatefulSet", "compactgate-redis")
+    assert selects(service, redis["spec"]["template"]["metadata"]["labels"])
+    containers = {c["name"]: c for c in redis["spec"]["template"]["spec"]["containers"]}
+    ports = {p["name"]: p["containerPort"] for c in containers.values() for p in c["ports"]}
+    assert ports[sentinel_port["targetPort"]] == port
+    assert "--sentinel" in containers["sentinel"]["args"]
+    assert all(c["image"].split(":")[0] == "redis" for c in containers.values())
+    assert f"SERVICE={store.service}\n" in redis_script()
+    assert redis["spec"]["replicas"] >= 3  # a quorum of 2 survives one pod lost
+    headless = k8s_object("Service", redis["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    # configure.sh names the pods as the headless Service makes them
+    assert f"$(hostname).{headless['metadata']['name']}" in redis_script()
+    assert f"{redis['metadata']['name']}-0.{headless['metadata']['name']}" in redis_script()
+
+
+def redis_script() -> str:
+    return str(k8s_object("ConfigMap", "compactgate-redis-scripts")["data"]["configure.sh"])
 
 
 def selects(service: dict[str, Any], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in service["spec"]["selector"].items())
 
 
-def test_service_selects_the_gateway_pods_and_targets_the_container_port() -> None:
+def test_clients_reach_envoy_and_envoy_reaches_every_gateway_pod() -> None:
+    """Service compactgate (what clients use) selects the Envoy pods on Envoy's listener port;
+    the gateway pods are selected only by the headless Service Envoy's cluster resolves, on the
+    gateway's proxy port (never the admin port)."""
     deployment = gateway_deployment()
-    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    gateway_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert selects(
-        {"spec": {"selector": deployment["spec"]["selector"]["matchLabels"]}}, pod_labels
+        {"spec": {"selector": deployment["spec"]["selector"]["matchLabels"]}}, gateway_labels
     )
-    services = [s for s in k8s_objects() if s["kind"] == "Service" and selects(s, pod_labels)]
-    assert [s["metadata"]["name"] for s in services] == ["compactgate"]
+    services = [s for s in k8s_objects() if s["kind"] == "Service" and selects(s, gateway_labels)]
+    assert [s["metadata"]["name"] for s in services] == ["compactgate-replicas"]
+    (headless,) = services
+    assert headless["spec"]["clusterIP"] == "None"  # ring hash needs each pod's address
     port = container_port("http")
-    for service_port in services[0]["spec"]["ports"]:  # the proxy only, never the admin port
+    for service_port in headless["spec"]["ports"]:
         assert service_port["targetPort"] in (port["containerPort"], port["name"])
+
+    front = k8s_object("Service", "compactgate")
+    envoy = k8s_object("Deployment", "compactgate-envoy")
+    assert selects(front, envoy["spec"]["template"]["metadata"]["labels"])
+    (container,) = envoy["spec"]["template"]["spec"]["containers"]
+    (listener_port,) = container["ports"]
+    (front_port,) = front["spec"]["ports"]
+    assert front_port["targetPort"] in (listener_port["name"], listener_port["containerPort"])
+    config = envoy_config()
+    (listener,) = config["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"]["port_value"] == listener_port["containerPort"]
+    (cluster,) = config["static_resources"]["clusters"]
+    [[endpoint]] = [e["lb_endpoints"] for e in cluster["load_assignment"]["endpoints"]]
+    address = endpoint["endpoint"]["address"]["socket_address"]
+    assert address["address"] == headless["metadata"]["name"]
+    assert address["port_value"] == headless["spec"]["ports"][0]["port"]
+    assert cluster["type"] == "STRICT_DNS" and cluster["lb_policy"] == "RING_HASH"
+    (check,) = cluster["health_checks"]
+    assert (
+        check["http_health_check"]["path"]
+        == gateway_container()["readinessProbe"]["httpGet"]["path"]
+    )
+
+
+def envoy_config() -> dict[str, Any]:
+    return yaml.safe_load(ENVOY.read_text())
+
+
+def test_the_envoy_configmap_is_deploy_envoy_yaml_and_runs_the_tested_envoy() -> None:
+    configmap = k8s_object("ConfigMap", "compactgate-envoy")
+    assert configmap["data"]["envoy.yaml"] == ENVOY.read_text(), (
+        "deploy/k8s/envoy.yaml must carry deploy/envoy/envoy.yaml verbatim: copy it there"
+    )
+    envoy = k8s_object("Deployment", "compactgate-envoy")
+    (container,) = envoy["spec"]["template"]["spec"]["containers"]
+    path = Path(container["args"][container["args"].index("-c") + 1])
+    (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent]
+    (volume,) = [
+        v for v in envoy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    ]
+    assert volume["configMap"]["name"] == "compactgate-envoy" and path.name == "envoy.yaml"
+    binary = shutil.which("envoy")
+    if binary is not None:  # the image is the version the suite runs (tests/test_envoy.py)
+        version = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
+        tag = container["image"].rsplit(":v", 1)[1]
+        assert f"/{tag}/" in version.stdout
+
+
+def test_envoy_retries_only_what_cannot_have_reached_a_replica_and_never_times_out_a_stream() -> (
+    None
+):
+    config = envoy_config()
+    (listener,) = config["static_resources"]["listeners"]
+    (manager,) = listener["filter_chains"][0]["filters"]
+    manager = manager["typed_config"]
+    assert [u["upgrade_type"] for u in manager["upgrade_configs"]] == ["websocket"]
+    routes = [r for h in manager["route_config"]["virtual_hosts"] for r in h["routes"]]
+    forwarded = [r for r in routes if "route" in r]
+    assert forwarded
+    for route in forwarded:
+        action = route["route"]
+        assert action["timeout"] == "0s"  # Envoy's default (15 s) would cut long streams
+        retried = set(action["retry_policy"]["retry_on"].split(","))
+        assert retried <= {"connect-failure", "refused-stream", "reset-before-request"}
+        headers = [h["header"]["header_name"] for h in action["hash_policy"]]
+        assert headers[:3] == ["session-id", "session_id", "x-claude-code-session-id"]
+        assert headers[3] == "x-compactgate-conversation"
+    admin = [r for r in routes if r["match"].get("prefix") == "/v1/compactgate/"]
+    assert admin and "direct_response" in admin[0]
 
 
 def test_hpa_scales_the_gateway_deployment_on_cpu() -> None:
@@ -929,7 +1025,14 @@ def test_the_autoscaler_alone_sets_the_gateway_replica_count() -> None:
 
 
 def pod_labels(name: str) -> dict[str, str]:
-    return k8s_object("Deployment", name)["spec"]["template"]["metadata"]["labels"]
+    """The pod labels of the Deployment or StatefulSet `name`."""
+    found = [
+        o
+        for o in k8s_objects()
+        if o["kind"] in ("Deployment", "StatefulSet") and o["metadata"]["name"] == name
+    ]
+    assert len(found) == 1, f"expected one workload {name!r}, found {len(found)}"
+    return dict(found[0]["spec"]["template"]["metadata"]["labels"])
 
 
 def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -937,16 +1040,23 @@ def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
 
 
-def test_a_disruption_budget_keeps_the_gateway_serving_through_drains() -> None:
-    (pdb,) = [o for o in k8s_objects() if o["kind"] == "PodDisruptionBudget"]
-    assert pdb["apiVersion"] == "policy/v1"
-    assert matches(pdb["spec"]["selector"], pod_labels("compactgate"))
-    assert not matches(pdb["spec"]["selector"], pod_labels("compactgate-redis"))
+def test_disruption_budgets_keep_each_part_serving_through_drains() -> None:
+    budgets = [o for o in k8s_objects() if o["kind"] == "PodDisruptionBudget"]
+    assert all(b["apiVersion"] == "policy/v1" for b in budgets)
     (hpa,) = [o for o in k8s_objects() if o["kind"] == "HorizontalPodAutoscaler"]
-    if "maxUnavailable" in pdb["spec"]:
-        assert 1 <= pdb["spec"]["maxUnavailable"] < hpa["spec"]["minReplicas"]
-    else:
-        assert 1 <= pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]  # drains can go on
+    minimum = {
+        "compactgate": hpa["spec"]["minReplicas"],
+        "compactgate-redis": k8s_object("StatefulSet", "compactgate-redis")["spec"]["replicas"],
+        "compactgate-envoy": k8s_object("Deployment", "compactgate-envoy")["spec"]["replicas"],
+    }
+    for workload, replicas in minimum.items():
+        covering = [b for b in budgets if matches(b["spec"]["selector"], pod_labels(workload))]
+        assert len(covering) == 1, f"{workload}: {len(covering)} budgets"
+        spec = covering[0]["spec"]
+        if "maxUnavailable" in spec:
+            assert 1 <= spec["maxUnavailable"] < replicas  # drains go on, some pods stay
+        else:
+            assert 1 <= spec["minAvailable"] < replicas
 
 
 def policy_for(labels: dict[str, str]) -> dict[str, Any]:
@@ -969,24 +1079,34 @@ def rules_for(policy: dict[str, Any], port: Any) -> list[dict[str, Any]]:
     ]
 
 
-def test_network_policies_let_clients_reach_the_gateway_and_only_the_gateway_reach_redis() -> None:
+def test_network_policies_clients_to_envoy_to_the_gateway_to_redis() -> None:
     gateway_labels, redis_labels = pod_labels("compactgate"), pod_labels("compactgate-redis")
+    envoy_labels = pod_labels("compactgate-envoy")
+
+    envoy_policy = policy_for(envoy_labels)
+    (to_front,) = rules_for(envoy_policy, "http")
+    assert to_front["from"], "an empty `from` lets everyone in"
+    assert any(peer == {"podSelector": {}} for peer in to_front["from"])  # this namespace
+    assert len(envoy_policy["spec"]["ingress"]) == 1, "a rule opens some other port"
+
     gateway_policy = policy_for(gateway_labels)
     (to_proxy,) = rules_for(gateway_policy, "http")
-    assert to_proxy["from"], "an empty `from` lets everyone in"
-    assert any(peer == {"podSelector": {}} for peer in to_proxy["from"])  # this namespace
+    (peer,) = to_proxy["from"]
+    assert set(peer) == {"podSelector"} and matches(peer["podSelector"], envoy_labels)
+    assert not matches(peer["podSelector"], gateway_labels)
     (to_admin,) = rules_for(gateway_policy, "admin")
     assert to_admin["from"] and all("namespaceSelector" in p for p in to_admin["from"])
     assert len(gateway_policy["spec"]["ingress"]) == 2, "a rule opens some other port"
 
     redis_policy = policy_for(redis_labels)
     (rule,) = redis_policy["spec"]["ingress"]
-    assert [p["port"] for p in rule["ports"]] == ["redis"]
-    (peer,) = rule["from"]
-    assert set(peer) == {"podSelector"}, "Redis is reached from this namespace's gateway only"
-    assert matches(peer["podSelector"], gateway_labels)
-    assert not matches(peer["podSelector"], redis_labels)
-    assert not matches(peer["podSelector"], {"app.kubernetes.io/name": "compactgate"})
+    assert sorted(p["port"] for p in rule["ports"]) == ["redis", "sentinel"]
+    assert all(set(peer) == {"podSelector"} for peer in rule["from"]), "this namespace only"
+    allowed = [peer["podSelector"] for peer in rule["from"]]
+    assert any(matches(s, gateway_labels) for s in allowed)
+    assert any(matches(s, redis_labels) for s in allowed)  # replication, sentinels' agreement
+    assert not any(matches(s, envoy_labels) for s in allowed)
+    assert not any(matches(s, {"app.kubernetes.io/name": "compactgate"}) for s in allowed)
 
 
 def secret_ref(container: dict[str, Any], name: str) -> tuple[str, str]:
@@ -997,20 +1117,72 @@ def secret_ref(container: dict[str, Any], name: str) -> tuple[str, str]:
 
 
 def test_redis_requires_the_password_the_gateways_store_url_carries(tmp_path: Path) -> None:
-    (redis,) = k8s_object("Deployment", "compactgate-redis")["spec"]["template"]["spec"][
-        "containers"
-    ]
-    args = redis["args"]
-    password_var = re.fullmatch(r"\$\((\w+)\)", args[args.index("--requirepass") + 1])
-    assert password_var, "--requirepass must take the password from the environment"
-    secret = secret_ref(redis, password_var.group(1))
+    spec = k8s_object("StatefulSet", "compactgate-redis")["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    secret = secret_ref(init, "REDIS_PASSWORD")
+    script = redis_script()
+    for line in ("requirepass", "masterauth", "sentinel auth-pass $SERVICE"):
+        assert f'echo "{line} $REDIS_PASSWORD"' in script
+    (redis,) = [c for c in spec["containers"] if c["name"] == "redis"]
     assert secret_ref(redis, "REDISCLI_AUTH") == secret  # the redis-cli readiness probe
     assert redis["readinessProbe"]["exec"]["command"][0] == "redis-cli"
 
     config_text = configmap_config(tmp_path).read_text()
     (store,) = re.findall(r"^\s*store:\s*(\S+)", config_text, re.M)
-    (variable,) = re.findall(r"\$\{(\w+)\}", urlsplit(store).password or "")
+    (variable,) = re.findall(r"\$\{(\w+)\}", parse_store_url(store).password or "")
     assert secret_ref(gateway_container(), variable) == secret
     config = load_config(configmap_config(tmp_path), environ={variable: "hex0123"})
-    assert urlsplit(config.store).password == "hex0123"
+    assert parse_store_url(config.store).password == "hex0123"
     assert "kubectl create secret generic " + secret[0] in (DEPLOY / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_redis_pods_configure_script_joins_a_real_sentinel_set(
+    start_process: Starter, tmp_path: Path
+) -> None:
+    """configure.sh, run as the init container would, with real `redis-server`s: with no
+    sentinel to ask it makes the first pod a master, whose configs run; a pod started later
+    asks that pod's sentinel, and its Redis replicates from the master the sentinel names, with
+    the password, while its sentinel is told to watch that master."""
+    script = tmp_path / "configure.sh"
+    script.write_text(redis_script())
+    sentinel_port = free_port()
+
+    def configure(name: str, port: int, sentinel: int) -> Path:
+        conf = tmp_path / name
+        conf.mkdir()
+        env = {
+            "PATH": os.environ["PATH"], "REDIS_PASSWORD": "hex0123", "SENTINEL": "127.0.0.1",
+            "SENTINEL_PORT": str(sentinel), "SELF": "127.0.0.1", "PORT": str(port),
+            "CONF": str(conf), "FIRST": "127.0.0.1", "FIRST_PORT": str(master_port),
+        }  # fmt: skip
+        subprocess.run(["sh", str(script)], env=env, check=True, timeout=30)
+        return conf
+
+    master_port, replica_port = free_port(), free_port()
+    first = configure("pod-0", master_port, sentinel=free_port())  # nothing answers there yet
+    assert "replicaof" not in (first / "redis.conf").read_text()
+    start_process(with_config(first / "redis.conf", master_port, tmp_path), READY, 15)
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    start_process(
+        [binary, str(first / "sentinel.conf"), "--sentinel", "--port", str(sentinel_port)],
+        r"\+monitor master",
+        15,
+    )
+
+    second = configure("pod-1", replica_port, sentinel=sentinel_port)
+    assert f"replicaof 127.0.0.1 {master_port}" in (second / "redis.conf").read_text()
+    assert f"monitor mymaster 127.0.0.1 {master_port} 2" in (second / "sentinel.conf").read_text()
+    start_process(with_config(second / "redis.conf", replica_port, tmp_path), REPLICA_READY, 15)
+    with redis.Redis(port=master_port, password="hex0123") as client:
+        client.set("k", "v")
+        assert client.wait(1, 5000) == 1
+    with redis.Redis(port=replica_port, password="hex0123") as client:
+        assert client.get("k") == b"v"
+
+
+def with_config(conf: Path, port: int, directory: Path) -> list[str]:
+    """redis-server reading `conf` (its first argument), on `port`."""
+    binary, *options = redis_argv(port, directory)
+    return [binary, str(conf), *options]

@@ -15,7 +15,7 @@ from gateway.config import SummariesConfig, parse_config
 from gateway.devtools.parts import Parts, parts
 from gateway.ops.metrics import Metrics
 from gateway.routing import Route, Router
-from gateway.stores import MemoryStore, SafeStore
+from gateway.store import MemoryStore, SafeStore
 from gateway.summaries import Job, SummaryAsk, SummaryService
 from gateway.summaries.cache import LocalAnswers, encode
 from gateway.summaries.prediction import growth
@@ -68,7 +68,9 @@ def service(
     stub: Stub, store: MemoryStore | None = None, metrics: Metrics | None = None, **config: Any
 ) -> SummaryService:
     options: dict[str, Any] = {"retry_failed_after_s": 0, **config}
-    safe = SafeStore(store if store is not None else MemoryStore(), metrics or Metrics())
+    safe = SafeStore(
+        store if store is not None else MemoryStore(), metrics or Metrics(), shared=False
+    )
     return SummaryService(SummariesConfig(**options), safe, stub, metrics or Metrics())  # type: ignore[arg-type]
 
 

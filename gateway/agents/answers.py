@@ -54,7 +54,7 @@ from ..counting.tokens import PRIMING_TOKENS
 from ..ops.metrics import Metrics
 from ..path.own_calls import OwnAnswer
 from ..routing import Route
-from ..stores import SafeStore
+from ..store import SafeStore
 from ..wire import WireRequest
 from .payback import Payback
 from .records import (

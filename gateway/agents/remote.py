@@ -59,7 +59,7 @@ from ..errors import (
     UpstreamError,
 )
 from ..routing import Route
-from ..stores import SafeStore
+from ..store import SafeStore
 from ..summaries import SummaryService
 from ..wire.base import WireRequest
 from ..wire.fields import EXTENSION, serialise

@@ -38,7 +38,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..stores import SafeStore
+from ..store import SafeStore
 from .threads import RequestsFirst, SharedCount, Work, yield_to_requests
 from .tokens import MessageCounter
 

@@ -52,6 +52,7 @@ from ..errors import (
 from ..ops.logs import new_request_id
 from ..ops.metrics import Metrics
 from ..path.accounting import Accounting
+from ..path.affinity import conversation_key
 from ..path.exchange import Exchange
 from ..path.forward import Call, Forwarder
 from ..path.outcome import PLAIN, Decoration
@@ -128,6 +129,9 @@ class Endpoint:
             )
             request = await self.parse(body, identity.tenant)
             exchange.requested, exchange.stream = request.model, request.stream
+            exchange.conversation = conversation_key(
+                scope["headers"], request.payload, request.messages, identity.tenant
+            ).value
             route = self.route(identity, request)
             request, decoration = await self.managed(scope, request, route, exchange)
             exchange.model = door.metrics.model_label(route.name)

@@ -319,6 +319,18 @@ class Metrics:
             ["op"],
             registry=r,
         )
+        self.store_reachable = Gauge(
+            "compactgate_store_reachable",
+            "1 while the store answers, 0 during an outage (design D13.1)",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.signing_key_mismatch = Gauge(
+            "compactgate_signing_key_mismatch",
+            "1 when the store holds a signing key of refs other than this process's (design D13.2)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.invariant_violations = Counter(
             "compactgate_invariant_violations",
             "Compactions refused because they broke an invariant",

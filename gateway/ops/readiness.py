@@ -28,7 +28,7 @@ from types import FrameType
 from typing import Any
 
 from ..config import Config
-from ..stores import SafeStore
+from ..store import SafeStore
 
 log = logging.getLogger("compactgate.readiness")
 

@@ -114,6 +114,8 @@ class Accounting:
             headers += _agent_headers(exchange.agent_compaction, exchange.agent_outcome)
         if exchange.compacted is not None:
             headers.append((b"x-compactgate-compaction", exchange.compacted.encode()))
+        if exchange.conversation:
+            headers.append((b"x-compactgate-conversation", exchange.conversation.encode()))
         return headers
 
     def record(self, exchange: Exchange) -> None:

@@ -54,6 +54,7 @@ class Exchange:
     failed_in_stream: bool = False  # a 200 stream that carried an error instead of the answer
     requested: str = ""  # the model name the client sent (the log line's `model`)
     compacted: str | None = None  # a Responses compaction the gateway made: ready | summarised
+    conversation: str = ""  # the conversation key a load balancer hashes on (path.affinity)
     framing: StreamCheck | None = None  # the stream being relayed, as checked (`wire.framing`)
 
     @property

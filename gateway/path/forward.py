@@ -32,8 +32,6 @@ from ..errors import (
     ContextLengthExceededError,
     GatewayError,
     UpstreamError,
-    UpstreamTimeoutError,
-    reason_of,
     upstream_reason,
 )
 from ..expansion import Expansion, Streamed
@@ -59,6 +57,7 @@ from .outcome import (
     Retries,
     retry_window,
 )
+from .relay import relay
 from .sse import UsageStripper
 from .windows import Windows
 
@@ -187,7 +186,7 @@ class Forwarder:
         if not prepared.expandable:
             chunks = call.decoration.stream(_then(head, response.chunks()))
             stripper = UsageStripper() if prepared.injected_usage else None
-            await self.relay(send, call, exchange, prepared, response, chunks, stripper)
+            await self._relay(send, call, exchange, prepared, response, chunks, stripper)
             return RELAYED
         check = exchange.framing = StreamCheck(wire)  # its error events number on from it
         streamed = await self._expansion.stream(
@@ -209,7 +208,7 @@ class Forwarder:
         exchange.internal_rounds = streamed.rounds.count  # a held chat stream knows them now
         stripper = UsageStripper() if prepared.injected_usage else None
         chunks = call.decoration.stream(streamed.chunks)
-        await self.relay(send, call, exchange, prepared, response, chunks, stripper, streamed)
+        await self._relay(send, call, exchange, prepared, response, chunks, stripper, streamed)
         return RELAYED
 
     async def relay_whole(
@@ -296,7 +295,7 @@ class Forwarder:
             stream = overflow.stream
             exchange.failed_in_stream = True  # the stream relayed is the upstream's refusal
             chunks = _then(overflow.head, stream.chunks())
-            await self.relay(send, call, exchange, prepared, stream, chunks)
+            await self._relay(send, call, exchange, prepared, stream, chunks)
         else:
             if overflow.stream is not None:
                 overflow.stream.close()
@@ -311,6 +310,23 @@ class Forwarder:
         exchange.status, exchange.reason = failed.status, upstream_reason(failed.status)
         headers = [*failed.headers, *books.headers(exchange)]
         await send_bytes(send, failed.status, failed.body, headers, None)
+
+    async def _relay(
+        self,
+        send: Send,
+        call: Call,
+        exchange: Exchange,
+        prepared: Prepared,
+        response: UpstreamResponse,
+        chunks: AsyncIterator[bytes],
+        stripper: UsageStripper | None = None,
+        streamed: Streamed | None = None,
+    ) -> None:
+        """The stream relayed to the client (`relay.relay`) under this call's bookkeeping."""
+        await relay(
+            send, call.books, call.wire, exchange, prepared, response, chunks, self._windows,
+            stripper, streamed,
+        )  # fmt: skip
 
     async def recompact(
         self, call: Call, previous: Prepared, overflow: Overflow, first: ContextError
@@ -348,81 +364,6 @@ class Forwarder:
                 first, overflow.error.limit, current, previous.tokens_before, request.max_output
             )
             raise ContextLengthExceededError(figures, param=call.wire.conversation_field) from None
-
-    async def relay(
-        self,
-        send: Send,
-        call: Call,
-        exchange: Exchange,
-        prepared: Prepared,
-        response: UpstreamResponse,
-        chunks: AsyncIterator[bytes],
-        stripper: UsageStripper | None = None,
-        streamed: Streamed | None = None,
-    ) -> None:
-        """Relay a stream chunk by chunk as it arrives, watching it for its usage (`streamed`:
-        the expansion's stream, whose rounds are counted as it is relayed) and checking it is
-        the API's stream (design D15.5): one that is not is a 502 until its first event goes
-        out, then ends with an error event numbered after the last one relayed."""
-        books, wire = call.books, call.wire
-        chunks = await _checked(wire, exchange, response, chunks)
-        books.note(exchange, prepared)
-        exchange.status = response.status
-        if 200 <= response.status < 300 and not exchange.failed_in_stream:
-            self._windows.served(call.route, prepared.sent_tokens)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": [*response.relay_headers(), *books.headers(exchange)],
-            }
-        )
-        tap = None if "content-encoding" in response.headers else wire.usage_tap()
-        try:
-            async for chunk in chunks:
-                if tap is not None:
-                    tap.feed(chunk)
-                if stripper is not None:
-                    chunk = stripper.feed(chunk)
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if stripper is not None and (rest := stripper.flush()):
-                await send({"type": "http.response.body", "body": rest, "more_body": True})
-        except (UpstreamError, UpstreamTimeoutError) as error:
-            # Headers are gone: the only way to tell the client is an error event.
-            log.warning(
-                "request %s: upstream stream failed: %s", exchange.request_id, error.message
-            )
-            exchange.reason = reason_of(error)
-            check = exchange.framing
-            event = wire.stream_error_event(error, check.next_sequence if check else 0)
-            exchange.failed_in_stream = True
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        finally:
-            response.close()
-            if streamed is not None:
-                exchange.internal_rounds = streamed.rounds.count
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if tap is not None:
-            books.account(prepared, exchange, tap.usage)
-            books.calibrate(prepared.route, prepared, exchange, tap.usage)
-
-
-async def _checked(
-    wire: Wire, exchange: Exchange, response: UpstreamResponse, chunks: AsyncIterator[bytes]
-) -> AsyncIterator[bytes]:
-    """`chunks` checked as `wire`'s stream (design D15.5), its first events read already: one
-    that is not the API's raises here, a 502 before anything is sent (a compressed stream
-    cannot be read and goes unchecked)."""
-    if exchange.framing is None and "content-encoding" not in response.headers:
-        exchange.framing = StreamCheck(wire)
-    if exchange.framing is None:
-        return chunks
-    try:
-        return await exchange.framing.begin(chunks)
-    except BaseException:
-        response.close()
-        raise
 
 
 async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

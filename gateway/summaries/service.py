@@ -36,7 +36,7 @@ from ..config import SummariesConfig
 from ..errors import InvalidRequestError
 from ..ops.metrics import Metrics
 from ..routing import Route
-from ..stores import SafeStore
+from ..store import SafeStore
 from .cache import LocalAnswers, decode, encode, store_key
 from .summarizer import Summarizer, SummarizerError
 
