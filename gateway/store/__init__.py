@@ -8,8 +8,7 @@ resolves the signing key of refs the replicas share.
 
 from __future__ import annotations
 
-from ..ops.metrics import Metrics
-from .base import Lock, Store, StoreError
+from .base import Lock, Store, StoreError, StoreMetrics
 from .keys import conversation_key, conversation_tag
 from .memory import ENTRY_OVERHEAD, MemoryStore
 from .redis import RedisStore
@@ -37,7 +36,7 @@ __all__ = [
 ]
 
 
-def open_store(url: str | StoreUrl, metrics: Metrics) -> SafeStore:
+def open_store(url: str | StoreUrl, metrics: StoreMetrics) -> SafeStore:
     """The store for a `store:` URL (already validated by the config)."""
     parsed = url if isinstance(url, StoreUrl) else parse_store_url(url)
     if parsed.shared:

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+
+class StoreMetrics(Protocol):
+    """What the store reports to (`ops.metrics.Metrics` has these): failed operations by kind,
+    whether it answers, and whether it holds a references' key other than this process's."""
+
+    store_errors: Any
+    store_reachable: Any
+    signing_key_mismatch: Any
 
 
 class StoreError(Exception):

@@ -26,8 +26,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from ..ops.metrics import Metrics
-from .base import Lock, Store, StoreError
+from .base import Lock, Store, StoreError, StoreMetrics
 
 log = logging.getLogger("compactgate.store")
 
@@ -43,7 +42,7 @@ class SafeStore:
     def __init__(
         self,
         backend: Store,
-        metrics: Metrics,
+        metrics: StoreMetrics,
         *,
         shared: bool,
         probe_s: float = PROBE_S,

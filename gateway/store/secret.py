@@ -28,8 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..ops.metrics import Metrics
-from .base import Store, StoreError
+from .base import Store, StoreError, StoreMetrics
 from .safe import SafeStore
 from .urls import StoreUrl, parse_store_url
 
@@ -52,7 +51,7 @@ class SigningKey:
 
 
 async def signing_key(
-    configured: str | None, store_url: str | StoreUrl, store: SafeStore, metrics: Metrics
+    configured: str | None, store_url: str | StoreUrl, store: SafeStore, metrics: StoreMetrics
 ) -> SigningKey:
     """The signing key for this process (see the module's rules); for a shared store, also
     sets the check that keeps it in the store while the process runs. Run in the event loop
@@ -91,7 +90,7 @@ async def _shared(url: StoreUrl, backend: Store) -> SigningKey:
 class KeyCheck:
     """Keeps this process's key in the store; says so when the store holds another."""
 
-    def __init__(self, key: SigningKey, metrics: Metrics) -> None:
+    def __init__(self, key: SigningKey, metrics: StoreMetrics) -> None:
         self._key = key
         self._metrics = metrics
         self._differs = False
