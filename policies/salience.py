@@ -651,6 +651,61 @@ def _items(text: str) -> list[tuple[int, int, bool]]:
     return out
 
 
+def items(text: str) -> list[tuple[int, int]]:
+    """Where each sentence of `text` is (start, end), as `sentences` cuts them."""
+    return _spans(text)
+
+
+# Kinds of concrete detail that name code (a path or a file, an identifier) rather than state
+# a fact about the world (a number, a date, a version, an address, a name).
+_CODE_DETAILS = frozenset({3, 5})
+
+
+class Signals(NamedTuple):
+    """What one sentence has, for a ranking of sentences that score below a threshold."""
+
+    kind: str | None  # the strongest cue's kind
+    facts: int  # kinds of concrete detail other than code names
+    code: bool  # a code name: a path, a file, an identifier
+    request: bool  # it asks for one action now
+    question: bool
+    filler: bool  # an acknowledgement or filler, by the filler words alone
+    stated: bool  # said as a fact (a copula, a verb of having or being located)
+    rest: str  # the sentence without the filler words it opens with ("ok, ...")
+
+
+_LEADING_FILLER = re.compile(rf"^\W*(?:(?:{_FILLER_WORDS})(?:\W+|$))+", re.I)
+
+
+def signals(sentence: str, cues: bool = True) -> Signals:
+    """The signals of one sentence (told, as `passages` is, whether it may have a cue)."""
+    text = sentence.strip()
+    if _FILLER.match(text):
+        return Signals(None, 0, False, False, False, True, False, "")
+    seen = _seen(text, _lowered(text))
+    found = _detail_kinds(seen) if _may_detail(text, seen.lower, seen.cjk) else frozenset()
+    lead = _LEADING_FILLER.match(text)
+    return Signals(
+        _cue(seen) if cues else None,
+        len(found - _CODE_DETAILS),
+        bool(found & _CODE_DETAILS),
+        _REQUEST.search(text) is not None,  # (its Japanese form is at the end)
+        _is_question(text),
+        False,
+        _stated(seen),
+        text[lead.end() :] if lead else text,
+    )
+
+
+def _detail_kinds(seen: _Seen) -> frozenset[int]:
+    """Which kinds of concrete detail a sentence has (all of them: `_details` counts)."""
+    found: set[int] = set()
+    for kind, may, searches in _DETAIL_TABLE:
+        if kind not in found and may(seen) and any(search(seen.text) for search in searches):
+            found.add(kind)
+    return frozenset(found)
+
+
 def score(sentence: str) -> Statement:
     """How much one sentence must survive (0..1), and its kind."""
     return _score(sentence, True)
@@ -720,10 +775,20 @@ def salient(text: str, threshold: float) -> list[Statement]:
     return _passages(text, threshold, cues) if may else []
 
 
+def passage_spans(part: str, threshold: float, cues: bool) -> list[tuple[int, int, Statement]]:
+    """`passages`, each with where it is in `part` (start, end): the passage is that slice."""
+    return _passage_spans(part, threshold, cues)
+
+
 def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
-    """`salient`, told whether the text may have a cue at all. A list under a salient lead-in
-    ("A few ground rules before we start:") is one passage with it, however long."""
-    out: list[Statement] = []
+    """`salient`, told whether the text may have a cue at all."""
+    return [statement for _, _, statement in _passage_spans(text, threshold, cues)]
+
+
+def _passage_spans(text: str, threshold: float, cues: bool) -> list[tuple[int, int, Statement]]:
+    """`_passages` with their spans. A list under a salient lead-in ("A few ground rules
+    before we start:") is one passage with it, however long."""
+    out: list[tuple[int, int, Statement]] = []
     passage: list[tuple[int, int, Statement]] = []
     listing = False  # the passage is a salient lead-in and its list
     for start, end, item in _items(text):
@@ -741,11 +806,11 @@ def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
             passage.append((start, end, statement))
             continue
         if passage:
-            out.append(_joined(text, passage))
+            out.append((passage[0][0], passage[-1][1], _joined(text, passage)))
         passage = [(start, end, statement)] if statement.score >= threshold else []
         listing = False
     if passage:
-        out.append(_joined(text, passage))
+        out.append((passage[0][0], passage[-1][1], _joined(text, passage)))
     return out
 
 

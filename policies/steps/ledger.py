@@ -41,10 +41,11 @@ from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
 from ..placement import summary_indices
 from ..prose import prose_spans
-from ..salience import look, normalised, passages, score
+from ..salience import look, normalised
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
-from .ledger_entries import BULLET, Entry, lines_of, merged, parse, texts_of
+from .ledger_entries import BULLET, Entry, merged, parse, texts_of
+from .ledger_rank import carried, line_rank
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
@@ -58,7 +59,14 @@ class LedgerConfig(StepConfig):
     share: float = Field(
         0.5, gt=0, le=0.8, description="Most of the budget's limit the ledger may take"
     )
-    min_salience: float = Field(0.45, ge=0, le=1, description="Sentences scoring less stay out")
+    min_salience: float = Field(
+        0.45, ge=0, le=1, description="Sentences scoring less rank below every salient passage"
+    )
+    carry_all: bool = Field(
+        True,
+        description="Carry every sentence of the user's prose but filler, the salient first; "
+        "false: salient passages only",
+    )
     roles: tuple[str, ...] = Field(("user",), min_length=1, description="Whose statements count")
     max_entry_chars: int = Field(
         400,
@@ -132,7 +140,13 @@ class Ledger:
                 budget.trigger,
                 budget.target,
                 cap,
-                (config.min_salience, config.max_entry_chars, config.roles, config.header),
+                (
+                    config.min_salience,
+                    config.carry_all,
+                    config.max_entry_chars,
+                    config.roles,
+                    config.header,
+                ),
             )
             return env.memo.get(
                 key, lambda: self._reached(conversation, budget, env, said, cap, at), 8 * len(uids)
@@ -252,7 +266,14 @@ class Ledger:
         if None in uids:
             said = self._collected([messages[i] for i in picked], env)
         else:
-            key = ("ledger-said", self.config.min_salience, self.config.max_entry_chars, uids)
+            config = self.config
+            key = (
+                "ledger-said",
+                config.min_salience,
+                config.carry_all,
+                config.max_entry_chars,
+                uids,
+            )
             said = env.memo.peek(key)  # type: ignore[assignment]
             if said is None:
                 said = self._collected([messages[i] for i in picked], env)
@@ -283,19 +304,19 @@ class Ledger:
         of its prose (`policies.prose`: never a line of a file, code, a log or tool output),
         text part by text part; remembered, since a client resends every message on every
         request."""
-        threshold, limit = self.config.min_salience, self.config.max_entry_chars
-        key = ("ledger-candidates", threshold, limit, parts)
+        config = self.config
+        threshold, limit, plain = config.min_salience, config.max_entry_chars, config.carry_all
+        key = ("ledger-candidates", threshold, limit, plain, parts)
         found = env.memo.peek(key)
         if found is None:
             out = []
             for text in parts:
                 cues, may = look(text) if threshold > 0 else (True, True)
-                if not may:  # most messages: never split into lines or sentences
+                if not may and not plain:  # most messages: never split into lines or sentences
                     continue
                 for start, end in prose_spans(text):
-                    for statement in passages(text[start:end], threshold, cues):
-                        for line in lines_of(statement, threshold, limit):
-                            out.append((line, normalised(line), statement.score))
+                    for line, value in carried(text[start:end], threshold, limit, cues, plain):
+                        out.append((line, normalised(line), value))
             found = tuple(out)
             env.memo.put(key, found, sum(map(len, parts)))
         return found  # type: ignore[return-value]
@@ -307,7 +328,13 @@ class Ledger:
         total = sum(sizes) + env.text_tokens(self.config.header) + FRAMING_TOKENS
         if total <= cap:
             return entries
-        scores = [_score(e.text, env) if e.score is None else e.score for e in entries]
+        config = self.config
+        scores = [
+            _score(e.text, config.min_salience, config.carry_all, env)
+            if e.score is None
+            else e.score
+            for e in entries
+        ]
         gone: set[int] = set()
         for k in sorted(range(len(entries)), key=lambda k: (scores[k], entries[k].order)):
             if total <= cap:
@@ -333,10 +360,14 @@ def _line_tokens(text: str, env: Env) -> int:
     return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))
 
 
-def _score(text: str, env: Env) -> float:
-    """An entry's score read back from the block (remembered: the block comes back on every
+def _score(text: str, threshold: float, plain: bool, env: Env) -> float:
+    """An entry's rank read back from the block (remembered: the block comes back on every
     pass and every request)."""
-    return env.memo.get(("ledger-entry-score", text), lambda: score(text).score, len(text))
+    return env.memo.get(
+        ("ledger-entry-rank", threshold, plain, text),
+        lambda: line_rank(text, threshold, plain),
+        len(text),
+    )
 
 
 def _lines(messages: Sequence[Message], env: Env) -> str:

@@ -1,0 +1,134 @@
+"""What of the user's prose the ledger carries, and in what rank (design D5.3).
+
+Rule: every sentence the user wrote as prose is carried, word for word, except filler,
+acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests
+(a request for one action now or a question, with no cue and no concrete fact, code names
+aside: "Rename load_x to fetch_x everywhere.", "Run the tests again.": the work it asked for
+is done by the time its Turn goes). What goes first when the block is full is decided by rank
+alone, and a salient passage (`policies.salience`) outranks every other sentence. So a
+statement that no salience rule recognises (said politely, indirectly, in words no cue list
+has) still reaches the model, only behind those that one does.
+
+The rank of a sentence that scores below the threshold, always below it: a base, more for each
+kind of concrete fact (a number, a date, a version, an address, a name; up to three), a little
+for a code name, more for a stance (said in the first person, or with a cue too weak to pass
+the threshold), halved for a request or a question.
+
+An acknowledgement is a short sentence with no cue, detail, negation or first person, once the
+filler words it opens with are set aside (at most `ACK_WORDS` words, `ACK_CJK` CJK characters;
+an English one also without a verb of being or having): it is never carried. Among equal ranks
+the older sentence goes first (the ledger's `_bounded`). Pure and deterministic, like salience:
+the block is part of a cached prefix.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..salience import Signals, Statement, items, passage_spans, score, signals
+from .ledger_entries import lines_of
+
+PLAIN = 0.2  # any other sentence
+FACT_STEP = 0.05  # per kind of concrete fact, up to three
+CODE = 0.02  # a code name
+STANCE = 0.05  # first person, or a cue too weak to pass the threshold
+ASKED = 0.5  # a request or a question states less than a plain sentence
+ACK_WORDS = 4
+ACK_CJK = 8
+_BELOW = 0.01  # how far under the threshold the best plain sentence stays
+
+_FIRST_PERSON = re.compile(
+    r"\b(?:i|we|my|our|ours|us|mine|myself|ourselves)\b|我|咱|私|僕|俺|うち|弊社|当社", re.I
+)
+_NEGATION = re.compile(
+    r"\b(?:no|not|never|none|nothing|nobody|without)\b|n't\b|不|没|別|别|无|無|ない|ません", re.I
+)
+_CJK = re.compile("[\u3040-\u9fff]")
+_WORDISH = re.compile(r"[\w\u3040-\u9fff]")
+
+
+def rank(sentence: str, threshold: float, cues: bool = True) -> float:
+    """A sentence's rank below `threshold` (0: never carried), as the module's rule says."""
+    found = signals(sentence, cues)
+    if found.filler or _acknowledgement(found) or _routine(found):
+        return 0.0
+    value = PLAIN + FACT_STEP * min(found.facts, 3) + (CODE if found.code else 0.0)
+    if found.kind is not None or _FIRST_PERSON.search(found.rest):
+        value += STANCE
+    if found.request or found.question:
+        value *= ASKED
+    return min(value, _ceiling(threshold))
+
+
+def line_rank(line: str, threshold: float, plain: bool) -> float:
+    """The rank of an entry read back from the block: its salience score when it passes the
+    threshold (or when only salient passages are carried), else its plain rank."""
+    value = score(line).score
+    return value if value >= threshold or not plain else max(value, rank(line, threshold))
+
+
+def carried(
+    part: str, threshold: float, limit: int, cues: bool, plain: bool
+) -> list[tuple[str, float]]:
+    """(line, rank) of what the ledger carries from one prose span, in the order said: its
+    salient passages (`lines_of`), and with `plain` the runs of other sentences that are not
+    filler, each run one line (a run longer than `limit` sentence by sentence)."""
+    salient = passage_spans(part, threshold, cues)
+    if not plain:
+        return [(line, s.score) for _, _, s in salient for line in lines_of(s, threshold, limit)]
+    out: list[tuple[str, float]] = []
+    run: list[tuple[int, int, float]] = []
+    at = 0  # the next salient passage
+    for start, end in items(part):
+        while at < len(salient) and salient[at][1] <= start:
+            at += 1
+        if at < len(salient) and salient[at][0] <= start:  # inside a salient passage
+            _flush(part, run, limit, out)
+            if salient[at][0] == start:
+                passage = salient[at][2]
+                out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
+            continue
+        value = rank(part[start:end], threshold, cues)
+        if value > 0:
+            run.append((start, end, value))
+        else:
+            _flush(part, run, limit, out)
+    _flush(part, run, limit, out)
+    return out
+
+
+def _flush(
+    part: str, run: list[tuple[int, int, float]], limit: int, out: list[tuple[str, float]]
+) -> None:
+    """A run of plain sentences as lines, appended to `out`; the run is emptied."""
+    if not run:
+        return
+    line = " ".join(part[run[0][0] : run[-1][1]].split())
+    if len(line) <= limit:
+        out.append((line, max(value for _, _, value in run)))
+    else:
+        for start, end, value in run:
+            statement = Statement(part[start:end], value, None)
+            out += [(text, value) for text in lines_of(statement, 0.0, limit)]
+    run.clear()
+
+
+def _routine(found: Signals) -> bool:
+    return (found.request or found.question) and found.kind is None and not found.facts
+
+
+def _acknowledgement(found: Signals) -> bool:
+    if found.kind is not None or found.facts or found.code:
+        return False
+    rest = found.rest
+    if not _WORDISH.search(rest):  # nothing but filler words, marks and emoji
+        return True
+    if _FIRST_PERSON.search(rest) or _NEGATION.search(rest):
+        return False
+    if _CJK.search(rest):
+        return len(_WORDISH.findall(rest)) <= ACK_CJK
+    return len(rest.split()) <= ACK_WORDS and not found.stated
+
+
+def _ceiling(threshold: float) -> float:
+    return max(0.0, threshold - _BELOW)
