@@ -656,17 +656,20 @@ def items(text: str) -> list[tuple[int, int]]:
     return _spans(text)
 
 
-# Kinds of concrete detail that name code (a path or a file, an identifier) rather than state
-# a fact about the world (a number, a date, a version, an address, a name).
+# Kinds of concrete detail that name code (a path or a file, an identifier), and a capitalised
+# word (a name, an acronym, a Latin word in CJK text), rather than state a fact about the world
+# (a number, a date, a version, an address, a name in CJK text).
 _CODE_DETAILS = frozenset({3, 5})
+_NAME_DETAILS = frozenset({6})
 
 
 class Signals(NamedTuple):
     """What one sentence has, for a ranking of sentences that score below a threshold."""
 
     kind: str | None  # the strongest cue's kind
-    facts: int  # kinds of concrete detail other than code names
+    facts: int  # kinds of concrete detail other than code names and capitalised words
     code: bool  # a code name: a path, a file, an identifier
+    name: bool  # a capitalised word: a name, an acronym ("None" in a question is one too)
     request: bool  # it asks for one action now
     question: bool
     filler: bool  # an acknowledgement or filler, by the filler words alone
@@ -681,14 +684,15 @@ def signals(sentence: str, cues: bool = True) -> Signals:
     """The signals of one sentence (told, as `passages` is, whether it may have a cue)."""
     text = sentence.strip()
     if _FILLER.match(text):
-        return Signals(None, 0, False, False, False, True, False, "")
+        return Signals(None, 0, False, False, False, False, True, False, "")
     seen = _seen(text, _lowered(text))
     found = _detail_kinds(seen) if _may_detail(text, seen.lower, seen.cjk) else frozenset()
     lead = _LEADING_FILLER.match(text)
     return Signals(
         _cue(seen) if cues else None,
-        len(found - _CODE_DETAILS),
+        len(found - _CODE_DETAILS - _NAME_DETAILS),
         bool(found & _CODE_DETAILS),
+        bool(found & _NAME_DETAILS),
         _REQUEST.search(text) is not None,  # (its Japanese form is at the end)
         _is_question(text),
         False,

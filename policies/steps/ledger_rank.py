@@ -1,13 +1,15 @@
 """What of the user's prose the ledger carries, and in what rank (design D5.3).
 
 Rule: every sentence the user wrote as prose is carried, word for word, except filler,
-acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests
-(a request for one action now or a question, with no cue and no concrete fact, code names
-aside: "Rename load_x to fetch_x everywhere.", "Run the tests again.": the work it asked for
-is done by the time its Turn goes). What goes first when the block is full is decided by rank
-alone, and a salient passage (`policies.salience`) outranks every other sentence. So a
-statement that no salience rule recognises (said politely, indirectly, in words no cue list
-has) still reaches the model, only behind those that one does.
+acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests:
+a request for one action now or a question, with no cue and no concrete fact (code names and
+capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters
+("Rename load_x to fetch_x everywhere.", "Run the tests again."): the work it asked for is done
+by the time its Turn goes. A longer one may carry a standing wish in a clause, and is carried.
+What goes first when the block is full is decided by rank alone, and a salient passage
+(`policies.salience`) outranks every other sentence. So a statement that no salience rule
+recognises (said politely, indirectly, in words no cue list has) still reaches the model, only
+behind those that one does.
 
 The rank of a sentence that scores below the threshold, always below it: a base, more for each
 kind of concrete fact (a number, a date, a version, an address, a name; up to three), a little
@@ -34,6 +36,8 @@ CODE = 0.02  # a code name
 STANCE = 0.05  # first person, or a cue too weak to pass the threshold
 ASKED = 0.5  # a request or a question states less than a plain sentence
 ACK_WORDS = 4
+ROUTINE_WORDS = 12
+ROUTINE_CJK = 30
 ACK_CJK = 8
 _BELOW = 0.01  # how far under the threshold the best plain sentence stays
 
@@ -44,6 +48,7 @@ _NEGATION = re.compile(
     r"\b(?:no|not|never|none|nothing|nobody|without)\b|n't\b|不|没|別|别|无|無|ない|ません", re.I
 )
 _CJK = re.compile("[\u3040-\u9fff]")
+_ENDS = frozenset(".!?。！？:：;；")
 _WORDISH = re.compile(r"[\w\u3040-\u9fff]")
 
 
@@ -52,7 +57,7 @@ def rank(sentence: str, threshold: float, cues: bool = True) -> float:
     found = signals(sentence, cues)
     if found.filler or _acknowledgement(found) or _routine(found):
         return 0.0
-    value = PLAIN + FACT_STEP * min(found.facts, 3) + (CODE if found.code else 0.0)
+    value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
     if found.kind is not None or _FIRST_PERSON.search(found.rest):
         value += STANCE
     if found.request or found.question:
@@ -89,7 +94,7 @@ def carried(
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
         value = rank(part[start:end], threshold, cues)
-        if value > 0:
+        if value > 0 or (run and _continues(part, run[-1][1], start)):
             run.append((start, end, value))
         else:
             _flush(part, run, limit, out)
@@ -113,12 +118,23 @@ def _flush(
     run.clear()
 
 
+def _continues(part: str, end: int, start: int) -> bool:
+    """Whether the sentence at `start` goes on from the one ending at `end`: that one ends with
+    no end mark and this one starts in lower case (a line wrapped mid-sentence)."""
+    return not part[end - 1].isspace() and part[end - 1] not in _ENDS and part[start].islower()
+
+
 def _routine(found: Signals) -> bool:
-    return (found.request or found.question) and found.kind is None and not found.facts
+    if not (found.request or found.question) or found.kind is not None or found.facts:
+        return False
+    rest = found.rest
+    if _CJK.search(rest):
+        return len(_WORDISH.findall(rest)) <= ROUTINE_CJK
+    return len(rest.split()) <= ROUTINE_WORDS
 
 
 def _acknowledgement(found: Signals) -> bool:
-    if found.kind is not None or found.facts or found.code:
+    if found.kind is not None or found.facts or found.code or found.name:
         return False
     rest = found.rest
     if not _WORDISH.search(rest):  # nothing but filler words, marks and emoji
