@@ -14,7 +14,8 @@ Every function here is pure and keeps one promise per content type:
   runs of near-identical lines (same once digits and hex ids are ignored) keep their first and
   last line around `[... N similar lines ...]`; then, if still over the ratio, the head and the
   tail are kept around `[... N lines elided by compactgate ...]` (a third head, two thirds tail:
-  errors sit at the end).
+  errors sit at the end). A log in fenced blocks (pasted into a message between sentences) is
+  compressed block by block, and the prose around the blocks is left alone.
 - Prose and "other": head and tail around an elision marker at the ratio (lines, or words when
   the text has few lines). Used for prose only when `compress_prose` is set.
 
@@ -34,7 +35,7 @@ import re
 import threading
 import tokenize
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 Kind = Literal["code", "text", "plan_ref", "log", "json", "other"]
@@ -176,6 +177,19 @@ def minify_fences(text: str) -> str:
     def one(match: re.Match[str]) -> str:
         indent, fence, info, body = match.group(1), match.group(2), match.group(3), match.group(4)
         return f"{indent}{fence}{info}\n{_minify_block(body, info.strip().lower())}{indent}{fence}"
+
+    return FENCE_RE.sub(one, text)
+
+
+def _in_fences(text: str, change: Callable[[str], str]) -> str:
+    """`text` with each fenced block's body changed by `change`; the fences and the prose
+    around them left alone."""
+
+    def one(match: re.Match[str]) -> str:
+        indent, fence, info, body = match.group(1), match.group(2), match.group(3), match.group(4)
+        new = change(body)
+        new = new if new.endswith("\n") else new + "\n"  # the closing fence on its own line
+        return f"{indent}{fence}{info}\n{new}{indent}{fence}"
 
     return FENCE_RE.sub(one, text)
 
@@ -367,6 +381,10 @@ def compress(
     if kind == "code":
         return minify_code(text)
     if kind == "log":
+        if next(_fences(text), None) is not None:  # pasted between sentences: only the blocks
+            return _in_fences(
+                text, lambda b: compact_log(b, ratio) if lossy else collapse_repeats(b)
+            )
         return compact_log(text, ratio) if lossy else collapse_repeats(text)
     if kind == "other":
         return elide(text, ratio) if lossy else text

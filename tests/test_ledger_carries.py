@@ -24,7 +24,8 @@ from policies import check, run_chain
 from policies.prose import prose_spans
 from policies.registry import DEFAULT_STEPS, build_policy
 from policies.salience import normalised, score
-from policies.steps.ledger import KIND, LedgerConfig
+from policies.steps.ledger import KIND, Ledger, LedgerConfig
+from policies.steps.ledger_entries import Entry
 from policies.steps.ledger_rank import carried, rank
 from tests.conftest import GatewayStarter
 from tests.fake_upstream import FakeUpstream
@@ -33,7 +34,8 @@ from tests.policy_strategies import budget, conv, env, msg
 THRESHOLD = LedgerConfig().min_salience
 DEFAULT = build_policy("d", [c.model_dump() for c in DEFAULT_STEPS])
 SALIENT_ONLY = build_policy("s", [{"type": "ledger", "carry_all": False}, {"type": "fifo"}])
-TIGHT = build_policy("t", [{"type": "ledger", "share": 0.04}, {"type": "fifo"}])
+TIGHT_SHARE = 0.04
+TIGHT = build_policy("t", [{"type": "ledger", "share": TIGHT_SHARE}, {"type": "fifo"}])
 
 PLAIN = [
     "The finance team reads these reports on their phones.",
@@ -185,6 +187,15 @@ def test_entries_are_the_users_prose_word_for_word_never_material_never_a_bigger
     for entry in entries_of(result.conversation):
         assert any(normalised(entry.rstrip("…")) in p for p in prose), entry
         assert not any(len(line) >= 12 and line in entry for line in lines), entry
+    # it stands in for Turns that went: no entry is still in a kept message, and the block
+    # costs no more than the messages it stands for
+    after = result.conversation
+    kept = {m.origin for m in after.messages}
+    text = normalised("\n".join(m.text for m in after.messages if m.kind != KIND))
+    assert not any(normalised(e) in text for e in entries_of(after))
+    went = [m for m in conversation.messages if m.origin not in kept]
+    block = sum(m.tokens for m in after.messages if m.kind == KIND)
+    assert block <= sum(m.tokens for m in went)
 
 
 @settings(max_examples=80, deadline=None)
@@ -192,15 +203,20 @@ def test_entries_are_the_users_prose_word_for_word_never_material_never_a_bigger
 def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(
     session: tuple[list[dict[str, Any]], list[str], list[str]], fraction: float
 ) -> None:
+    """With a plain entry in the block, a salient statement is lost only when it would not fit
+    in the block even alone."""
     data, said, _ = session
     conversation = conv(data)
-    result = run_chain(
-        conversation, budget(int(conversation.tokens * fraction / 0.6)), TIGHT, env()
-    )
+    limits = budget(int(conversation.tokens * fraction / 0.6))
+    result = run_chain(conversation, limits, TIGHT, env())
     entries = entries_of(result.conversation)
     if any(score(e).score < THRESHOLD for e in entries):  # a plain entry made it in
         text = forwarded(result.conversation)
-        assert all(normalised(s) in text for s in said if s in SALIENT)
+        step = Ledger(LedgerConfig(share=TIGHT_SHARE))
+        cap = int(limits.limit * TIGHT_SHARE)
+        for s in said:
+            if s in SALIENT and normalised(s) not in text:
+                assert not step._bounded([Entry(s, 1.0, 0)], cap, env()), s
 
 
 def test_a_plain_statement_is_lost_without_carrying_all_and_kept_with_it() -> None:
