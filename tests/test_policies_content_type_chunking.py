@@ -20,6 +20,7 @@ from policies.chunking import (
     _log_lines,
     collapse_repeats,
     compact_log,
+    compress,
     detect,
     elide,
     minify_code,
@@ -141,6 +142,29 @@ def test_log_elision_marks_what_it_cut() -> None:
     small = compact_log(log, 0.4)
     assert "lines elided by compactgate" in small
     assert len(small) < 0.45 * len(log)
+
+
+@given(
+    before=st.sampled_from(
+        ["Our customers are mostly small bakeries.", "我们的客户大多是小面包店。"]
+    ),
+    after=st.sampled_from(["", "The first error is the one that matters.", "うちの顧客です。"]),
+    lines=st.integers(5, 80),
+    lossy=st.booleans(),
+)
+def test_a_log_pasted_in_a_fence_between_sentences_is_compressed_and_the_prose_kept(
+    before: str, after: str, lines: int, lossy: bool
+) -> None:
+    log = "\n".join(
+        f"2024-10-01T12:{i % 60:02d}:00Z WARN job {i} retried: the queue was full"
+        for i in range(lines)
+    )
+    text = f"{before}\n```\n{log}\n```\n{after}"
+    assert detect(text) == "log"
+    small = compress(text, "log", 0.4, lossy=lossy, prose=False)
+    assert small.startswith(f"{before}\n```\n")
+    assert small.endswith(f"\n```\n{after}")
+    assert len(small) < len(text)
 
 
 def test_prose_detection_and_elision() -> None:
