@@ -49,7 +49,9 @@ _NEGATION = re.compile(
 )
 _CJK = re.compile("[\u3040-\u9fff]")
 _ENDS = frozenset(".!?。！？:：;；")
+_COLONS = frozenset(":：")
 _WORDISH = re.compile(r"[\w\u3040-\u9fff]")
+_LATIN_WORD = re.compile(r"[A-Za-z0-9_./-]+")
 
 
 def rank(sentence: str, threshold: float, cues: bool = True) -> float:
@@ -77,14 +79,17 @@ def carried(
 ) -> list[tuple[str, float]]:
     """(line, rank) of what the ledger carries from one prose span, in the order said: its
     salient passages (`lines_of`), and with `plain` the runs of other sentences that are not
-    filler, each run one line (a run longer than `limit` sentence by sentence)."""
+    filler, each run one line (a run longer than `limit` sentence by sentence). A sentence
+    wrapped onto the next line goes on with its run; the span's last sentence, when it ends
+    with a colon and is not salient, introduces what follows the prose and is left out."""
     salient = passage_spans(part, threshold, cues)
     if not plain:
         return [(line, s.score) for _, _, s in salient for line in lines_of(s, threshold, limit)]
     out: list[tuple[str, float]] = []
     run: list[tuple[int, int, float]] = []
     at = 0  # the next salient passage
-    for start, end in items(part):
+    spans = items(part)
+    for k, (start, end) in enumerate(spans):
         while at < len(salient) and salient[at][1] <= start:
             at += 1
         if at < len(salient) and salient[at][0] <= start:  # inside a salient passage
@@ -94,6 +99,8 @@ def carried(
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
         value = rank(part[start:end], threshold, cues)
+        if k == len(spans) - 1 and part[end - 1] in _COLONS:
+            value = 0.0  # it introduces what follows the prose: a paste, a file
         if value > 0 or (run and _continues(part, run[-1][1], start)):
             run.append((start, end, value))
         else:
@@ -129,7 +136,7 @@ def _routine(found: Signals) -> bool:
         return False
     rest = found.rest
     if _CJK.search(rest):
-        return len(_WORDISH.findall(rest)) <= ROUTINE_CJK
+        return _cjk_length(rest) <= ROUTINE_CJK
     return len(rest.split()) <= ROUTINE_WORDS
 
 
@@ -142,8 +149,13 @@ def _acknowledgement(found: Signals) -> bool:
     if _FIRST_PERSON.search(rest) or _NEGATION.search(rest):
         return False
     if _CJK.search(rest):
-        return len(_WORDISH.findall(rest)) <= ACK_CJK
+        return _cjk_length(rest) <= ACK_CJK
     return len(rest.split()) <= ACK_WORDS and not found.stated
+
+
+def _cjk_length(text: str) -> int:
+    """A CJK sentence's length: its CJK characters, and each Latin word or number as one."""
+    return len(_CJK.findall(text)) + len(_LATIN_WORD.findall(text))
 
 
 def _ceiling(threshold: float) -> float:
