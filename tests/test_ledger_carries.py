@@ -204,7 +204,7 @@ def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(
     session: tuple[list[dict[str, Any]], list[str], list[str]], fraction: float
 ) -> None:
     """With a plain entry in the block, a salient statement is lost only when it would not fit
-    in the block even alone."""
+    in the block beside the salient entries it holds."""
     data, said, _ = session
     conversation = conv(data)
     limits = budget(int(conversation.tokens * fraction / 0.6))
@@ -214,9 +214,11 @@ def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(
         text = forwarded(result.conversation)
         step = Ledger(LedgerConfig(share=TIGHT_SHARE))
         cap = int(limits.limit * TIGHT_SHARE)
+        salient = [Entry(e, 1.0, k) for k, e in enumerate(entries) if score(e).score >= THRESHOLD]
         for s in said:
             if s in SALIENT and normalised(s) not in text:
-                assert not step._bounded([Entry(s, 1.0, 0)], cap, env()), s
+                together = [*salient, Entry(s, 1.0, len(salient))]
+                assert len(step._bounded(together, cap, env())) < len(together), s
 
 
 def test_a_plain_statement_is_lost_without_carrying_all_and_kept_with_it() -> None:

@@ -167,6 +167,23 @@ def test_a_log_pasted_in_a_fence_between_sentences_is_compressed_and_the_prose_k
     assert len(small) < len(text) or not lossy
 
 
+@given(
+    before=st.sampled_from(["The staging database is at 10.1.2.3.", "我们的客户大多是小面包店。"]),
+    lines=st.integers(6, 80),
+    lossy=st.booleans(),
+)
+def test_a_sentence_typed_before_an_unfenced_log_is_kept_whole(
+    before: str, lines: int, lossy: bool
+) -> None:
+    log = "\n".join(
+        f"2024-10-01T12:{i % 60:02d}:00Z WARN job {chr(65 + i % 26) * (1 + i % 7)} retried"
+        for i in range(lines)
+    )
+    small = compress(f"{before}\n{log}", "log", 0.4, lossy=lossy, prose=False)
+    assert small.startswith(f"{before}\n")
+    assert small[len(before) + 1 :] == (compact_log(log, 0.4) if lossy else collapse_repeats(log))
+
+
 def test_prose_detection_and_elision() -> None:
     prose = "This is a sentence about the plan. " * 50
     assert detect(prose) == "text"
