@@ -680,13 +680,15 @@ class Signals(NamedTuple):
 _LEADING_FILLER = re.compile(rf"^\W*(?:(?:{_FILLER_WORDS})(?:\W+|$))+", re.I)
 
 
-def signals(sentence: str, cues: bool = True) -> Signals:
-    """The signals of one sentence (told, as `passages` is, whether it may have a cue)."""
+def signals(sentence: str, cues: bool = True, details: bool = True) -> Signals:
+    """The signals of one sentence (told, as `passages` is, whether it may have a cue, and
+    whether it may have a concrete detail: `look`)."""
     text = sentence.strip()
     if _FILLER.match(text):
         return Signals(None, 0, False, False, False, False, True, False, "")
     seen = _seen(text, _lowered(text))
-    found = _detail_kinds(seen) if _may_detail(text, seen.lower, seen.cjk) else frozenset()
+    may = details and _may_detail(text, seen.lower, seen.cjk)
+    found = _detail_kinds(seen) if may else frozenset()
     lead = _LEADING_FILLER.match(text)
     return Signals(
         _cue(seen) if cues else None,
@@ -779,9 +781,13 @@ def salient(text: str, threshold: float) -> list[Statement]:
     return _passages(text, threshold, cues) if may else []
 
 
-def passage_spans(part: str, threshold: float, cues: bool) -> list[tuple[int, int, Statement]]:
-    """`passages`, each with where it is in `part` (start, end): the passage is that slice."""
-    return _passage_spans(part, threshold, cues)
+def passage_spans(
+    part: str, threshold: float, cues: bool
+) -> tuple[list[tuple[int, int]], list[tuple[int, int, Statement]]]:
+    """Where each sentence of `part` is (`items`), and `passages` with where each is in `part`
+    (start, end: the passage is that slice), from one split into sentences."""
+    found = _items(part)
+    return [(start, end) for start, end, _ in found], _passage_spans(part, threshold, cues, found)
 
 
 def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
@@ -789,13 +795,16 @@ def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
     return [statement for _, _, statement in _passage_spans(text, threshold, cues)]
 
 
-def _passage_spans(text: str, threshold: float, cues: bool) -> list[tuple[int, int, Statement]]:
-    """`_passages` with their spans. A list under a salient lead-in ("A few ground rules
-    before we start:") is one passage with it, however long."""
+def _passage_spans(
+    text: str, threshold: float, cues: bool, found: list[tuple[int, int, bool]] | None = None
+) -> list[tuple[int, int, Statement]]:
+    """`_passages` with their spans (`found`: the text's `_items`, when worked out already). A
+    list under a salient lead-in ("A few ground rules before we start:") is one passage with
+    it, however long."""
     out: list[tuple[int, int, Statement]] = []
     passage: list[tuple[int, int, Statement]] = []
     listing = False  # the passage is a salient lead-in and its list
-    for start, end, item in _items(text):
+    for start, end, item in _items(text) if found is None else found:
         statement = _score(text[start:end], cues)
         if passage and item and (listing or _leads_list(passage)):
             listing = True

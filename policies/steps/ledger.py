@@ -315,7 +315,8 @@ class Ledger:
                 if not may and not plain:  # most messages: never split into lines or sentences
                     continue
                 for start, end in prose_spans(text):
-                    for line, value in carried(text[start:end], threshold, limit, cues, plain):
+                    found = carried(text[start:end], threshold, limit, cues, plain, may)
+                    for line, value in found:
                         out.append((line, normalised(line), value))
             found = tuple(out)
             env.memo.put(key, found, sum(map(len, parts)))

@@ -54,9 +54,10 @@ _WORDISH = re.compile(r"[\w\u3040-\u9fff]")
 _LATIN_WORD = re.compile(r"[A-Za-z0-9_./-]+")
 
 
-def rank(sentence: str, threshold: float, cues: bool = True) -> float:
-    """A sentence's rank below `threshold` (0: never carried), as the module's rule says."""
-    found = signals(sentence, cues)
+def rank(sentence: str, threshold: float, cues: bool = True, details: bool = True) -> float:
+    """A sentence's rank below `threshold` (0: never carried), as the module's rule says (told
+    whether the sentence may have a cue, and a detail, as `salience.look` tells)."""
+    found = signals(sentence, cues, details)
     if found.filler or _acknowledgement(found) or _routine(found):
         return 0.0
     value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
@@ -75,20 +76,21 @@ def line_rank(line: str, threshold: float, plain: bool) -> float:
 
 
 def carried(
-    part: str, threshold: float, limit: int, cues: bool, plain: bool
+    part: str, threshold: float, limit: int, cues: bool, plain: bool, may: bool = True
 ) -> list[tuple[str, float]]:
     """(line, rank) of what the ledger carries from one prose span, in the order said: its
     salient passages (`lines_of`), and with `plain` the runs of other sentences that are not
     filler, each run one line (a run longer than `limit` sentence by sentence). A sentence
     wrapped onto the next line goes on with its run; the span's last sentence, when it ends
-    with a colon and is not salient, introduces what follows the prose and is left out."""
-    salient = passage_spans(part, threshold, cues)
+    with a colon and is not salient, introduces what follows the prose and is left out.
+    `cues` and `may`: whether a sentence of the part may have a cue, may score at all
+    (`salience.look`)."""
+    spans, salient = passage_spans(part, threshold, cues) if may else (items(part), [])
     if not plain:
         return [(line, s.score) for _, _, s in salient for line in lines_of(s, threshold, limit)]
     out: list[tuple[str, float]] = []
     run: list[tuple[int, int, float]] = []
     at = 0  # the next salient passage
-    spans = items(part)
     for k, (start, end) in enumerate(spans):
         while at < len(salient) and salient[at][1] <= start:
             at += 1
@@ -98,7 +100,7 @@ def carried(
                 passage = salient[at][2]
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
-        value = rank(part[start:end], threshold, cues)
+        value = rank(part[start:end], threshold, cues, may)
         if k == len(spans) - 1 and part[end - 1] in _COLONS:
             value = 0.0  # it introduces what follows the prose: a paste, a file
         if value > 0 or (run and _continues(part, run[-1][1], start)):
