@@ -242,6 +242,10 @@ def test_acknowledgements_and_routine_requests_rank_zero_statements_below_the_th
             assert rank(sentence, THRESHOLD) == 0, sentence
     for text in PLAIN:
         assert 0 < rank(text, THRESHOLD) < THRESHOLD, text
+    # a short polite request not about code may be a standing wish, and a short statement is
+    # no acknowledgement: both are carried
+    for text in ("Could you keep the answers short?", "生产环境用 Docker 部署。"):
+        assert 0 < rank(text, THRESHOLD) < THRESHOLD, text
     # a concrete fact ranks a sentence higher; a request halves it
     assert rank("The nightly export runs at 02:00 UTC for 40 minutes.", 1.0) > rank(
         "The nightly export runs late at night.", 1.0

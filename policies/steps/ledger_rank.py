@@ -3,10 +3,13 @@
 Rule: every sentence the user wrote as prose is carried, word for word, except filler,
 acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests:
 a request for one action now or a question, with no cue and no concrete fact (code names and
-capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters
-("Rename load_x to fetch_x everywhere.", "Run the tests again."): the work it asked for is done
-by the time its Turn goes. A longer one may carry a standing wish in a clause, and is carried.
-What goes first when the block is full is decided by rank alone, and a salient passage
+capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters,
+about code: it names code or opens with a verb of work on code, politeness aside ("Rename
+load_x to fetch_x everywhere.", "Run the tests again.", "Can you check why the build fails?";
+Chinese asks with no mark, so there such a verb alone makes a request). The work it asked for
+is done by the time its Turn goes. A longer one may carry a standing wish in a clause, and one
+not about code may be a wish ("Could you keep the answers short?"): both are carried. What goes
+first when the block is full is decided by rank alone, and a salient passage
 (`policies.salience`) outranks every other sentence. So a statement that no salience rule
 recognises (said politely, indirectly, in words no cue list has) still reaches the model, only
 behind those that one does.
@@ -17,10 +20,10 @@ for a code name, more for a stance (said in the first person, or with a cue too 
 the threshold), halved for a request or a question.
 
 An acknowledgement is a short sentence with no cue, detail, negation or first person, once the
-filler words it opens with are set aside (at most `ACK_WORDS` words, `ACK_CJK` CJK characters;
-an English one also without a verb of being or having): it is never carried. Among equal ranks
-the older sentence goes first (the ledger's `_bounded`). Pure and deterministic, like salience:
-the block is part of a cached prefix.
+filler words it opens with are set aside (at most `ACK_WORDS` words, `ACK_CJK` CJK characters,
+a kana counting half; an English one also without a verb of being or having): it is never
+carried. Among equal ranks the older sentence goes first (the ledger's `_bounded`). Pure and
+deterministic, like salience: the block is part of a cached prefix.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ ASKED = 0.5  # a request or a question states less than a plain sentence
 ACK_WORDS = 4
 ROUTINE_WORDS = 12
 ROUTINE_CJK = 30
-ACK_CJK = 8
+ACK_CJK = 5
 _BELOW = 0.01  # how far under the threshold the best plain sentence stays
 
 _FIRST_PERSON = re.compile(
@@ -48,10 +51,22 @@ _NEGATION = re.compile(
     r"\b(?:no|not|never|none|nothing|nobody|without)\b|n't\b|不|没|別|别|无|無|ない|ません", re.I
 )
 _CJK = re.compile("[\u3040-\u9fff]")
+_KANA = re.compile("[\u3040-\u30ff]")
 _ENDS = frozenset(".!?。！？:：;；")
 _COLONS = frozenset(":：")
 _WORDISH = re.compile(r"[\w\u3040-\u9fff]")
 _LATIN_WORD = re.compile(r"[A-Za-z0-9_./-]+")
+# A command of one piece of work on code, politeness aside: its verb.
+_ACTION = re.compile(
+    r"\W*(?:(?:please|now|then|ok|okay|next|so|and|also|again)\W+)*"
+    r"(?:(?:can|could|would|will) you\W+(?:please\W+)?|let'?s\W+)?"
+    r"(?:re)?(?:run|open|show|check|look|try|fix|add|print|list|read|grep|find|search|build|"
+    r"install|create|edit|rename|move|delete|remove|test|debug|explain|refactor|split|wire|"
+    r"commit|push|merge|revert|retry|lint|format|profile|deploy)\b",
+    re.I,
+)
+_ORDER_ZH = re.compile("跑一下|修一下|改名成|删掉|拆成|重构一下|加个|补上")
+_ACTION_JA = re.compile("実行|修正|直して|追加|削除|消して|リネーム|リファクタ")
 
 
 def rank(sentence: str, threshold: float, cues: bool = True, details: bool = True) -> float:
@@ -134,12 +149,19 @@ def _continues(part: str, end: int, start: int) -> bool:
 
 
 def _routine(found: Signals) -> bool:
-    if not (found.request or found.question) or found.kind is not None or found.facts:
+    if found.kind is not None or found.facts:
         return False
     rest = found.rest
     if _CJK.search(rest):
-        return _cjk_length(rest) <= ROUTINE_CJK
-    return len(rest.split()) <= ROUTINE_WORDS
+        ordered = _ORDER_ZH.search(rest) is not None  # Chinese asks with no mark: by its verb
+        if not (found.request or found.question or ordered) or _cjk_length(rest) > ROUTINE_CJK:
+            return False
+        return found.code or ordered or _ACTION_JA.search(rest) is not None
+    if not (found.request or found.question) or len(rest.split()) > ROUTINE_WORDS:
+        return False
+    # about code: it names code or asks for work on it ("Could you keep the answers short?"
+    # may be a standing wish)
+    return found.code or _ACTION.match(rest) is not None
 
 
 def _acknowledgement(found: Signals) -> bool:
@@ -151,13 +173,15 @@ def _acknowledgement(found: Signals) -> bool:
     if _FIRST_PERSON.search(rest) or _NEGATION.search(rest):
         return False
     if _CJK.search(rest):
-        return _cjk_length(rest) <= ACK_CJK
+        return _cjk_length(rest, kana=0.5) <= ACK_CJK
     return len(rest.split()) <= ACK_WORDS and not found.stated
 
 
-def _cjk_length(text: str) -> int:
-    """A CJK sentence's length: its CJK characters, and each Latin word or number as one."""
-    return len(_CJK.findall(text)) + len(_LATIN_WORD.findall(text))
+def _cjk_length(text: str, kana: float = 1.0) -> float:
+    """A CJK sentence's length: its CJK characters (a kana counting `kana`: Japanese spells
+    in kana what Chinese says in one character), and each Latin word or number as one."""
+    kanas = len(_KANA.findall(text))
+    return len(_CJK.findall(text)) - kanas * (1 - kana) + len(_LATIN_WORD.findall(text))
 
 
 def _ceiling(threshold: float) -> float:
