@@ -273,6 +273,20 @@ def test_carried_takes_the_sentences_in_order_word_for_word_and_leaves_the_fille
     assert carried(part, THRESHOLD, 400, True, False) == [(lines[1][0], values[1])]
 
 
+def test_a_request_salient_only_for_the_code_it_names_is_routine_a_statement_naming_code_not() -> (
+    None
+):
+    for text in (
+        "Please refactor export_batch so it takes a session argument.",
+        "给 export_order_item 加个单元测试。",
+        "haisou/labels.py に型ヒントを付けてください。",
+    ):
+        assert score(text).score >= THRESHOLD  # salient, by its code names alone
+        assert carried(text, THRESHOLD, 400, True, True) == [], text
+    for text in ("The entry point is app/main.py.", "入口在 app/main.py。"):
+        assert [line for line, _ in carried(text, THRESHOLD, 400, True, True)] == [text]
+
+
 # -- through the gateway -------------------------------------------------------------------
 
 

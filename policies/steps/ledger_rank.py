@@ -7,8 +7,9 @@ capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK 
 about code: it names code or opens with a verb of work on code, politeness aside ("Rename
 load_x to fetch_x everywhere.", "Run the tests again.", "Can you check why the build fails?";
 Chinese asks with no mark, so there such a verb alone makes a request). The work it asked for
-is done by the time its Turn goes. A longer one may carry a standing wish in a clause, and one
-not about code may be a wish ("Could you keep the answers short?"): both are carried. What goes
+is done by the time its Turn goes (so a sentence salient only for the code it names is left out
+too when it is such a request). A longer one may carry a standing wish in a clause, and one not
+about code may be a wish ("Could you keep the answers short?"): both are carried. What goes
 first when the block is full is decided by rank alone, and a salient passage
 (`policies.salience`) outranks every other sentence. So a statement that no salience rule
 recognises (said politely, indirectly, in words no cue list has) still reaches the model, only
@@ -66,6 +67,7 @@ _ACTION = re.compile(
     re.I,
 )
 _ORDER_ZH = re.compile("跑一下|修一下|改名成|删掉|拆成|重构一下|加个|补上")
+_ASK_JA = re.compile("てください|て下さい|てくれ|てもらえ|ていただけ")  # asking, in any verb
 _ACTION_JA = re.compile("実行|修正|直して|追加|削除|消して|リネーム|リファクタ")
 
 
@@ -111,8 +113,8 @@ def carried(
             at += 1
         if at < len(salient) and salient[at][0] <= start:  # inside a salient passage
             _flush(part, run, limit, out)
-            if salient[at][0] == start:
-                passage = salient[at][2]
+            passage = salient[at][2]
+            if salient[at][0] == start and not _code_order(passage, salient[at][1] == end):
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
         value = rank(part[start:end], threshold, cues, may)
@@ -142,6 +144,12 @@ def _flush(
     run.clear()
 
 
+def _code_order(passage: Statement, one: bool) -> bool:
+    """Whether a salient passage is a routine request all the same: one sentence, salient only
+    for the code it names (a fact by its identifiers or paths alone)."""
+    return one and passage.kind == "fact" and _routine(signals(passage.text))
+
+
 def _continues(part: str, end: int, start: int) -> bool:
     """Whether the sentence at `start` goes on from the one ending at `end`: that one ends with
     no end mark and this one starts in lower case (a line wrapped mid-sentence)."""
@@ -154,14 +162,16 @@ def _routine(found: Signals) -> bool:
     rest = found.rest
     if _CJK.search(rest):
         ordered = _ORDER_ZH.search(rest) is not None  # Chinese asks with no mark: by its verb
-        if not (found.request or found.question or ordered) or _cjk_length(rest) > ROUTINE_CJK:
+        asked = found.request or found.question or _ASK_JA.search(rest) is not None
+        if not (asked or ordered) or _cjk_length(rest) > ROUTINE_CJK:
             return False
         return found.code or ordered or _ACTION_JA.search(rest) is not None
-    if not (found.request or found.question) or len(rest.split()) > ROUTINE_WORDS:
+    action = _ACTION.match(rest) is not None  # an imperative of work on code asks too
+    if not (found.request or found.question or action) or len(rest.split()) > ROUTINE_WORDS:
         return False
     # about code: it names code or asks for work on it ("Could you keep the answers short?"
     # may be a standing wish)
-    return found.code or _ACTION.match(rest) is not None
+    return found.code or action
 
 
 def _acknowledgement(found: Signals) -> bool:
