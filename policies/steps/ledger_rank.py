@@ -63,7 +63,7 @@ _ACTION = re.compile(
     r"(?:(?:can|could|would|will) you\W+(?:please\W+)?|let'?s\W+)?"
     r"(?:re)?(?:run|open|show|check|look|try|fix|add|print|list|read|grep|find|search|build|"
     r"install|create|edit|rename|move|delete|remove|test|debug|explain|refactor|split|wire|"
-    r"commit|push|merge|revert|retry|lint|format|profile|deploy)\b",
+    r"revert|retry|lint|format|profile)\b",
     re.I,
 )
 _ORDER_ZH = re.compile("跑一下|修一下|改名成|删掉|拆成|重构一下|加个|补上")
