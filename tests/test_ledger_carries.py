@@ -221,6 +221,38 @@ def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(
                 assert len(step._bounded(together, cap, env())) < len(together), s
 
 
+@settings(max_examples=60, deadline=None)
+@given(session=sessions(), cut=st.floats(0.3, 0.9), fraction=st.floats(0.15, 0.5))
+def test_a_longer_session_keeps_the_shorter_ones_entries_in_the_order_said(
+    session: tuple[list[dict[str, Any]], list[str], list[str]], cut: float, fraction: float
+) -> None:
+    """The same session, shorter and longer, under one budget, each compacted afresh: the
+    shorter one's entries are in the longer one's block, in the same order (so the gateway,
+    which holds the forwarded block between events and appends to it, only appends), unless
+    the block was full, the longer one keeps a Turn that says an entry again, or says more
+    around it (merged into the longer entry)."""
+    data, _, _ = session
+    turns = (len(data) - 2) // 2
+    at = 1 + 2 * max(1, int(turns * cut))
+    shorter = conv([*data[:at], msg("user", "continue")])
+    limits = budget(int(shorter.tokens * fraction / 0.6))
+    first = run_chain(shorter, limits, DEFAULT, env())
+    second = run_chain(conv(data), limits, DEFAULT, env())
+    full = [r for res in (first, second) for r in res.steps if r.detail.get("left_out")]
+    if full or any(r.type == "emergency" or r.type.startswith("recovery") for r in second.steps):
+        return
+    after = [normalised(e) for e in entries_of(second.conversation)]
+    kept = normalised("\n".join(m.text for m in second.conversation.messages if m.kind != KIND))
+    before = [
+        normalised(e)
+        for e in entries_of(first.conversation)
+        if normalised(e) not in kept
+        and not any(normalised(e) in o and len(o) > len(normalised(e)) for o in after)
+    ]
+    positions = [after.index(e) for e in before]  # each one is there ...
+    assert positions == sorted(positions)  # ... in the same order
+
+
 def test_a_plain_statement_is_lost_without_carrying_all_and_kept_with_it() -> None:
     data = [msg("system", "You are a coding assistant.")]
     for text in PLAIN:
