@@ -138,7 +138,7 @@ def _text_value(value: Any) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: `ts` (UTC, ISO 8601), `level`, `logger`, then a request's
+    """One JSON object per record: `ts` (UTC, ISO 8601), `level`, `logger`, `pid`, then a request's
     fields, or `msg` (and `exc` with the traceback) for any other record."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -146,6 +146,7 @@ class JsonFormatter(logging.Formatter):
             "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
+            "pid": record.process,  # several workers write to one stderr: which one wrote it
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, Mapping):
