@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import shutil
 import statistics
@@ -37,7 +38,8 @@ from .load import Batch, Target
 
 CONCURRENCY = 32
 WORKERS = (1, 2, 4)
-SETTLE_S = 10.0  # after the last batch: the gateways finish what they put off
+SETTLE_S = 10.0  # after the warm-up and the last batch: the gateways finish what they put off
+WARMUP_S = 3.0
 
 
 def start_redis(workdir: Path) -> tuple[targets.Service, str]:
@@ -92,26 +94,33 @@ def ready(service: targets.Service, workers: int, timeout: float = 120) -> None:
 async def measure(
     fronts: dict[str, Target], rounds: int, seconds: float
 ) -> tuple[dict[str, list[Batch]], dict[str, float]]:
-    """Each front's batches, and its CPU ms per request all in: from before the warm-up to
-    `SETTLE_S` after the last batch, over every request it answered (work a gateway puts off,
-    such as late counts, would otherwise land in the batch of whichever target runs next)."""
+    """Each front's batches, and its CPU ms per request all in: from the end of the warm-up to
+    `SETTLE_S` after the last batch, over every request it answered in its batches (work a
+    gateway puts off, such as late counts, would otherwise land in the batch of whichever
+    target runs next). The warm-up is `WARMUP_S` of load per target, so that every worker has
+    loaded its tokenizer (about a second of CPU each, the first time it counts)."""
     batches: dict[str, list[Batch]] = {name: [] for name in fronts}
-    cpu_before = {name: load.cpu_seconds(t.pids) for name, t in fronts.items()}
     answered = dict.fromkeys(fronts, 0)
     index = 0
     async with load.new_session(CONCURRENCY) as session:
-        for name, target in fronts.items():  # warm-up: connections open, code paths loaded
+        for target in fronts.values():
             warm = await load.run(
                 session,
                 target,
                 stream=False,
                 concurrency=CONCURRENCY,
-                requests=CONCURRENCY,
-                max_seconds=30,
+                requests=1_000_000,
+                max_seconds=WARMUP_S,
                 first_index=index,
             )
             index += warm.sent
-            answered[name] += warm.count
+        await asyncio.sleep(SETTLE_S)
+        # every worker has started by now: the CPU of each process of the tree is read
+        fronts = {
+            name: dataclasses.replace(t, pids=load.process_tree(t.pids[0]))
+            for name, t in fronts.items()
+        }
+        cpu_before = {name: load.cpu_seconds(t.pids) for name, t in fronts.items()}
         for round_number in range(rounds):
             names = list(fronts)
             shift = round_number % len(names)
