@@ -38,7 +38,9 @@ from .load import Batch, Target
 
 CONCURRENCY = 32
 WORKERS = (1, 2, 4)
-SETTLE_S = 10.0  # after the warm-up and the last batch: the gateways finish what they put off
+QUIET_STEP_S = 0.5  # a target is quiet (done with what it put off) when over this long it
+QUIET_SHARE = 0.03  # used less than this share of one core
+QUIET_LIMIT_S = 30.0
 WARMUP_S = 3.0
 
 
@@ -91,16 +93,29 @@ def ready(service: targets.Service, workers: int, timeout: float = 120) -> None:
         time.sleep(0.3)
 
 
+async def settled(pids: list[int], limit: float = QUIET_LIMIT_S) -> None:
+    """Until `pids` are quiet (under `QUIET_SHARE` of a core over `QUIET_STEP_S`) or `limit`
+    seconds have passed: the work a gateway put off (late counts) is done."""
+    deadline = time.monotonic() + limit
+    last = load.cpu_seconds(pids)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(QUIET_STEP_S)
+        now = load.cpu_seconds(pids)
+        if now - last < QUIET_SHARE * QUIET_STEP_S:
+            return
+        last = now
+
+
 async def measure(
     fronts: dict[str, Target], rounds: int, seconds: float
-) -> tuple[dict[str, list[Batch]], dict[str, float]]:
-    """Each front's batches, and its CPU ms per request all in: from the end of the warm-up to
-    `SETTLE_S` after the last batch, over every request it answered in its batches (work a
-    gateway puts off, such as late counts, would otherwise land in the batch of whichever
-    target runs next). The warm-up is `WARMUP_S` of load per target, so that every worker has
-    loaded its tokenizer (about a second of CPU each, the first time it counts)."""
+) -> tuple[dict[str, list[Batch]], dict[str, list[float]]]:
+    """Each front's batches, and per batch its CPU ms per request all in: the target's process
+    tree from the batch's start until it is quiet again (`settled`). Work a gateway puts off,
+    such as late counts, is so charged to its own batch, and never runs beside another
+    target's. The warm-up is `WARMUP_S` of load per target, so that every worker has loaded its
+    tokenizer (about a second of CPU each, the first time it counts)."""
     batches: dict[str, list[Batch]] = {name: [] for name in fronts}
-    answered = dict.fromkeys(fronts, 0)
+    all_in: dict[str, list[float]] = {name: [] for name in fronts}
     index = 0
     async with load.new_session(CONCURRENCY) as session:
         for target in fronts.values():
@@ -114,41 +129,39 @@ async def measure(
                 first_index=index,
             )
             index += warm.sent
-        await asyncio.sleep(SETTLE_S)
+            await settled(list(target.pids))
         # every worker has started by now: the CPU of each process of the tree is read
         fronts = {
             name: dataclasses.replace(t, pids=load.process_tree(t.pids[0]))
             for name, t in fronts.items()
         }
-        cpu_before = {name: load.cpu_seconds(t.pids) for name, t in fronts.items()}
         for round_number in range(rounds):
             names = list(fronts)
             shift = round_number % len(names)
             names = names[shift:] + names[:shift]
             for name in names:
+                target = fronts[name]
+                cpu_before = load.cpu_seconds(target.pids)
                 batch = await load.run(
                     session,
-                    fronts[name],
+                    target,
                     stream=False,
                     concurrency=CONCURRENCY,
                     requests=1_000_000,
                     max_seconds=seconds,
                     first_index=index,
                 )
+                await settled(list(target.pids))
+                cpu = load.cpu_seconds(target.pids) - cpu_before
                 index += batch.sent
                 if batch.errors:
                     raise RuntimeError(f"{name}: {batch.errors} errors: {batch.first_error}")
                 batches[name].append(batch)
-                answered[name] += batch.count
-    await asyncio.sleep(SETTLE_S)
-    all_in = {
-        name: 1000 * (load.cpu_seconds(t.pids) - cpu_before[name]) / max(1, answered[name])
-        for name, t in fronts.items()
-    }
+                all_in[name].append(1000 * cpu / max(1, batch.count))
     return batches, all_in
 
 
-def report(batches: dict[str, list[Batch]], all_in: dict[str, float]) -> None:
+def report(batches: dict[str, list[Batch]], all_in: dict[str, list[float]]) -> None:
     rate = {n: statistics.median(b.count / b.elapsed for b in bs) for n, bs in batches.items()}
     p50 = {n: statistics.median(load.median(b.latencies) for b in bs) for n, bs in batches.items()}
     cpu = {
@@ -161,7 +174,7 @@ def report(batches: dict[str, list[Batch]], all_in: dict[str, float]) -> None:
         print(
             f"{name:<10} {rate[name]:7.1f} req/s  p50 {1000 * p50[name]:7.1f} ms  "
             f"added {1000 * added:7.1f} ms  CPU {cpu[name]:6.1f} ms/req in its batches, "
-            f"{all_in[name]:6.1f} all in  (rounds: {spread})"
+            f"{statistics.median(all_in[name]):6.1f} all in  (rounds: {spread})"
         )
     relay_added = p50["relay"] - p50["direct"]
     for workers in WORKERS:
