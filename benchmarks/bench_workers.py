@@ -12,9 +12,12 @@ forwarding it (CPU-bound: what more workers are for). 32 requests in flight, in 
 alternate the targets' order, so a busy machine slows them alike.
 
 Printed per target: requests per second, p50 latency, p50 added over the upstream direct, CPU
-ms per request (the target's process tree); then, for each gateway, its added p50 over the
-relay's and its throughput over one worker's. The machine's load average comes first and last:
-the workers share its cores with the load generator, the upstream and the relay.
+ms per request of the target's process tree, during its batches and all in (each batch's CPU
+read until the target is quiet again: a gateway forwards a request once its count fits and
+counts the rest in the background, work that would otherwise run beside the next target's
+batch); then, for each gateway, its added p50 over the relay's and its throughput over one
+worker's and over the relay's. The machine's load average comes first and last: the workers
+share its cores with the load generator, the upstream and the relay.
 """
 
 from __future__ import annotations
