@@ -175,7 +175,7 @@ def arm(
 ) -> dict[str, Any]:
     httpx.post(f"{upstream.origin}/reset", timeout=10)
     memos_before = memo_figures(replicas)
-    pids = [p for r in replicas for p in load.process_tree(r.pid)]
+    pids = [r.pid for r in replicas]  # (load.cpu_seconds adds each one's descendants)
     cpu_before = load.cpu_seconds(pids)
     sent = asyncio.run(play(front, sessions, turns))
     time.sleep(3.0)  # late counts land
@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             hashed, hashed_port = start_front(workdir, "envoy-ring-hash", ports, ring_hash)
             robin, robin_port = start_front(workdir, "envoy-round-robin", ports, round_robin)
             started += [hashed, robin]
+            # every replica loads its tokenizer and code paths before either arm is measured
+            for number, replica in enumerate(replicas):
+                asyncio.run(play(replica.origin, range(10_000 + number, 10_001 + number), 2))
             n = args.conversations
             results = [
                 arm(

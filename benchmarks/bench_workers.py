@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import shutil
 import statistics
@@ -133,11 +132,6 @@ async def measure(
             )
             index += warm.sent
             await settled(list(target.pids))
-        # every worker has started by now: the CPU of each process of the tree is read
-        fronts = {
-            name: dataclasses.replace(t, pids=load.process_tree(t.pids[0]))
-            for name, t in fronts.items()
-        }
         for round_number in range(rounds):
             names = list(fronts)
             shift = round_number % len(names)
@@ -180,12 +174,14 @@ def report(batches: dict[str, list[Batch]], all_in: dict[str, list[float]]) -> N
             f"{statistics.median(all_in[name]):6.1f} all in  (rounds: {spread})"
         )
     relay_added = p50["relay"] - p50["direct"]
-    for workers in WORKERS:
+    gateways = sorted(int(n.split("-")[1]) for n in batches if n.startswith("workers-"))
+    base = f"workers-{gateways[0]}"
+    for workers in gateways:
         name = f"workers-{workers}"
         added = p50[name] - p50["direct"]
         print(
             f"{name:<10} added p50 / relay's = {added / relay_added:6.2f}   "
-            f"req/s / workers-1's = {rate[name] / rate['workers-1']:.2f}   "
+            f"req/s / {base}'s = {rate[name] / rate[base]:.2f}   "
             f"req/s / relay's = {rate[name] / rate['relay']:.2f}"
         )
 
@@ -194,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_workers")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4.0, help="per target and round")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=list(WORKERS), help="the gateways' workers"
+    )
     args = parser.parse_args(argv)
     started: list[targets.Service] = []
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -207,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             relay = targets.start_relay(workdir, upstream)
             started.append(relay)
             config = targets.gateway_config(upstream, upstream) + f"store: {url}\n"
-            gateways = {n: start_workers(workdir, config, n) for n in WORKERS}
+            gateways = {n: start_workers(workdir, config, n) for n in args.workers}
             started += gateways.values()
             for n, service in gateways.items():
                 ready(service, n)
@@ -217,9 +216,8 @@ def main(argv: list[str] | None = None) -> int:
                 "direct": Target(upstream.origin + path, body, pids=[upstream.pid]),
                 "relay": Target(relay.origin + path, body, pids=[relay.pid]),
             }
-            for n, service in gateways.items():
-                pids = load.process_tree(service.pid)
-                fronts[f"workers-{n}"] = Target(service.origin + path, body, pids=pids)
+            for n, service in gateways.items():  # CPU: the parent and, read each time, its workers
+                fronts[f"workers-{n}"] = Target(service.origin + path, body, pids=[service.pid])
             report(*asyncio.run(measure(fronts, args.rounds, args.seconds)))
         finally:
             for service in reversed(started):
