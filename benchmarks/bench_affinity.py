@@ -13,9 +13,11 @@ conversation key), and with `lb_policy: ROUND_ROBIN`.
 
 Each arm plays the same sessions (new conversations, so neither arm finds the other's): the
 200-message agent conversation of `benchmarks.workloads`, its marker swapped per session, sent
-as it grows, turn by turn, ending at a tool result or a user message, with the `session-id` an
-agent sends; every session's turn t is in flight at once, then turn t + 1. Model
-`bench-passthrough` (nothing compacted: the bytes forwarded are the client's).
+as it grows, turn by turn; half of the sessions on Chat Completions with the `session-id` Codex
+sends (ending at a tool result or a user message), half as Claude Code's Messages requests
+(`benchmarks.agent_bodies`) with its `x-claude-code-session-id`. Every session's turn t is in
+flight at once, then turn t + 1. Models with a 1M window: nothing is compacted, so the bytes
+forwarded are the client's.
 
 Printed per arm: how the turns spread over the replicas; the replicas' in-process memos
 (`compactgate_memo_messages_total`: messages whose count or parse was taken over from the
@@ -44,7 +46,7 @@ import yaml
 
 from tests.envoy_front import rendered  # the suite's renderer of deploy/envoy/envoy.yaml
 
-from . import load, targets, workloads
+from . import agent_bodies, load, targets, workloads
 from .bench_envoy import wait_healthy
 from .bench_workers import start_redis
 
@@ -111,7 +113,16 @@ def cut_points(messages: list[dict[str, Any]], turns: int) -> list[int]:
 
 
 def session_bodies(session: int, turns: int) -> list[bytes]:
-    """One session's requests, turn by turn: its own marker in every message."""
+    """One session's requests, turn by turn, its own marker in every message: Chat Completions
+    for an even session, Claude-Code-like Messages for an odd one."""
+    if session % 2:
+        counts = [100 + (100 * (t + 1)) // turns for t in range(turns)]
+        return [
+            agent_bodies.messages_body(targets.MESSAGES_MODEL, stream=False, count=c).replace(
+                workloads.CONV_MARK, b"cv%08d" % session
+            )
+            for c in counts
+        ]
     text = orjson.dumps(workloads.agent_messages()).replace(
         workloads.CONV_MARK, b"cv%08d" % session
     )
@@ -146,14 +157,15 @@ async def play(front: str, sessions: range, turns: int) -> int:
     async with aiohttp.ClientSession() as http:
 
         async def one(session: int, body: bytes) -> None:
-            headers = {
-                "content-type": "application/json",
-                "authorization": "Bearer sk-bench",
-                "session-id": f"bench-affinity-{session}",
-            }
-            async with http.post(
-                f"{front}/v1/chat/completions", data=body, headers=headers
-            ) as answer:
+            headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+            if session % 2:  # as Claude Code sends them
+                path = "/v1/messages"
+                headers["anthropic-version"] = "2023-06-01"
+                headers["x-claude-code-session-id"] = f"bench-affinity-{session}"
+            else:  # as Codex names its session
+                path = "/v1/chat/completions"
+                headers["session-id"] = f"bench-affinity-{session}"
+            async with http.post(f"{front}{path}", data=body, headers=headers) as answer:
                 await answer.read()
                 if answer.status != 200:
                     raise RuntimeError(f"{answer.status}: {(await answer.text())[:300]}")

@@ -2,14 +2,15 @@
 
     python -m benchmarks.prefix_cache_upstream --port 0     # prints "READY <port>"
 
-Chat Completions only: `POST /<scope>/v1/chat/completions` (or `/v1/chat/completions`, scope
-"-") answers a small `chat.completion`. The prompt is what a chat template would put first to
-last: the tool definitions, then each message, serialised (orjson). It is cut into blocks of
+`POST /<scope>/v1/chat/completions` (or `/v1/chat/completions`, scope "-") answers a small
+`chat.completion`, `POST /<scope>/v1/messages` a small Anthropic message, neither streamed.
+The prompt is what a chat template would put first to last: the tool definitions, the system
+prompt (Messages), then each message, serialised (orjson). It is cut into blocks of
 `BLOCK` bytes, each named by a hash chained over every block before it, as vLLM's automatic
 prefix caching names its KV blocks: a block is "cached" when a request seen before had the same
 prompt up to and including it. A request reads from the cache its leading blocks that are known
 and then writes all of its blocks. The usage block reports the cached part as
-`prompt_tokens_details.cached_tokens` (bytes / 4).
+`prompt_tokens_details.cached_tokens` (chat) or `cache_read_input_tokens` (Messages), bytes / 4.
 
 Two caches are kept side by side, never evicted (a benchmark's traffic fits):
 
@@ -50,7 +51,8 @@ def blocks(prompt: bytes) -> list[bytes]:
 
 
 def prompt_of(body: dict[str, Any]) -> bytes:
-    parts = [orjson.dumps(body.get("tools") or [])]
+    """Tools, then the system prompt (Messages), then each message."""
+    parts = [orjson.dumps(body.get("tools") or []), orjson.dumps(body.get("system") or "")]
     parts += [orjson.dumps(m) for m in body.get("messages") or []]
     return b"".join(parts)
 
@@ -117,6 +119,27 @@ def build_app() -> web.Application:
         }
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
+    async def message(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        prompt = prompt_of(body)
+        cached = caches.read(request.match_info.get("scope", "-"), prompt)
+        answer = {
+            "id": "msg_prefix_cache",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", "bench"),
+            "content": [{"type": "text", "text": "Done."}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(1, (len(prompt) - cached) // 4),
+                "output_tokens": 2,
+                "cache_read_input_tokens": cached // 4,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
 
@@ -130,6 +153,8 @@ def build_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/{scope}/v1/chat/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
+    app.router.add_post("/{scope}/v1/messages", message)
+    app.router.add_post("/v1/messages", message)
     app.router.add_get("/{scope}/v1/models", models)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/stats", stats)
