@@ -152,6 +152,7 @@ def turn(gateway: GatewayProcess, request_id: str, messages: list[dict[str, Any]
 def test_two_workers_on_redis_serve_one_session_alternately(
     start_gateway: GatewayStarter, start_process: Starter, fake_upstream: FakeUpstream
 ) -> None:
+    """Turns 1 to 4 on A, B, A, B."""
     redis = start_redis(start_process)
     config = config_for(fake_upstream, store=redis.url, server={"log_format": "json"})
     gateway = start_gateway(config, args=("--workers", "2"))
@@ -184,11 +185,20 @@ def test_two_workers_on_redis_serve_one_session_alternately(
     [result] = tool_results(fake_upstream.chat_requests()[1])
     assert LOG_LINES[123] in result
 
-    # Turn 3 on B again with A's history: the same refs, so the same bytes go upstream whichever
-    # worker serves it (the upstream's prompt cache keeps hitting).
-    fake_upstream.reset()
-    with only(b, [a, b]):
-        turn(gateway, "turn-3", history())
-    assert answered_by(gateway, "turn-3") == b
-    [third] = fake_upstream.chat_requests()
-    assert third["json"]["messages"] == first["json"]["messages"]
+    # Turns 3 and 4, the session grown by a turn, once on A and once on B: the same refs, so the
+    # same bytes go upstream whichever worker serves it (the upstream's prompt cache hits).
+    grown = [
+        *history(),
+        {"role": "assistant", "content": "worker-4"},
+        {"role": "user", "content": "fix it"},
+    ]
+    forwarded = []
+    for number, worker in ((3, a), (4, b)):
+        fake_upstream.reset()
+        with only(worker, [a, b]):
+            turn(gateway, f"turn-{number}", grown)
+        assert answered_by(gateway, f"turn-{number}") == worker
+        [request] = fake_upstream.chat_requests()
+        forwarded.append(request["json"]["messages"])
+    assert forwarded[0] == forwarded[1]
+    assert any(ref in str(m.get("content")) for m in forwarded[1])  # B masked it as A did
