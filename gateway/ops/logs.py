@@ -138,8 +138,9 @@ def _text_value(value: Any) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: `ts` (UTC, ISO 8601), `level`, `logger`, `pid`, then a request's
-    fields, or `msg` (and `exc` with the traceback) for any other record."""
+    """One JSON object per record: `ts` (UTC, ISO 8601), `level`, `logger`, `pid` (which worker
+    wrote it), then a request's fields, or `msg` (and `exc` with the traceback) for any other
+    record."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
