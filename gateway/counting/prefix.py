@@ -46,9 +46,10 @@ SYSTEM_ROLES = frozenset({"system", "developer"})  # the system prompt's message
 
 
 class MemoReport(Protocol):
-    """Where a per-conversation memo reports each request's messages: how many it took over
-    from the conversation's previous request, of how many (`ops.metrics.Metrics.memo`, design
-    D13.6: a conversation kept on one replica keeps its memos warm)."""
+    """Where a per-conversation memo reports each request's messages: how many it found
+    unchanged in the conversation's previous request in this process, of how many
+    (`ops.metrics.Metrics.memo`, design D13.6: a conversation kept on one replica keeps its
+    memos warm)."""
 
     def memo(self, name: str, reused: int, messages: int) -> None: ...
 
@@ -173,8 +174,8 @@ class PrefixCounts:
             self.reused += len(counts)
         else:
             counts, bounds = [], []
-        if self._report is not None:
-            self._report.memo("prefix_counts", len(counts), len(messages))
+        if self._report is not None:  # found: their uids kept, and counts once they are made
+            self._report.memo("prefix_counts", same, len(messages))
         uids.extend(itertools.islice(self._uids, len(messages) - same))
         continued = entry if entry is not None and continues(same, entry.messages) else None
         entry = _Entry(tokenizer, messages, counts, uids, roles, bounds)

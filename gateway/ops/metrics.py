@@ -350,9 +350,9 @@ class Metrics:
         )
         self.memo_messages = Counter(
             "compactgate_memo_messages",
-            "Messages of requests by per-conversation memo (prefix_counts: token counts, "
-            "resent_parse: parses) and result (reused: taken over from the conversation's "
-            "previous request in this process, new); design D13.6",
+            "Messages of requests by per-conversation memo (prefix_counts: token counts and "
+            "uids, resent_parse: parses) and result (reused: found unchanged in the "
+            "conversation's previous request in this process, so taken over; new); design D13.6",
             ["memo", "result"],
             registry=r,
         )
@@ -390,7 +390,7 @@ class Metrics:
 
     def memo(self, name: str, reused: int, messages: int) -> None:
         """One request's messages through a per-conversation memo (`counting.prefix.
-        MemoReport`): `reused` of `messages` taken over from the previous request."""
+        MemoReport`): `reused` of `messages` found unchanged in the previous request."""
         family = self.children(self.memo_messages)
         if reused:
             family[(name, "reused")].inc(reused)
