@@ -8,8 +8,8 @@ leaves behind is needed by a later request that another worker may serve: a conf
 masks tool outputs behind refs (`excerpt`, `tool_output_cache`, the default chain), sends
 summaries in place of turns (a summarising step), or answers Responses remote compaction itself
 (`responses_compact: emulate`, the default for any upstream but OpenAI's) is refused, naming
-each model and what would break. What only costs (counts, learnt windows, calibration, prefix
-memos) is per worker either way.
+each model and what would break. What a worker only learns or remembers for speed (its prefix
+memos, its in-process caches) is its own either way (design D13.3).
 """
 
 from __future__ import annotations
