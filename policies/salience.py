@@ -673,7 +673,6 @@ class Signals(NamedTuple):
     request: bool  # it asks for one action now
     question: bool
     filler: bool  # an acknowledgement or filler, by the filler words alone
-    stated: bool  # said as a fact (a copula, a verb of having or being located)
     rest: str  # the sentence without the filler words it opens with ("ok, ...")
 
 
@@ -685,7 +684,7 @@ def signals(sentence: str, cues: bool = True, details: bool = True) -> Signals:
     whether it may have a concrete detail: `look`)."""
     text = sentence.strip()
     if _FILLER.match(text):
-        return Signals(None, 0, False, False, False, False, True, False, "")
+        return Signals(None, 0, False, False, False, False, True, "")
     seen = _seen(text, _lowered(text))
     may = details and _may_detail(text, seen.lower, seen.cjk)
     found = _detail_kinds(seen) if may else frozenset()
@@ -698,9 +697,14 @@ def signals(sentence: str, cues: bool = True, details: bool = True) -> Signals:
         _REQUEST.search(text) is not None,  # (its Japanese form is at the end)
         _is_question(text),
         False,
-        _stated(seen),
         text[lead.end() :] if lead else text,
     )
+
+
+def stated(sentence: str) -> bool:
+    """Whether a sentence is said as a fact: a copula, a verb of having or being located."""
+    text = sentence.strip()
+    return _stated(_seen(text, _lowered(text)))
 
 
 def _detail_kinds(seen: _Seen) -> frozenset[int]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from ..salience import Signals, Statement, items, passage_spans, score, signals
+from ..salience import Signals, Statement, items, passage_spans, score, signals, stated
 from .ledger_entries import lines_of
 
 PLAIN = 0.2  # any other sentence
@@ -184,7 +184,7 @@ def _acknowledgement(found: Signals) -> bool:
         return False
     if _CJK.search(rest):
         return _cjk_length(rest, kana=0.5) <= ACK_CJK
-    return len(rest.split()) <= ACK_WORDS and not found.stated
+    return len(rest.split()) <= ACK_WORDS and not stated(rest)
 
 
 def _cjk_length(text: str, kana: float = 1.0) -> float:
