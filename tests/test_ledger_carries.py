@@ -276,7 +276,11 @@ def test_acknowledgements_and_routine_requests_rank_zero_statements_below_the_th
         assert 0 < rank(text, THRESHOLD) < THRESHOLD, text
     # a short polite request not about code may be a standing wish, and a short statement is
     # no acknowledgement: both are carried
-    for text in ("Could you keep the answers short?", "生产环境用 Docker 部署。"):
+    for text in (
+        "Could you keep the answers short?",
+        "生产环境用 Docker 部署。",
+        "no print debugging left in commits",  # a negation: a limit, not a command
+    ):
         assert 0 < rank(text, THRESHOLD) < THRESHOLD, text
     # a concrete fact ranks a sentence higher; a request halves it
     assert rank("The nightly export runs at 02:00 UTC for 40 minutes.", 1.0) > rank(

@@ -2,8 +2,8 @@
 
 Rule: every sentence the user wrote as prose is carried, word for word, except filler,
 acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests:
-a request for one action now or a question, with no cue and no concrete fact (code names and
-capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters,
+a request for one action now or a question, with no cue, negation or concrete fact (code names
+and capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters,
 about code: it names code or opens with a verb of work on code, politeness aside ("Rename
 load_x to fetch_x everywhere.", "Run the tests again.", "Can you check why the build fails?";
 Chinese asks with no mark, so there such a verb alone makes a request). The work it asked for
@@ -75,7 +75,7 @@ def rank(sentence: str, threshold: float, cues: bool = True, details: bool = Tru
     """A sentence's rank below `threshold` (0: never carried), as the module's rule says (told
     whether the sentence may have a cue, and a detail, as `salience.look` tells)."""
     found = signals(sentence, cues, details)
-    if found.filler or _acknowledgement(found) or _routine(found):
+    if found.filler or _acknowledgement(found) or _routine(found, sentence):
         return 0.0
     value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
     if found.kind is not None or _FIRST_PERSON.search(found.rest):
@@ -147,7 +147,7 @@ def _flush(
 def _code_order(passage: Statement, one: bool) -> bool:
     """Whether a salient passage is a routine request all the same: one sentence, salient only
     for the code it names (a fact by its identifiers or paths alone)."""
-    return one and passage.kind == "fact" and _routine(signals(passage.text))
+    return one and passage.kind == "fact" and _routine(signals(passage.text), passage.text)
 
 
 def _continues(part: str, end: int, start: int) -> bool:
@@ -156,9 +156,9 @@ def _continues(part: str, end: int, start: int) -> bool:
     return not part[end - 1].isspace() and part[end - 1] not in _ENDS and part[start].islower()
 
 
-def _routine(found: Signals) -> bool:
-    if found.kind is not None or found.facts:
-        return False
+def _routine(found: Signals, sentence: str) -> bool:
+    if found.kind is not None or found.facts or _NEGATION.search(sentence):
+        return False  # a negation states a limit ("no print debugging left in commits")
     rest = found.rest
     if _CJK.search(rest):
         ordered = _ORDER_ZH.search(rest) is not None  # Chinese asks with no mark: by its verb
