@@ -217,7 +217,11 @@ def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(
         salient = [Entry(e, 1.0, k) for k, e in enumerate(entries) if score(e).score >= THRESHOLD]
         for s in said:
             if s in SALIENT and normalised(s) not in text:
-                together = [*salient, Entry(s, 1.0, len(salient))]
+                # the entry it would be: the statement with what was typed around it
+                said_as = min(
+                    (m["content"].split("\n```")[0] for m in data if s in m["content"]), key=len
+                )
+                together = [*salient, Entry(" ".join(said_as.split()), 1.0, len(salient))]
                 assert len(step._bounded(together, cap, env())) < len(together), s
 
 

@@ -48,8 +48,10 @@ _BELOW = 0.01  # how far under the threshold the best plain sentence stays
 _FIRST_PERSON = re.compile(
     r"\b(?:i|we|my|our|ours|us|mine|myself|ourselves)\b|我|咱|私|僕|俺|うち|弊社|当社", re.I
 )
+# (case matters for "none" only: Python's None is no negation)
 _NEGATION = re.compile(
-    r"\b(?:no|not|never|none|nothing|nobody|without)\b|n't\b|不|没|別|别|无|無|ない|ません", re.I
+    r"\b(?:[Nn]o|[Nn]ot|[Nn]ever|none|[Nn]othing|[Nn]obody|[Ww]ithout)\b|n't\b|"
+    "不|没|別|别|无|無|ない|ません"
 )
 _CJK = re.compile("[\u3040-\u9fff]")
 _KANA = re.compile("[\u3040-\u30ff]")
