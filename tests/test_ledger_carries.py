@@ -70,7 +70,7 @@ FILLER = [
 ROUTINE = [
     "Run the tests again.",
     "Rename load_rates to fetch_rates everywhere.",
-    "Why does export_batch return None sometimes?",
+    "Can you check why export_batch returns None sometimes?",
     "再跑一下测试。",
     "もう一度テストを実行してください。",
 ]
@@ -313,17 +313,19 @@ def test_carried_takes_the_sentences_in_order_word_for_word_and_leaves_the_fille
     assert carried(part, THRESHOLD, 400, True, False) == [(lines[1][0], values[1])]
 
 
-def test_a_request_salient_only_for_the_code_it_names_is_routine_a_statement_naming_code_not() -> (
-    None
-):
+def test_a_request_for_work_on_code_is_routine_though_salient_a_statement_naming_code_not() -> None:
     for text in (
         "Please refactor export_batch so it takes a session argument.",
         "给 export_order_item 加个单元测试。",
-        "haisou/labels.py に型ヒントを付けてください。",
+        "close_delivery のテストを追加してください。",
     ):
         assert score(text).score >= THRESHOLD  # salient, by its code names alone
         assert carried(text, THRESHOLD, 400, True, True) == [], text
-    for text in ("The entry point is app/main.py.", "入口在 app/main.py。"):
+    for text in (
+        "The entry point is app/main.py.",
+        "入口在 app/main.py。",
+        "ロガーは既存の structlog（app/logging.py で設定済み）を使ってください。",
+    ):
         assert [line for line, _ in carried(text, THRESHOLD, 400, True, True)] == [text]
 
 

@@ -1,19 +1,19 @@
 """What of the user's prose the ledger carries, and in what rank (design D5.3).
 
 Rule: every sentence the user wrote as prose is carried, word for word, except filler,
-acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests:
-a request for one action now or a question, with no cue, negation or concrete fact (code names
-and capitalised words aside), of at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters,
-about code: it names code or opens with a verb of work on code, politeness aside ("Rename
-load_x to fetch_x everywhere.", "Run the tests again.", "Can you check why the build fails?";
-Chinese asks with no mark, so there such a verb alone makes a request). The work it asked for
-is done by the time its Turn goes (so a sentence salient only for the code it names is left out
-too when it is such a request). A longer one may carry a standing wish in a clause, and one not
-about code may be a wish ("Could you keep the answers short?"): both are carried. What goes
-first when the block is full is decided by rank alone, and a salient passage
-(`policies.salience`) outranks every other sentence. So a statement that no salience rule
-recognises (said politely, indirectly, in words no cue list has) still reaches the model, only
-behind those that one does.
+acknowledgements ("ok", "nice, that worked", "Continuing with the plan.") and routine requests.
+A routine request asks for one piece of work on code now ("Rename load_x to fetch_x
+everywhere.", "Run the tests again.", "Can you check why the build fails?"): it opens with a
+verb of such work, politeness aside (Chinese asks with no mark, so there the verb alone makes a
+request), has no cue, negation or concrete fact (code names and capitalised words aside), and
+at most `ROUTINE_WORDS` words or `ROUTINE_CJK` CJK characters. The work it asked for is done by
+the time its Turn goes, so it is left out, even when the code it names makes it salient. Naming
+code is not enough ("Use the existing logger in app/log.py." is a standing instruction), a
+longer request may carry a standing wish in a clause, and one not about code may be a wish
+("Could you keep the answers short?"): all are carried. What goes first when the block is full
+is decided by rank alone, and a salient passage (`policies.salience`) outranks every other
+sentence. So a statement that no salience rule recognises (said politely, indirectly, in words
+no cue list has) still reaches the model, only behind those that one does.
 
 The rank of a sentence that scores below the threshold, always below it: a base, more for each
 kind of concrete fact (a number, a date, a version, an address, a name; up to three), a little
@@ -159,21 +159,19 @@ def _continues(part: str, end: int, start: int) -> bool:
 
 
 def _routine(found: Signals, sentence: str) -> bool:
+    """A short request for work on code: by its verb, not by the code it names ("Use the
+    existing logger in app/log.py, please" is a standing instruction)."""
     if found.kind is not None or found.facts or _NEGATION.search(sentence):
         return False  # a negation states a limit ("no print debugging left in commits")
     rest = found.rest
     if _CJK.search(rest):
-        ordered = _ORDER_ZH.search(rest) is not None  # Chinese asks with no mark: by its verb
-        asked = found.request or found.question or _ASK_JA.search(rest) is not None
-        if not (asked or ordered) or _cjk_length(rest) > ROUTINE_CJK:
+        if _cjk_length(rest) > ROUTINE_CJK:
             return False
-        return found.code or ordered or _ACTION_JA.search(rest) is not None
-    action = _ACTION.match(rest) is not None  # an imperative of work on code asks too
-    if not (found.request or found.question or action) or len(rest.split()) > ROUTINE_WORDS:
-        return False
-    # about code: it names code or asks for work on it ("Could you keep the answers short?"
-    # may be a standing wish)
-    return found.code or action
+        if _ORDER_ZH.search(rest) is not None:  # Chinese asks with no mark: by its verb
+            return True
+        asked = found.request or found.question or _ASK_JA.search(rest) is not None
+        return asked and _ACTION_JA.search(rest) is not None
+    return len(rest.split()) <= ROUTINE_WORDS and _ACTION.match(rest) is not None
 
 
 def _acknowledgement(found: Signals) -> bool:
