@@ -16,7 +16,11 @@ finds it emptied, and whoever remembers what the store holds forgets it then (D1
 A shared store is also checked every `check_s` while it is up (and at once when it comes back):
 the backend looks again where its data lives (a Sentinel set's master, design D13.5), then each
 of the `checks` reads what it keeps in the store and restores it when missing (the signing key
-of refs, design D13.2), returning True when the store had lost it.
+of refs, design D13.2), returning True when the store had lost it. The same checks carry what
+replicas learn and share (windows, calibration, agents' compaction points, design D13.3): a
+part that learnt something calls `sync_soon`, and the checks run at once instead of at the
+next tick, so what it learnt is in the store within a round trip and every other replica reads
+it within `check_s`.
 """
 
 from __future__ import annotations
@@ -68,6 +72,17 @@ class SafeStore:
     def watch(self, check: Check) -> None:
         """Run `check` against the backend while the store is up (shared stores only)."""
         self._checks.append(check)
+
+    def sync_soon(self) -> None:
+        """Run the checks now rather than at the next tick (something learnt is to be shared).
+        Outside a running event loop, or with nothing shared, it does nothing."""
+        if not self.shared:
+            return
+        try:
+            self._start()
+        except RuntimeError:  # no running loop: the next tick shares it
+            return
+        self._wake.set()
 
     # -- the operations ----------------------------------------------------------------------
 
