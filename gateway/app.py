@@ -38,6 +38,7 @@ from .asgi import Message, Receive, Scope, Send
 from .config import Config, ConfigError
 from .counting.runner import Counting
 from .engine.engine import Engine
+from .engine.shared_held import SharedEvents
 from .expansion import Expansion
 from .http.admin import AdminViews
 from .http.auth import Authenticator
@@ -173,6 +174,7 @@ def build_core(
         tool_outputs=tool_outputs,
         count_remote=upstream_counts.count_for,
         counting=counting,
+        shared=SharedEvents(store) if store.shared else None,
     )
     return Core(
         config=config,
