@@ -67,6 +67,7 @@ from .records import (
     store_key,
     template_key,
 )
+from .shared import SharedMemory
 from .tail import tail_share, with_tail
 from .timing import CompactionTiming
 
@@ -153,6 +154,8 @@ class CompactionAnswers:
         self._wait_s = config.wait_s  # the longest a compaction request waits for one being made
         self.timing = CompactionTiming()
         self.payback = Payback()
+        # With a shared store, every replica's timing and payback follow the store's.
+        self._memory = SharedMemory(store, self.timing, self.payback) if store.shared else None
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
         self._ready: OrderedDict[Conversation, Ready] = OrderedDict()
         self._making: dict[Conversation, Making] = {}
@@ -194,10 +197,13 @@ class CompactionAnswers:
         conversation's books kept (`figures`)."""
         # The last canonical message is the compaction prompt.
         history = len(uids) - 1
+        shared = self._memory
+        conversation = (tenant, request.api, uids[0] if uids else None)
+        if shared is not None and uids and uids[0] is not None:
+            await shared.load(tenant, request.api, request.messages, conversation, agent)
         found = await self.covering(tenant, request, uids, counts, history)
         if not uids or uids[0] is None:
             return found
-        conversation = (tenant, request.api, uids[0])
         self.timing.compacted(tenant, agent, conversation, sum(counts[:history]))
         payback = self.payback
         if found.text is not None:
@@ -210,6 +216,11 @@ class CompactionAnswers:
             self._metrics.agent_forwarded.labels(agent, found.reason).inc()
         if unused:
             self._metrics.agent_unused_summaries.labels(agent).inc(unused)
+        if shared is not None:
+            saved = shared.save_compaction(
+                tenant, request.api, request.messages, conversation, agent
+            )
+            self._spawn(saved, name="agent-shared")
         return found
 
     def compacted(self, tenant: str, api: str, uids: Sequence[int | None], history: int) -> None:
@@ -285,7 +296,45 @@ class CompactionAnswers:
             return
         key = (tenant, request.api, prepared.uids[0])
         tokens = history_tokens(prepared)
+        if self._memory is not None:  # what the other replicas saw first
+            task = self._ordinary_shared(tenant, route, request, prepared, key, tokens, headers)
+            self._spawn(task, name="agent-ordinary")
+            return
         self.timing.seen(key, tokens)  # before any compaction: the first one is bracketed too
+        self._next(tenant, route, request, prepared, key, tokens, headers)
+
+    async def _ordinary_shared(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        prepared: Prepared,
+        key: Conversation,
+        tokens: int,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """`ordinary` with a shared store: the conversation's records read, this request seen,
+        the summary started if due, and what was seen written back (`shared`)."""
+        assert self._memory is not None
+        template = self._templates.get((tenant, request.api))
+        agent = template.agent if template is not None else None
+        await self._memory.load(tenant, request.api, request.messages, key, agent)
+        self.timing.seen(key, tokens)
+        self._next(tenant, route, request, prepared, key, tokens, headers)
+        await self._memory.save_seen(tenant, request.api, request.messages, key)
+
+    def _next(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        prepared: Prepared,
+        key: Conversation,
+        tokens: int,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """After an ordinary request is seen: its agent's next compaction summary started, when
+        it is due."""
         template = self._templates.get((tenant, request.api))
         if template is None:
             self._look_up(tenant, request.api)
@@ -342,6 +391,8 @@ class CompactionAnswers:
             body = compaction_body(request, template)
             answer = await self._complete(route, key[0], request.api, body, headers)
             self.payback.made(key, answer.tokens)
+            if self._memory is not None:
+                await self._memory.save_books(key[0], request.api, request.messages, key)
             self._metrics.agent_background_tokens.labels(template.agent).inc(answer.tokens)
             if answer.status != 200:
                 log.info("agent compaction summary: upstream answered %d", answer.status)
