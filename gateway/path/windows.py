@@ -147,7 +147,8 @@ def _decode(value: bytes | None) -> tuple[int | None, int]:
         return None, 0
     if not isinstance(data, dict) or data.get("v") != 1:
         return None, 0
-    learned, served = data.get("learned"), data.get("served")
-    ok_learned = isinstance(learned, int) and not isinstance(learned, bool) and learned > 0
-    ok_served = isinstance(served, int) and not isinstance(served, bool) and served > 0
-    return (learned if ok_learned else None), (served if ok_served else 0)
+    return _positive(data.get("learned")), _positive(data.get("served")) or 0
+
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

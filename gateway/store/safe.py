@@ -61,6 +61,7 @@ class SafeStore:
         self._check_s = check_s
         self._checks: list[Check] = []
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self._wake = asyncio.Event()
         metrics.store_reachable.set(1)
 
@@ -83,6 +84,12 @@ class SafeStore:
         except RuntimeError:  # no running loop: the next tick shares it
             return
         self._wake.set()
+
+    async def sync(self) -> None:
+        """Run the checks now and wait for them (a shared store that is up): what this process
+        learnt is in the store, and what the others wrote is read, when it returns."""
+        if self.shared and not self.down:
+            await self._check()
 
     # -- the operations ----------------------------------------------------------------------
 
@@ -196,6 +203,7 @@ class SafeStore:
         return None
 
     async def close(self) -> None:
+        self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -234,11 +242,13 @@ class SafeStore:
     def _start(self) -> None:
         """Start the watch in the running loop, once (a shared store only: the memory store
         neither fails nor holds anything for others)."""
-        if self._task is None and self.shared:
+        if self._task is None and self.shared and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._watch(), name="store-watch")
 
     async def _watch(self) -> None:
-        while True:
+        # Ends on `_closed` too: Python 3.11's wait_for may swallow the cancellation that
+        # `close` sends when the wake-up comes at the same moment.
+        while not self._closed:
             if self.down:
                 await self._probe()
                 continue
