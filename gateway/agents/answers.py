@@ -11,29 +11,23 @@ upstream, with the client's credential, through its own compaction (so it fits t
 and keeps the answer per conversation.
 
 When the agent's compaction request comes, a summary still being made for its history is
-waited for (at most `wait_s`: it started earlier than the agent's own call would, so waiting
-is never slower than forwarding). A summary that covers the history but for a tail is the
-answer, with that tail written short after it (`tail.with_tail`: the steps' text and calls,
-long tool outputs cut to their first and last lines), at once, in the client's wire format,
-streamed or not. It is `stale`, and the request forwarded, only when the summary covers less
-than `MIN_COVERED` of the history's tokens or the written tail would still be more than
-`MAX_TAIL_SHARE` of them: then the answer would be a poor compaction, and the agent's own call
-makes a better one. Measured with the real Codex CLI (benchmarks/bench_codex_compaction.py:
-~6k-token tool outputs, compacting at 20k tokens), the summary leaves one step uncovered, about
-a third of the history; written short it is ~150 tokens, and the upstream reads 13 % less
-than without the gateway. Kept verbatim instead, it made Codex compact twice as often and the
-upstream read 24 % more than without the gateway.
+waited for (at most `wait_s`: it started earlier than the agent's own call would). A summary
+that covers the history but for a tail is the answer, with that tail written short after it
+(`tail.with_tail`), at once, in the client's wire format, streamed or not, unless it is
+`stale` (`coverage`: it covers too little). Measured with the real Codex CLI
+(benchmarks/bench_codex_compaction.py: ~6k-token tool outputs, compacting at 20k tokens), the
+summary leaves one step uncovered, about a third of the history; written short it is ~150
+tokens, and the upstream reads 13 % less than without the gateway. Kept verbatim instead, it
+made Codex compact twice as often and the upstream read 24 % more than without the gateway.
 
-A conversation whose summaries do not pay (never used, or costing more than they saved) sits
-out its next compactions (`payback.Payback`); each conversation's figures (answered, forwarded
-by reason, tokens spent in the background and saved upstream) go on the event log's agent
-line, and into the metrics.
+A conversation whose summaries do not pay sits out its next compactions (`payback.Payback`);
+its figures go on the event log's agent line, and into the metrics. With a shared store, the
+timing and payback of every replica follow the store's (`shared`).
 
 A summary made ahead of need is kept in this process and in the shared store (Redis when
 configured), under a fingerprint of the conversation (tenant, API, its opening messages) with a
 digest of the history it covers: the agent's compaction request may reach another replica than
-the one that made it, and is answered there the same way. Each lookup says why it answered or
-not (`Found.reason`: ready, not_ready, stale or backoff), for the response's event-log line.
+the one that made it, and is answered there the same way.
 
 The summary's cost is counted as the gateway's own spend when it is made; an answer from it
 bills nothing, and its usage says so.
@@ -56,6 +50,7 @@ from ..path.own_calls import OwnAnswer
 from ..routing import Route
 from ..store import SafeStore
 from ..wire import WireRequest
+from .coverage import BACKOFF, NOT_READY, Found, judged
 from .payback import Payback
 from .records import (
     TEMPLATE_TTL_S,
@@ -68,7 +63,6 @@ from .records import (
     template_key,
 )
 from .shared import SharedMemory
-from .tail import tail_share, with_tail
 from .timing import CompactionTiming
 
 if TYPE_CHECKING:
@@ -76,14 +70,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("compactgate.agent_compaction")
 
-MIN_COVERED = 0.5  # the least of a compaction request's history a summary must cover
-MAX_TAIL_SHARE = 0.25  # the most of it the uncovered tail, written short, may come to
 MAX_KEPT = 1024
 LOOKUP_EVERY_S = 10.0  # how often a replica asks the store for a tenant's template it lacks
-READY = "ready"  # a summary made ahead of need covers the history: answered from it
-NOT_READY = "not_ready"  # none was made for this history (or it is being made)
-STALE = "stale"  # one was, but too much happened since: the agent's own call makes a better one
-BACKOFF = "backoff"  # none was made: this conversation's summaries had not paid
 
 
 class Spawn(Protocol):
@@ -120,14 +108,6 @@ class Making:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A compaction request looked up: the answer's text (None: forward it), and why."""
-
-    text: str | None
-    reason: str  # READY, NOT_READY, STALE or BACKOFF
-
-
 Conversation = tuple[str, str, int]  # tenant, API, the uid of its first message
 
 
@@ -159,9 +139,7 @@ class CompactionAnswers:
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
         self._ready: OrderedDict[Conversation, Ready] = OrderedDict()
         self._making: dict[Conversation, Making] = {}
-        self._looked: OrderedDict[tuple[str, str], float] = (
-            OrderedDict()
-        )  # store lookups of a missing template
+        self._looked: OrderedDict[tuple[str, str], float] = OrderedDict()  # template lookups
 
     # -- the agent's own request ----------------------------------------------------------------
 
@@ -257,7 +235,7 @@ class CompactionAnswers:
         found = Found(None, NOT_READY)
         ready = self._ready.get(key)
         if ready is not None and tuple(uids[: len(ready.uids)]) == ready.uids:
-            found = _judged(request, counts, history, len(ready.uids), ready.text)
+            found = judged(request, counts, history, len(ready.uids), ready.text)
             if found.text is not None:
                 return found
         # Made by another replica, or since refreshed there: the store has the latest.
@@ -267,7 +245,7 @@ class CompactionAnswers:
         if None not in uids[: shared.covers]:  # kept here too: the next lookup needs no digest
             ready = Ready(tuple(uids[: shared.covers]), sum(counts[: shared.covers]), shared.text)
             self._keep(self._ready, key, ready)
-        return _judged(request, counts, history, shared.covers, shared.text)
+        return judged(request, counts, history, shared.covers, shared.text)
 
     async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
         """The store's summary for this conversation, when the history starts with what it
@@ -419,21 +397,3 @@ class CompactionAnswers:
         table.move_to_end(key)
         while len(table) > MAX_KEPT:
             table.popitem(last=False)
-
-
-def _judged(
-    request: WireRequest, counts: Sequence[int], history: int, covers: int, text: str
-) -> Found:
-    """A summary of the first `covers` canonical messages, as the answer for the first
-    `history`: with the uncovered tail written short after it, unless the summary covers too
-    little of the history or the tail is still too much of it (module docstring)."""
-    if covers > history:
-        return Found(None, NOT_READY)
-    total = max(1, sum(counts[:history]))
-    tail = request.messages[covers:history]
-    uncovered = sum(counts[covers:history])
-    if total - uncovered < MIN_COVERED * total:
-        return Found(None, STALE)
-    if uncovered * tail_share(tail) > MAX_TAIL_SHARE * total:
-        return Found(None, STALE)
-    return Found(with_tail(text, tail), READY)
