@@ -142,7 +142,7 @@ async def test_replicas_calibrate_as_one_process_would_from_the_same_responses(
         who = n % 3
         replicas[who].observe(models[who], estimated, reported, correction(models[who]))
         alone.observe(alone_model, estimated, reported, correction(alone_model))
-        await stores[who].sync()  # the observing replica's check (sync_soon runs it at once)
+        await stores[who].sync()  # the observing replica's next check
         for store in stores:
             await store.sync()
         assert [correction(m) for m in models] == [correction(alone_model)] * 3

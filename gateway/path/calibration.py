@@ -20,10 +20,10 @@ Exact tokenizers are never corrected.
 
 With a shared store (design D13.3) the replicas calibrate as one: the state (multiplier, recent
 observations, how many) is kept in the store per model, and a replica's observations go there
-instead of deciding locally. On the store's checks (`SafeStore.watch`, every `store_sync_s`, and
-at once after an observation: `sync_soon`) a replica reads the state, adds what it observed
-since, applies the rule above to the whole, writes it back and counts with the multiplier it
-holds. So every replica changes its multiplier when the others do, within one period, and the
+instead of deciding locally. On the store's checks (`SafeStore.watch`, every `store_sync_s`) a
+replica reads the state, adds what it observed since, applies the rule above to the whole,
+writes it back and counts with the multiplier it holds. So every replica changes its
+multiplier when the others do, within two periods (the observer's, then the reader's), and the
 change is the one a single process would make from the same responses. Two replicas writing at
 the same moment may lose one's observations (the median is made for that). With the store away,
 each replica decides from its own observations as a single process does.
@@ -89,8 +89,9 @@ class Calibration:
         observed = min(BOUNDS[1], max(BOUNDS[0], used * reported / estimated))
         if self._store is not None and not self._store.down:
             self._routes[route.name] = route
+            # Decided with the other replicas' observations at the next check (not at once:
+            # the multiplier changes rarely, and a write per response would cost Redis more).
             self._pending.setdefault(route.name, []).append(observed)
-            self._store.sync_soon()  # decided with the other replicas' observations
             return
         self._decide(route, state, [observed])
 
