@@ -235,8 +235,8 @@ class Decision:
         cannot be made again complete, or the conversation has grown past it."""
         assert self._shared is not None
         count = await self._shared.latest(scope, conversation, budget)
-        if count is None:
-            return None
+        if count is None or self._held.holds(scope, conversation, count, budget):
+            return None  # none, or the one held here already: a new event is due
         prefix = Conversation(conversation.messages[:count])
         try:
             made, complete = await self._run(

@@ -52,6 +52,7 @@ TOLERANCE = 0.03  # the multiplier changes when that median is further away than
 BOUNDS = (0.2, 5.0)  # the multiplier stays within these
 KEY_PREFIX = "calibration:"  # + a digest of the model's name
 TTL_S = 7 * 24 * 3600
+MAX_SHARED = 256  # models whose calibration each check reads and writes
 
 
 @dataclass(slots=True)
@@ -89,6 +90,8 @@ class Calibration:
         observed = min(BOUNDS[1], max(BOUNDS[0], used * reported / estimated))
         if self._store is not None and not self._store.down:
             self._routes[route.name] = route
+            if len(self._routes) > MAX_SHARED:  # a glob in the config may resolve many names
+                self._routes.pop(next(iter(self._routes)))
             # Decided with the other replicas' observations at the next check (not at once:
             # the multiplier changes rarely, and a write per response would cost Redis more).
             self._pending.setdefault(route.name, []).append(observed)

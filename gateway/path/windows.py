@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import orjson
@@ -32,6 +33,7 @@ log = logging.getLogger("compactgate")
 
 KEY_PREFIX = "window:"  # + a digest of the model's name
 TTL_S = 7 * 24 * 3600  # kept this long after the last change (then the configured window again)
+MAX_SHARED = 256  # models whose figures each check reads and writes
 
 
 class Windows:
@@ -41,7 +43,8 @@ class Windows:
         self._metrics = metrics
         self._learned: dict[str, int] = {}
         self._served: dict[str, int] = {}  # the largest prompt each model's upstream answered
-        self._configured: dict[str, int | None] = {}  # every model asked about: its own window
+        # The models asked about lately, with their own windows: those whose figures are shared.
+        self._configured: OrderedDict[str, int | None] = OrderedDict()
         self._store = store if store is not None and store.shared else None
         if self._store is not None:
             self._store.watch(self._sync)
@@ -49,7 +52,8 @@ class Windows:
     def served(self, route: Route, tokens: int) -> None:
         """The upstream answered a prompt of `tokens` (the gateway's units): its window holds at
         least that, so an error that states no window is not about a request no larger."""
-        self._configured[route.name] = route.context_window
+        if route.name not in self._configured:
+            self._asked(route)
         if tokens > self._served.get(route.name, 0):
             self._served[route.name] = tokens
 
@@ -68,7 +72,7 @@ class Windows:
 
     def effective(self, route: Route) -> int | None:
         if route.name not in self._configured:
-            self._configured[route.name] = route.context_window
+            self._asked(route)
         learned = self._learned.get(route.name)
         if learned is None:
             return route.context_window
@@ -83,6 +87,13 @@ class Windows:
             self._lower(route.name, limit, current, signature)
             if self._store is not None:
                 self._store.sync_soon()  # the other replicas see it within one period
+
+    def _asked(self, route: Route) -> None:
+        """A model to share figures for; the least recently new beyond `MAX_SHARED` is not (a
+        glob in the config may resolve many names)."""
+        self._configured[route.name] = route.context_window
+        while len(self._configured) > MAX_SHARED:
+            self._configured.popitem(last=False)
 
     def _lower(self, name: str, limit: int, current: int | None, source: str) -> None:
         self._learned[name] = limit
