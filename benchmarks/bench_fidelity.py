@@ -1,11 +1,14 @@
 """Fidelity on traffic-shaped sessions: what survives compaction, through a real gateway.
 
-    python -m benchmarks.bench_fidelity [--halves dev,heldout] [--seeds 2] [--fractions 0.5,0.25]
+    python -m benchmarks.bench_fidelity [--halves dev,heldout,fresh] [--seeds 2]
+        [--fractions 0.5,0.25]
         [--shapes aider,codex,...] [--languages en,zh,ja] [--policy NAME] [--json out.json]
         [--gateway-root ../other-checkout]
 
 Sessions come from `tests/corpus` (its docstring says which half is which: `dev` may be
-tuned on, `heldout` is judged only; every run reports both unless told otherwise). They are
+tuned on, `heldout` and `fresh` are judged only, `fresh` written blind after the rules were
+tuned; every run reports all three unless told otherwise, and checks the issue's targets on
+each judged half). They are
 sent request by request, as their clients send them, through `compactgate serve` in front of a
 recording fake upstream (`tests/corpus_replay.py`), with a window per session that cuts
 its last request to about `fraction` of its size (the policy's target there). No network, no
@@ -25,7 +28,8 @@ LLM. Reported per half, fraction, shape and language:
 - **calls**, **tokens**: upstream requests and the tokens the upstream read (o200k over each
   body's JSON, background work included) against the same session sent straight to it.
 
-Run time: a few minutes for both halves with two seeds (about 3000 requests).
+Run time: a few minutes for the three halves with two seeds (about 4500 requests; a half
+adds half the time of two, `--halves dev,heldout` for the shorter run).
 """
 
 from __future__ import annotations
@@ -45,11 +49,16 @@ import orjson
 
 from benchmarks import targets
 from benchmarks.corpus_replay import Case, Replay
-from tests.corpus import HALVES, LANGUAGES, SHAPES, Content, Item, sessions
+from tests.corpus import HALVES, JUDGED, LANGUAGES, SHAPES, Content, Item, sessions
 
 JSON = dict[str, Any]
 LEDGER_HEADER = "[Stated earlier in this conversation, kept word for word:]"
 BIG_WINDOW = 32_000
+LABELS = {
+    "dev": "DEV (tuned on)",
+    "heldout": "HELD-OUT (judged, never tuned on)",
+    "fresh": "FRESH (judged, never tuned on, written blind)",
+}
 ARRAYS = ("messages", "input")
 
 
@@ -198,10 +207,9 @@ def report(results: Sequence[Result]) -> str:
     for r in results:
         groups[(r.half, r.fraction)].append(r)
     for (half, fraction), rs in sorted(
-        groups.items(), key=lambda kv: (kv[0][0] != "dev", -kv[0][1])
+        groups.items(), key=lambda kv: (HALVES.index(kv[0][0]), -kv[0][1])
     ):
-        label = "DEV (tuned on)" if half == "dev" else "HELD-OUT (judged, never tuned on)"
-        lines += [f"### {label}, cut to {fraction:.0%}", ""]
+        lines += [f"### {LABELS[half]}, cut to {fraction:.0%}", ""]
         lines += [
             "| shape | stated en | stated zh | stated ja | needed | files | size/target "
             "(min) | ledger | prefix | prefix>=32k | calls | tokens |",
@@ -243,16 +251,16 @@ def report(results: Sequence[Result]) -> str:
             f"errors: {len(errors)}" + (f" (first: {errors[0]})" if errors else ""),
             "",
         ]
-    lines += _targets(results)
+    for half in JUDGED:
+        lines += _targets([r for r in results if r.half == half], half)
     return "\n".join(lines)
 
 
-def _targets(results: Sequence[Result]) -> list[str]:
-    """The issue's targets, checked on the held-out half."""
-    held = [r for r in results if r.half == "heldout"]
+def _targets(held: Sequence[Result], half: str) -> list[str]:
+    """The issue's targets, checked on one judged half (held-out, fresh)."""
     if not held:
         return []
-    out = ["Targets on the held-out half:"]
+    out = [f"Targets on the {'held-out' if half == 'heldout' else half} half:"]
     for fraction, goal in ((0.5, 0.95), (0.25, 0.90)):
         cells = defaultdict(list)
         for r in held:
@@ -279,7 +287,7 @@ def _targets(results: Sequence[Result]) -> list[str]:
     if pairs:
         share = sum(r.stable for r in big) / pairs
         out.append(f"- prefix stability from 32k windows: {100 * share:.0f} % (goal 90 %)")
-    return out
+    return [*out, ""]
 
 
 def _met(ok: bool) -> str:

@@ -142,6 +142,17 @@ def _read_ready(process: subprocess.Popen[bytes], timeout: float) -> int | None:
     return None
 
 
+def start_ready(name: str, argv: list[str], workdir: Path) -> Service:
+    """`argv` started, once it has printed `READY <port>` (within 30 s)."""
+    process, log = spawn(name, argv, workdir)
+    port = _read_ready(process, 30)
+    service = Service(name, process, port or 0, log)
+    if port is None:
+        service.stop()
+        raise StartError(f"{name} did not start:\n{service.log_tail()}")
+    return service
+
+
 def start_upstream(
     workdir: Path, name: str = "upstream", reject_above: int | None = None
 ) -> Service:

@@ -204,7 +204,9 @@ def doors(core: Core) -> Dispatch:
     auth = Authenticator(core.config)
     limits = ConcurrencyLimits(server.max_concurrent_per_tenant)
     register_gauges(core.metrics.registry, limits)
-    door = Doorway(auth, core.router, limits, core.metrics, server, ResentMessages())
+    door = Doorway(
+        auth, core.router, limits, core.metrics, server, ResentMessages(report=core.metrics)
+    )
     endpoints = compacting(core, door)
     responses = endpoints["/v1/responses"]
     origins = Origins(server.cors_origins, Hosts(server.allowed_hosts))

@@ -34,7 +34,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help=f"YAML/JSON config (default: ${CONFIG_ENV}, else built-in)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8080, help="proxy port")
-    serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    serve.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="worker processes on the one port; several share state through the store "
+        "(a memory store: each keeps its own, refused when the config needs sharing)",
+    )
     serve.add_argument("--log-level", default="info", help="uvicorn and gateway log level")
     serve.add_argument(
         "--shutdown-timeout",
@@ -82,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--llm", action="store_true", help="use a real local model (optional extra)")
     demo.add_argument("--turns", type=int, default=14, help="conversation turns to play")
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -162,10 +175,16 @@ def _serve(args: argparse.Namespace) -> int:
     from .http.auth import open_relay_warning
     from .ops.logs import configure_logging
     from .ops.memory import IdleTrim
+    from .ops.workers import plan_workers
 
     path = args.config or os.environ.get(CONFIG_ENV)
     config = _config_or_exit(path)  # fail fast, before any worker starts
     log_config = configure_logging(args.log_level, config.server.log_format)
+    plan = plan_workers(config, args.workers)
+    if plan.problems:
+        print("\n".join(plan.problems), file=sys.stderr)
+        return 2
+    logging.getLogger("compactgate.serve").info("workers: %s", plan.line)
     for warning in (
         open_relay_warning(config, args.host, os.environ),
         exposure_warning(config.server, args.host),

@@ -181,11 +181,11 @@ class Router:
             retry=model.retry,
             pricing=model.pricing,
             context_management=model.context_management,
-            responses_compact=_compact_mode(model),
+            responses_compact=compact_mode(model),
         )
 
 
-def _compact_mode(model: ModelConfig) -> str:
+def compact_mode(model: ModelConfig) -> str:
     """`responses_compact` resolved: only OpenAI's own API is known to implement remote
     compaction; any other upstream gets the gateway's."""
     if model.responses_compact != "auto":

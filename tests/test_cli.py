@@ -110,7 +110,10 @@ def test_serve_with_an_admin_port_and_several_workers(
     config = tmp_path / "gateway.yaml"
     config.write_text(
         f"server: {{admin_port: {admin_port}}}\n"
-        "models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1'}}]\n"
+        # nothing that workers on a memory store would need to share (design D13.7)
+        "models: [{name: m, upstream: {base_url: 'http://127.0.0.1:9/v1'}, policy: p,\n"
+        "          responses_compact: native}]\n"
+        "policies: {p: {steps: [{type: fifo}]}}\n"
     )
     argv = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
     start_process(

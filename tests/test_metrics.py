@@ -192,6 +192,45 @@ async def test_latency_and_token_metrics_are_split_by_api(
         assert metric(text, "compactgate_tokens_before_total", model="m", api=api) > 0
 
 
+async def test_memo_messages_say_how_much_of_a_conversation_was_taken_over(
+    start_app: AppStarter, local_upstream: LocalUpstream
+) -> None:
+    """What affinity is for (design D13.6), on /metrics: a conversation's next turn in the same
+    process takes its earlier messages' counts and parses over; its first turn takes none."""
+    gw = await start_app({"models": [model(local_upstream)], "policies": POLICIES})
+    first = [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "1"},
+        {"role": "user", "content": "two"},
+    ]
+
+    async def turn(messages: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+        answer = await gw.http.post(
+            f"{gw.base_url}/messages",
+            json={"model": "m", "max_tokens": 50, "system": "Be terse.", "messages": messages},
+            headers={"anthropic-version": "2023-06-01"},
+        )
+        assert answer.status_code == 200
+        text = await scrape(gw)
+        return {
+            (memo, result): metric(
+                text, "compactgate_memo_messages_total", memo=memo, result=result
+            )
+            for memo in ("prefix_counts", "resent_parse")
+            for result in ("reused", "new")
+        }
+
+    after_first = await turn(first)
+    after_second = await turn(
+        [*first, {"role": "assistant", "content": "2"}, {"role": "user", "content": "three"}]
+    )
+    for memo in ("prefix_counts", "resent_parse"):
+        assert after_first[memo, "reused"] == 0 and after_first[memo, "new"] >= 3, memo
+        # the second turn: its first three messages taken over, the two it added new
+        assert after_second[memo, "reused"] >= 3, (memo, after_second)
+        assert after_second[memo, "new"] - after_first[memo, "new"] == 2, (memo, after_second)
+
+
 # The request path updates its series through children held per label set (`Metrics.children`),
 # not through `labels()`; the exposition must not tell the two apart.
 HELD = {  # metric attribute -> how many labels it takes

@@ -235,10 +235,13 @@ def test_a_request_without_an_id_gets_a_new_one_in_its_header_and_its_line(
 def test_every_worker_writes_request_lines(start_gateway: GatewayStarter) -> None:
     """Workers are separate processes that set up their own logging: each must use the
     configured format, or their request lines are lost (they were, before)."""
-    gw = start_gateway(
-        {"models": [{"name": "m", "upstream": {"base_url": "http://127.0.0.1:9/v1"}}]},
-        args=("--workers", "2"),
-    )
+    model = {"name": "m", "upstream": {"base_url": "http://127.0.0.1:9/v1"}}
+    # nothing that workers on a memory store would need to share (design D13.7)
+    config = {
+        "models": [{**model, "policy": "p", "responses_compact": "native"}],
+        "policies": {"p": {"steps": [{"type": "fifo"}]}},
+    }
+    gw = start_gateway(config, args=("--workers", "2"))
     deadline = time.monotonic() + 60
     while True:  # the parent listens first; the workers then start one after the other
         try:

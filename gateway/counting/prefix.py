@@ -33,7 +33,7 @@ import hashlib
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -43,6 +43,15 @@ from .openings import OpeningSessions, continues, shared_prefix
 MAX_CONVERSATIONS = 512
 MAX_BYTES = 128 * 1024 * 1024
 SYSTEM_ROLES = frozenset({"system", "developer"})  # the system prompt's messages
+
+
+class MemoReport(Protocol):
+    """Where a per-conversation memo reports each request's messages: how many it found
+    unchanged in the conversation's previous request in this process, of how many
+    (`ops.metrics.Metrics.memo`, design D13.6: a conversation kept on one replica keeps its
+    memos warm)."""
+
+    def memo(self, name: str, reused: int, messages: int) -> None: ...
 
 
 @dataclass(slots=True)
@@ -113,7 +122,10 @@ class Counted:
 
 class PrefixCounts:
     def __init__(
-        self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
+        self,
+        max_conversations: int = MAX_CONVERSATIONS,
+        max_bytes: int = MAX_BYTES,
+        report: MemoReport | None = None,
     ) -> None:
         self._entries: OpeningSessions[bytes, _Entry] = OpeningSessions(
             max_conversations, max_bytes
@@ -121,6 +133,7 @@ class PrefixCounts:
         self._uids = itertools.count(1)
         self._key = OpeningKey(_key)
         self.reused = 0  # messages whose count came from the previous request
+        self._report = report
 
     def measure(
         self,
@@ -161,6 +174,8 @@ class PrefixCounts:
             self.reused += len(counts)
         else:
             counts, bounds = [], []
+        if self._report is not None:  # found: their uids kept, and counts once they are made
+            self._report.memo("prefix_counts", same, len(messages))
         uids.extend(itertools.islice(self._uids, len(messages) - same))
         continued = entry if entry is not None and continues(same, entry.messages) else None
         entry = _Entry(tokenizer, messages, counts, uids, roles, bounds)

@@ -61,6 +61,7 @@ class Engine:
             decision.budget,
             decision.plainly_fits,
             count_remote,
+            report=metrics,
         )
         self.render = Render(tool_outputs, decision.expansion_tokens, inject_stream_usage)
 

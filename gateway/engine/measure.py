@@ -20,7 +20,7 @@ from typing import Any
 
 from policies import Budget
 
-from ..counting.prefix import SYSTEM_ROLES, Counted, PrefixCounts
+from ..counting.prefix import SYSTEM_ROLES, Counted, MemoReport, PrefixCounts
 from ..counting.runner import Counting
 from ..counting.tokenizers import UpstreamTokenizer
 from ..counting.tokens import PRIMING_TOKENS, MessageCounter
@@ -62,12 +62,13 @@ class Measure:
         budget_of: BudgetOf,
         fits: Fits,
         count_remote: RemoteCounter | None = None,
+        report: MemoReport | None = None,
     ) -> None:
         self.counting = counting
         self._budget_of = budget_of
         self._fits = fits
         self._count_remote = count_remote  # the upstream's own counts (`tokenizer: upstream`)
-        self._prefix = PrefixCounts()
+        self._prefix = PrefixCounts(report=report)
         self._settling: dict[str, asyncio.Task[ExactCount]] = {}  # latest late count per scope
 
     def counts(self, request: WireRequest, route: Route, tenant: str) -> Counted:

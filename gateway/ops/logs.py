@@ -138,14 +138,16 @@ def _text_value(value: Any) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: `ts` (UTC, ISO 8601), `level`, `logger`, then a request's
-    fields, or `msg` (and `exc` with the traceback) for any other record."""
+    """One JSON object per record: `ts` (UTC, ISO 8601), `level`, `logger`, `pid` (which worker
+    wrote it), then a request's fields, or `msg` (and `exc` with the traceback) for any other
+    record."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
             "ts": _timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
+            "pid": record.process,  # several workers write to one stderr: which one wrote it
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, Mapping):

@@ -348,6 +348,14 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.memo_messages = Counter(
+            "compactgate_memo_messages",
+            "Messages of requests by per-conversation memo (prefix_counts: token counts and "
+            "uids, resent_parse: parses) and result (reused: found unchanged in the "
+            "conversation's previous request in this process, so taken over; new); design D13.6",
+            ["memo", "result"],
+            registry=r,
+        )
         self._models: set[str] = set()
         # Bounded: model labels are capped (`model_label`), APIs and statuses are few.
         self._families: dict[Any, Children] = {}
@@ -355,6 +363,9 @@ class Metrics:
         # "No data", before the first lookup.
         for result in ("hit", "miss"):
             self.summary_cache.labels(result)
+        for memo in ("prefix_counts", "resent_parse"):
+            for result in ("reused", "new"):
+                self.memo_messages.labels(memo, result)
 
     def model_label(self, name: str) -> str:
         if name in self._models:
@@ -376,6 +387,15 @@ class Metrics:
         """`metric.labels(*values)`, looked up once per label set (`children`)."""
         family = self._families.get(metric)
         return (family if family is not None else self.children(metric))[values]
+
+    def memo(self, name: str, reused: int, messages: int) -> None:
+        """One request's messages through a per-conversation memo (`counting.prefix.
+        MemoReport`): `reused` of `messages` found unchanged in the previous request."""
+        family = self.children(self.memo_messages)
+        if reused:
+            family[(name, "reused")].inc(reused)
+        if messages > reused:
+            family[(name, "new")].inc(messages - reused)
 
     def estimate(self, model: str, estimated: int, reported: int) -> None:
         """One answer's token estimate against the upstream's count (`reported` > 0): the size of

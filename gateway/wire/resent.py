@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from ..counting.openings import OpeningSessions, continues, same_objects
-from ..counting.prefix import equal_prefix
+from ..counting.prefix import MemoReport, equal_prefix
 from .resumed import ResumedBodies
 
 MAX_CONVERSATIONS = 512
@@ -58,12 +58,16 @@ class ResentMessages:
     """Per conversation, the previous request's serialised messages and the adapter's parse."""
 
     def __init__(
-        self, max_conversations: int = MAX_CONVERSATIONS, max_bytes: int = MAX_BYTES
+        self,
+        max_conversations: int = MAX_CONVERSATIONS,
+        max_bytes: int = MAX_BYTES,
+        report: MemoReport | None = None,
     ) -> None:
         self._entries: OpeningSessions[tuple[str, bytes, bytes], _Entry] = OpeningSessions(
             max_conversations, max_bytes
         )
         self.reused = 0  # messages whose parse was taken over
+        self._report = report
         self.bodies = ResumedBodies()  # each conversation's previous body, for `load`
 
     def scope(self, tenant: str) -> ResentScope:
@@ -88,9 +92,13 @@ class ResentMessages:
         except orjson.JSONEncodeError:
             return None
         if entry is None:
+            if self._report is not None:
+                self._report.memo("resent_parse", 0, len(items))
             return Seen(key, items, 0, None, messages)
         same = equal_prefix(items, entry.items)
         self.reused += same
+        if self._report is not None:
+            self._report.memo("resent_parse", same, len(items))
         return Seen(key, items, same, entry.state, messages, entry)
 
     def keep(self, seen: Seen, state: Any) -> None:

@@ -1,4 +1,4 @@
-"""An evaluation corpus shaped like the traffic the gateway serves, in two halves.
+"""An evaluation corpus shaped like the traffic the gateway serves, in three halves.
 
     from tests.corpus import HALVES, sessions
     for s in sessions("heldout"):
@@ -7,7 +7,9 @@
 **Which half is which.** `dev.json` is the DEV half: it may be read while tuning the ledger and
 `policies/salience.py`. `heldout.json` is the HELD-OUT half: it is judged, never tuned on; a
 rule is never changed because of what it does on this half. Both were written before the
-salience rules were checked against them, and every report prints both halves.
+salience rules were checked against them. `fresh.json` is the FRESH half (the third "half"):
+judged only like the held-out one, and written blind, by someone who had read neither the
+rules nor the held-out half, after the rules had been tuned. Every report prints all three.
 
 Each half holds, per language (English, Chinese, Japanese): statements a user types, each with
 the items in it that must survive word for word (rules, prohibitions, constraints, decisions,
@@ -15,8 +17,8 @@ preferences, goals, corrections, facts: numbers with units, paths, names, dates)
 phrasings (labelled, plain, casual "oh and ...", hedged, reported, conditional, bulleted, inside
 a question); filler turns and acknowledgements; routine requests; the assistant's prose; a
 CONTRIBUTING-style page; and a domain vocabulary the code, data files and logs are generated
-from (`material`). The two halves use different domains, and different code (Python in dev,
-Go in held-out).
+from (`material`). The halves use different domains, and different code (Python in dev, Go in
+held-out, Rust in fresh).
 
 A session is a list of events (`Say`, `Paste`, `Step`, `Reply`) rendered into one client's wire
 shape by `shapes`: `aider` (chat; files and a repo map as user messages), `codex` (Responses;
@@ -39,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-HALVES = ("dev", "heldout")
+HALVES = ("dev", "heldout", "fresh")
+JUDGED = ("heldout", "fresh")  # never tuned on: the targets are checked on these
 LANGUAGES = ("en", "zh", "ja")
 SHAPES = ("aider", "codex", "claude_code", "opencode", "chat")
 PER, STRIDE = 7, 5  # statements per session, and how far the next session's start moves

@@ -1,14 +1,14 @@
 """The noise around what users state: source files, data files, logs and command output.
 
-Everything here is generated from one half's domain vocabulary (`dev.json` / `heldout.json`,
-`languages.<lang>.domain`) with a seeded `random.Random`, so a session is the same bytes on
-every run. Nothing here is prose the user typed: it is what a client sends *around* it (files
+Everything here is generated from one half's domain vocabulary (`dev.json`, `heldout.json`,
+`fresh.json`: `languages.<lang>.domain`) with a seeded `random.Random`, so a session is the
+same bytes on every run. Nothing here is prose the user typed: it is what a client sends *around* it (files
 added to the chat, tool output, pasted logs), and a ledger must never copy a line of it. Some
 of it reads like a rule on purpose (code comments such as "Do not change the order of these
 columns", a CONTRIBUTING page full of "must" and "never"), because real repositories do.
 
-The dev half's code is Python, the held-out half's Go, so a rule tuned on the shape of one
-half's code lines is not silently tested on the same shape.
+The dev half's code is Python, the held-out half's Go, the fresh half's Rust, so a rule tuned
+on the shape of one half's code lines is not silently tested on the same shape.
 """
 
 from __future__ import annotations
@@ -17,25 +17,17 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from . import rust
+from .names import camel, snake
+
 Domain = Mapping[str, Any]
-
-
-def camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.replace("/", "_").split("_"))
-
-
-def snake(name: str) -> str:
-    out = []
-    for ch in name:
-        if ch.isupper() and out:
-            out.append("_")
-        out.append(ch.lower())
-    return "".join(out)
 
 
 def module_path(domain: Domain, module: str) -> str:
     if domain["code"] == "go":
         return f"internal/{module}/{module.split('/')[-1]}.go"
+    if domain["code"] == "rust":
+        return f"src/{module}.rs"
     return f"{domain['package']}/{module}.py"
 
 
@@ -44,7 +36,7 @@ def functions(domain: Domain) -> list[str]:
     names = []
     for verb in domain["verbs"]:
         for entity in domain["entities"]:
-            names.append(f"{verb}_{entity}" if domain["code"] == "python" else verb + camel(entity))
+            names.append(verb + camel(entity) if domain["code"] == "go" else f"{verb}_{entity}")
     return names
 
 
@@ -123,6 +115,8 @@ def _go_function(rng: random.Random, domain: Domain, name: str, entity: str) -> 
 
 def source_file(rng: random.Random, domain: Domain, module: str, functions_count: int) -> str:
     """A source module of the domain's language with `functions_count` functions."""
+    if domain["code"] == "rust":
+        return rust.source_file(rng, domain, module, functions_count)
     entities = rng.sample(domain["entities"], 3)
     verbs = rng.sample(domain["verbs"], min(len(domain["verbs"]), functions_count))
     if domain["code"] == "go":
@@ -224,15 +218,20 @@ def repo_map(rng: random.Random, domain: Domain) -> str:
         out.append("⋮")
         for entity in rng.sample(domain["entities"], 2):
             out.append(
-                f"│class {camel(entity)}:"
-                if domain["code"] == "python"
-                else f"│type {camel(entity)} struct {{"
+                {
+                    "python": f"│class {camel(entity)}:",
+                    "rust": f"│pub struct {camel(entity)} {{",
+                }.get(domain["code"], f"│type {camel(entity)} struct {{")
             )
             out.append("⋮")
         for verb in rng.sample(domain["verbs"], 3):
             entity = rng.choice(domain["entities"])
             if domain["code"] == "python":
                 out.append(f"│def {verb}_{entity}(session, {entity}_id, *, dry_run=False):")
+            elif domain["code"] == "rust":
+                out.append(
+                    f"│    pub async fn {verb}_{entity}(&self, id: i64) -> Result<{camel(entity)}, Error> {{"
+                )
             else:
                 out.append(
                     f"│func (s *Service) {verb}{camel(entity)}(ctx context.Context, id int64) (*{camel(entity)}, error) {{"
@@ -249,6 +248,8 @@ def test_log(rng: random.Random, domain: Domain, cases: int, failures: int) -> t
     """(command, output) of a test run with `failures` failing cases."""
     names = functions(domain)
     failing = set(rng.sample(range(cases), failures))
+    if domain["code"] == "rust":
+        return rust.cargo_test(rng, domain, names, cases, failing)
     if domain["code"] == "go":
         lines = []
         for i in range(cases):
@@ -327,11 +328,13 @@ def grep_output(rng: random.Random, domain: Domain, matches: int) -> tuple[str, 
     for _ in range(matches):
         module = rng.choice(domain["modules"])
         indent = "\t" if domain["code"] == "go" else "    "
-        out.append(
-            f"{module_path(domain, module)}:{rng.randint(1, 600)}:{indent}result = {name}(session, {rng.randint(1, 999)})"
-            if domain["code"] == "python"
-            else f"{module_path(domain, module)}:{rng.randint(1, 600)}:{indent}v, err := s.{name}(ctx, id)"
-        )
+        where = f"{module_path(domain, module)}:{rng.randint(1, 600)}:{indent}"
+        if domain["code"] == "python":
+            out.append(f"{where}result = {name}(session, {rng.randint(1, 999)})")
+        elif domain["code"] == "rust":
+            out.append(f"{where}    let v = self.{name}({rng.randint(1, 999)}).await?;")
+        else:
+            out.append(f"{where}v, err := s.{name}(ctx, id)")
     return f"rg -n '{name}' .", "\n".join(out)
 
 

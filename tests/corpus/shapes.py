@@ -134,9 +134,12 @@ def edit_block(shape: str, rng: random.Random, domain: Mapping[str, Any], reply:
     if shape != "aider" or rng.random() < 0.4:
         return reply
     path = material.module_path(domain, rng.choice(domain["modules"]))
-    lang = "go" if domain["code"] == "go" else "python"
+    lang = domain["code"]
     entity = rng.choice(domain["entities"])
-    if lang == "go":
+    if lang == "rust":
+        old = "            .map_err(|e| Error::Db(e.to_string()))?;"
+        new = f'            .map_err(|e| Error::NotFound(format!("{entity} {{id}}: {{e}}")))?;'
+    elif lang == "go":
         old = "\tif err := row.Scan(&v); err != nil {\n\t\treturn nil, err\n\t}"
         new = f'\tif err := row.Scan(&v); err != nil {{\n\t\treturn nil, fmt.Errorf("{entity} %d: %w", id, err)\n\t}}'
     else:
