@@ -1,5 +1,6 @@
 """What replicas learn, shared through the store (design D13.3): learnt windows
-(gateway/path/windows.py) and the heuristic tokenizer's calibration (gateway/path/calibration.py).
+(gateway/path/windows.py), the heuristic tokenizer's calibration (gateway/path/calibration.py)
+and agents' compaction memory (gateway/agents/shared.py).
 
 Each replica here is its own `Windows` or `Calibration` with its own `SafeStore` on one store: a
 real redis-server, or (for the property, which runs hundreds of interleavings) one memory
@@ -15,6 +16,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.agents.payback import Payback
+from gateway.agents.shared import SharedMemory
+from gateway.agents.timing import CompactionTiming, Point
 from gateway.config import parse_config
 from gateway.counting.tokenizers import CharsTokenizer
 from gateway.ops.metrics import Metrics
@@ -167,3 +171,47 @@ async def test_without_the_store_each_replica_keeps_what_it_learnt_itself() -> N
         alone.observe(alone_model, estimated, reported, correction(alone_model))
     assert correction(calibrated) == correction(alone_model) != 1.0
     await store.close()
+
+
+async def test_agents_memory_one_replica_wrote_is_the_next_ones_and_foreign_values_are_ignored(
+    start_process: Starter,
+) -> None:
+    """gateway/agents/shared.py: the conversation's last ordinary request, its payback books and
+    the agent's compaction point, written by one replica, are what another adopts; a value
+    under those keys that is not ours is taken for nothing, never an error."""
+    redis = start_redis(start_process)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    replicas = []
+    for _ in range(2):
+        store = open_store(redis.url, Metrics())
+        timing, payback = CompactionTiming(), Payback()
+        replicas.append((store, timing, payback, SharedMemory(store, timing, payback)))
+    (_, timing_a, payback_a, shared_a), (store_b, timing_b, payback_b, shared_b) = replicas
+    here, there = ("t", "chat", 1), ("t", "chat", 7)  # each replica's own key for it
+    timing_a.seen(here, 1_000)
+    timing_a.seen(here, 1_400)
+    payback_a.made(here, 900)
+    await shared_a.save_seen("t", "chat", messages, here)
+    await shared_a.save_books("t", "chat", messages, here)
+    await shared_b.load("t", "chat", messages, there, "codex")
+    assert timing_b.last(there) == timing_a.last(here)
+    assert payback_b.books(there) == payback_a.books(here)
+    timing_b.seen(there, 1_800)
+    timing_b.compacted("t", "codex", there, 1_900)  # the bracket: 1 400 then 1 800
+    await shared_b.save_compaction("t", "chat", messages, there, "codex")
+    await shared_a.load("t", "chat", messages, here, "codex")
+    assert timing_a.point("t", "codex") == timing_b.point("t", "codex")
+    assert timing_a.point("t", "codex") == Point(1_900, 1_800, 1_400, 400)
+    # Foreign values under the conversation's keys: nothing adopted, no error.
+    seen_key = SharedMemory._key("t", "chat", messages, "seen")
+    books_key = SharedMemory._key("t", "chat", messages, "books")
+    await store_b.put(seen_key, b'{"v": 1, "seen": ["x", 1, 2]}', None)
+    await store_b.put(books_key, b'{"v": 1, "made": "many", "lost": true}', None)
+    fresh_timing, fresh_payback = CompactionTiming(), Payback()
+    await SharedMemory(store_b, fresh_timing, fresh_payback).load(
+        "t", "chat", messages, there, None
+    )
+    assert fresh_timing.last(there) is None
+    assert fresh_payback.may_prepare(there)
+    for store, *_ in replicas:
+        await store.close()

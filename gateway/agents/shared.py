@@ -60,7 +60,12 @@ class SharedMemory:
             keys.append(point_key(tenant, agent))
         values = await self._store.get_many(keys)
         seen = _seen(values[0])
-        books = _record(values[1])
+        record = _record(values[1])
+        books = None
+        if record is not None:  # whole numbers only: anything else under our key is not ours
+            books = {
+                k: v for k, v in record.items() if isinstance(v, int) and not isinstance(v, bool)
+            }
         point = _point(values[2]) if agent is not None else None
         self._timing.adopt(local, seen, (tenant, agent, point) if agent and point else None)
         if books is not None:
