@@ -53,16 +53,14 @@ from ..wire import WireRequest
 from .coverage import BACKOFF, NOT_READY, Found, judged
 from .payback import Payback
 from .records import (
-    TEMPLATE_TTL_S,
     Shared,
     Template,
     compaction_body,
     conversation_key,
     digest_of,
     store_key,
-    template_key,
 )
-from .shared import SharedMemory
+from .shared import SharedMemory, fetch_template, share_template
 from .timing import CompactionTiming
 
 if TYPE_CHECKING:
@@ -153,8 +151,7 @@ class CompactionAnswers:
         template = Template(agent, fields, conversation[-1], tokens)
         self._keep(self._templates, (tenant, request.api), template)
         # Every replica prepares the next one, whichever the agent's turns land on.
-        share = self._share_template(tenant, request.api, template)
-        self._spawn(share, name="agent-template")
+        self._spawn(share_template(self._store, tenant, request.api, template), "agent-template")
 
     def agent_of(self, tenant: str, api: str) -> str | None:
         """The agent whose compaction request was learnt for this tenant and API, if any."""
@@ -201,12 +198,22 @@ class CompactionAnswers:
             self._spawn(saved, name="agent-shared")
         return found
 
-    def compacted(self, tenant: str, api: str, uids: Sequence[int | None], history: int) -> None:
+    async def compacted(
+        self, tenant: str, request: WireRequest, uids: Sequence[int | None], history: int
+    ) -> None:
         """A compaction the gateway made itself (Responses remote compaction) of `history`
         tokens: where this tenant compacts, for the agent its template names."""
+        api, shared = request.api, self._memory
         agent = self.agent_of(tenant, api)
-        if agent is not None and uids and uids[0] is not None:
-            self.timing.compacted(tenant, agent, (tenant, api, uids[0]), history)
+        if agent is None or not uids or uids[0] is None:
+            return
+        key = (tenant, api, uids[0])
+        if shared is not None:
+            await shared.load(tenant, api, request.messages, key, agent)
+        self.timing.compacted(tenant, agent, key, history)
+        if shared is not None:
+            saved = shared.save_compaction(tenant, api, request.messages, key, agent)
+            self._spawn(saved, name="agent-shared")
 
     def figures(self, tenant: str, api: str, uid: int | None) -> dict[str, int]:
         """The conversation's agent-compaction figures so far (`payback.Figures`)."""
@@ -339,19 +346,8 @@ class CompactionAnswers:
         self._keep(self._looked, (tenant, api), now)
         self._spawn(self._fetch_template(tenant, api), name="agent-template")
 
-    async def _share_template(self, tenant: str, api: str, template: Template) -> None:
-        try:
-            await self._store.put(template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
-        except Exception as error:  # the store being away only means no summary ahead of need
-            log.warning("agent compaction template not shared: %s", error)
-
     async def _fetch_template(self, tenant: str, api: str) -> None:
-        try:
-            value = await self._store.get(template_key(tenant, api))
-        except Exception as error:  # the store being away only means no summary ahead of need
-            log.warning("agent compaction template lookup failed: %s", error)
-            return
-        template = Template.decode(value) if value is not None else None
+        template = await fetch_template(self._store, tenant, api)
         if template is not None and (tenant, api) not in self._templates:
             self._keep(self._templates, (tenant, api), template)
 

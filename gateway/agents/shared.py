@@ -11,6 +11,7 @@ the store as well:
              (`payback`), written when a summary is made and when the agent compacts
     point    per tenant and agent: where it compacts (`timing.Point`), written when it does
 
+(The template an agent's first compaction taught is kept there as well: `share_template`.)
 An ordinary request reads the three in one round trip and writes what it saw in another, both
 in the background after it is prepared (the request itself never waits for the store); the
 decision to make a summary follows the read. An agent's compaction request reads them before
@@ -23,6 +24,7 @@ with what it remembers itself, as a single process does.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -30,8 +32,10 @@ import orjson
 
 from ..store import SafeStore, conversation_key
 from .payback import Payback
-from .records import digest_of
+from .records import TEMPLATE_TTL_S, Template, digest_of, template_key
 from .timing import CompactionTiming, Point, Seen
+
+log = logging.getLogger("compactgate.agent_compaction")
 
 TTL_S = 24 * 3600  # a conversation's records outlive any pause in it
 POINT_TTL_S = 7 * 24 * 3600  # where an agent compacts outlives any one session
@@ -110,6 +114,24 @@ class SharedMemory:
     def _key(tenant: str, api: str, messages: Sequence[Any], name: str) -> str:
         opening = api + ":" + digest_of(messages[:2])
         return conversation_key(tenant, opening, "agent-" + name)
+
+
+async def share_template(store: SafeStore, tenant: str, api: str, template: Template) -> None:
+    """Keep the tenant's agent compaction template where every replica finds it (D8.2)."""
+    try:
+        await store.put(template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
+    except Exception as error:  # the store being away only means no summary ahead of need
+        log.warning("agent compaction template not shared: %s", error)
+
+
+async def fetch_template(store: SafeStore, tenant: str, api: str) -> Template | None:
+    """The template another replica learnt, if the store has it."""
+    try:
+        value = await store.get(template_key(tenant, api))
+    except Exception as error:  # the store being away only means no summary ahead of need
+        log.warning("agent compaction template lookup failed: %s", error)
+        return None
+    return Template.decode(value) if value is not None else None
 
 
 def point_key(tenant: str, agent: str) -> str:
