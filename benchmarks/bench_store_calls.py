@@ -1,6 +1,11 @@
 """Redis commands per request: what sharing through the store costs each request (design D13.3).
 
     python -m benchmarks.bench_store_calls [--checkout /path/to/other/checkout]
+    python -m benchmarks.bench_store_calls --freshness
+
+`--freshness` measures instead how long a window one replica learns takes to reach another:
+two `Windows` in this process, each with its own store on the redis-server and the default
+`store_sync_s`, the lowering learnt on one at a random moment and the other polled every ms.
 
 One `compactgate serve` (from this checkout, or `--checkout`'s) on a real redis-server, against
 the fake upstream, runs the agent session of tests/test_round_robin.py (two conversations of
@@ -14,8 +19,11 @@ case: nothing to compact), over it, and the agent's compactions. Nothing here is
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import random
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +62,7 @@ def start(argv: list[str], cwd: Path, ready: str) -> tuple[subprocess.Popen[str]
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the gateway's checkout")
+    parser.add_argument("--freshness", action="store_true", help="a lowered window's lag")
     args = parser.parse_args(argv)
     port = free_port()
     processes: list[subprocess.Popen[str]] = []
@@ -64,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
             "Ready to accept connections",
         )
         processes.append(server)
+        if args.freshness:
+            asyncio.run(freshness(f"redis://127.0.0.1:{port}/0"))
+            return
         fake_process, found = start(
             [sys.executable, "-m", "tests.fake_upstream", "--port", "0"], ROOT, r"^READY (\d+)"
         )
@@ -124,6 +136,38 @@ def measure(client: redis.Redis, upstream: FakeUpstream, base_url: str) -> None:
         per = sum(total.values()) / len(spent) - 1 - rate * seconds / len(turns)  # less our INFO
         shown = {k: round(v / len(spent), 1) for k, v in total.most_common() if k != "info"}
         print(f"{kind}: {len(spent)} requests, {per:.1f} commands each net of periodic; {shown}")
+
+
+async def freshness(url: str, trials: int = 20) -> None:
+    from gateway.config import parse_config
+    from gateway.ops.metrics import Metrics
+    from gateway.path.windows import Windows
+    from gateway.routing import Router
+    from gateway.store import open_store
+
+    lags = []
+    for trial in range(trials):
+        model = {"name": f"m{trial}", "upstream": {"base_url": "http://127.0.0.1:9/v1"}}
+        config = parse_config({"models": [{**model, "context_window": 100_000}]})
+        stores = [open_store(url, Metrics()) for _ in range(2)]
+        (learner, reader) = [Windows(Metrics(), store) for store in stores]
+        routes = [Router(config).resolve(f"m{trial}") for _ in stores]
+        assert routes[0] is not None and routes[1] is not None
+        reader.effective(routes[1])
+        await stores[1].get("warm")  # its checks start with its first operation
+        await asyncio.sleep(random.uniform(0, 1))
+        start_at = time.monotonic()
+        learner.learn(routes[0], 50_000, "freshness")
+        while reader.effective(routes[1]) != 50_000:
+            await asyncio.sleep(0.001)
+        lags.append(time.monotonic() - start_at)
+        for store in stores:
+            await store.close()
+    lags.sort()
+    print(
+        f"a lowered window reached the other replica in: median {statistics.median(lags):.3f} s, "
+        f"max {lags[-1]:.3f} s over {trials} trials (store_sync_s 1.0)"
+    )
 
 
 if __name__ == "__main__":
