@@ -234,3 +234,24 @@ def test_a_session_round_robin_over_three_replicas_forwards_what_one_replica_doe
 
 def _size(canonical: str) -> int:
     return estimate_prompt_tokens(json.loads(canonical))
+
+
+def test_replicas_whose_redis_stops_half_way_go_on_with_what_each_learnt(
+    start_gateway: GatewayStarter, start_process: Starter, fake_upstream: FakeUpstream
+) -> None:
+    """Redis stops half-way through the session (design D13.1, D13.3): every turn is still
+    answered, each replica going on with what it holds itself."""
+    redis = start_redis(start_process)
+    replicas = [start_gateway(config(fake_upstream, redis.url)) for _ in range(3)]
+    run = Run(replicas, fake_upstream)
+    fake_upstream.configure({"context_limit": UPSTREAM_LIMIT})
+    task = "Fix the failing build in the gateway package."
+    statuses = []
+    for steps in range(1, 15):
+        if steps == 7:
+            redis.stop()
+        statuses.append(run.send(body(history(task, steps))).status_code)
+    statuses.append(run.send(compaction(history(task, 15))).status_code)
+    assert statuses == [200] * 15
+    assert run.answers[-1][2] == "tester; forwarded"
+    assert all(w < 9000 for w in run.windows())  # each learnt the window, or was told before
