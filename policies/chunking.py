@@ -14,7 +14,9 @@ Every function here is pure and keeps one promise per content type:
   runs of near-identical lines (same once digits and hex ids are ignored) keep their first and
   last line around `[... N similar lines ...]`; then, if still over the ratio, the head and the
   tail are kept around `[... N lines elided by compactgate ...]` (a third head, two thirds tail:
-  errors sit at the end).
+  errors sit at the end). A log in fenced blocks (pasted into a message between sentences) is
+  compressed block by block, and the prose around the blocks is left alone; the few lines
+  typed before an unfenced log's first log line are kept whole.
 - Prose and "other": head and tail around an elision marker at the ratio (lines, or words when
   the text has few lines). Used for prose only when `compress_prose` is set.
 
@@ -34,7 +36,7 @@ import re
 import threading
 import tokenize
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 Kind = Literal["code", "text", "plan_ref", "log", "json", "other"]
@@ -66,6 +68,7 @@ NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
 _NUMBER_CHARS = str.maketrans("", "", "0123456789abcdefABCDEFx")
 JSON_WS_RE = re.compile(r'("(?:[^"\\]|\\.)*")|\s+', re.S)
 SAMPLE_LINES = 24
+LEAD_LINES = 5  # lines a user may type before a pasted log, kept whole
 ELISION = "[... {n} lines elided by compactgate ...]"
 WORD_ELISION = "[... {n} words elided by compactgate ...]"
 REPEATED = "[previous line repeated {n} more times]"
@@ -176,6 +179,29 @@ def minify_fences(text: str) -> str:
     def one(match: re.Match[str]) -> str:
         indent, fence, info, body = match.group(1), match.group(2), match.group(3), match.group(4)
         return f"{indent}{fence}{info}\n{_minify_block(body, info.strip().lower())}{indent}{fence}"
+
+    return FENCE_RE.sub(one, text)
+
+
+def _typed_lead(text: str) -> str:
+    """The lines before a log's first log line, when it is among the first `LEAD_LINES + 1`
+    lines (with their line breaks): what a user typed before pasting the log."""
+    lines = text.split("\n", LEAD_LINES + 1)[: LEAD_LINES + 1]
+    for k, line in enumerate(lines):
+        if LOG_LINE_RE.search(line) is not None:
+            return "".join([f"{lead}\n" for lead in lines[:k]])
+    return ""
+
+
+def _in_fences(text: str, change: Callable[[str], str]) -> str:
+    """`text` with each fenced block's body changed by `change`; the fences and the prose
+    around them left alone."""
+
+    def one(match: re.Match[str]) -> str:
+        indent, fence, info, body = match.group(1), match.group(2), match.group(3), match.group(4)
+        new = change(body)
+        new = new if new.endswith("\n") else new + "\n"  # the closing fence on its own line
+        return f"{indent}{fence}{info}\n{new}{indent}{fence}"
 
     return FENCE_RE.sub(one, text)
 
@@ -367,7 +393,13 @@ def compress(
     if kind == "code":
         return minify_code(text)
     if kind == "log":
-        return compact_log(text, ratio) if lossy else collapse_repeats(text)
+        if next(_fences(text), None) is not None:  # pasted between sentences: only the blocks
+            return _in_fences(
+                text, lambda b: compact_log(b, ratio) if lossy else collapse_repeats(b)
+            )
+        lead = _typed_lead(text)  # a sentence typed before a pasted log stays whole
+        rest = text[len(lead) :]
+        return lead + (compact_log(rest, ratio) if lossy else collapse_repeats(rest))
     if kind == "other":
         return elide(text, ratio) if lossy else text
     # prose: code blocks inside it are still code

@@ -10,7 +10,9 @@ Rule: a line is prose unless it is material, and material is never carried. Mate
   project's CLAUDE.md, ... `</system-reminder>`);
 - a line that looks like material on its own (`material_line`): code, a log line, a data or
   table row (mostly digits and symbols), line-numbered output, a diff or merge marker, a shell
-  prompt, a `path:line:` match, a repo map's glyphs, a lone token (a path, a hash);
+  prompt, a `path:line:` match, a repo map's glyphs, a lone token (a path, a hash), a bracketed
+  note alone on its line (a marker a client or the gateway wrote: "[... 6 lines elided by
+  compactgate ...]", "[Old tool result content cleared]");
 - in a paragraph (lines between blank lines) that is mostly material, every line between its
   first and last material line: a stray line of a log or a file that reads like a sentence
   ("collected 420 items") is material too, while a sentence typed right before or after a
@@ -48,6 +50,7 @@ _MATERIAL = re.compile(
     r"|\s*[$>] \S"  # a shell prompt, a quoted line of output
     r"|[\w./-]+:\d+[:-]"  # path:line: (grep, compilers)
     r"|\s*[│├└⋮┃]"  # a repo map's or a tree's glyphs
+    r"|\s*\[[^\[\]]*\]\s*$"  # a bracketed note alone: a marker ("[... 6 lines elided ...]")
     # a line shaped like code (a keyword and what follows it in code, so "let me know" is prose)
     r"|\s*(?:def \w+\(|class \w+\s*[(:{]|import [\w.]+\s*$|from [\w.]+ import \w"
     r"|return\b.*[;)\]]\s*$|func \w|package \w+\s*$|#include|(?:const|let|var) \w+\s*[:=]"

@@ -651,6 +651,71 @@ def _items(text: str) -> list[tuple[int, int, bool]]:
     return out
 
 
+def items(text: str) -> list[tuple[int, int]]:
+    """Where each sentence of `text` is (start, end), as `sentences` cuts them."""
+    return _spans(text)
+
+
+# Kinds of concrete detail that name code (a path or a file, an identifier), and a capitalised
+# word (a name, an acronym, a Latin word in CJK text), rather than state a fact about the world
+# (a number, a date, a version, an address, a name in CJK text).
+_CODE_DETAILS = frozenset({3, 5})
+_NAME_DETAILS = frozenset({6})
+
+
+class Signals(NamedTuple):
+    """What one sentence has, for a ranking of sentences that score below a threshold."""
+
+    kind: str | None  # the strongest cue's kind
+    facts: int  # kinds of concrete detail other than code names and capitalised words
+    code: bool  # a code name: a path, a file, an identifier
+    name: bool  # a capitalised word: a name, an acronym ("None" in a question is one too)
+    request: bool  # it asks for one action now
+    question: bool
+    filler: bool  # an acknowledgement or filler, by the filler words alone
+    rest: str  # the sentence without the filler words it opens with ("ok, ...")
+
+
+_LEADING_FILLER = re.compile(rf"^\W*(?:(?:{_FILLER_WORDS})(?:\W+|$))+", re.I)
+
+
+def signals(sentence: str, cues: bool = True, details: bool = True) -> Signals:
+    """The signals of one sentence (told, as `passages` is, whether it may have a cue, and
+    whether it may have a concrete detail: `look`)."""
+    text = sentence.strip()
+    if _FILLER.match(text):
+        return Signals(None, 0, False, False, False, False, True, "")
+    seen = _seen(text, _lowered(text))
+    may = details and _may_detail(text, seen.lower, seen.cjk)
+    found = _detail_kinds(seen) if may else frozenset()
+    lead = _LEADING_FILLER.match(text)
+    return Signals(
+        _cue(seen) if cues else None,
+        len(found - _CODE_DETAILS - _NAME_DETAILS),
+        bool(found & _CODE_DETAILS),
+        bool(found & _NAME_DETAILS),
+        _REQUEST.search(text) is not None,  # (its Japanese form is at the end)
+        _is_question(text),
+        False,
+        text[lead.end() :] if lead else text,
+    )
+
+
+def stated(sentence: str) -> bool:
+    """Whether a sentence is said as a fact: a copula, a verb of having or being located."""
+    text = sentence.strip()
+    return _stated(_seen(text, _lowered(text)))
+
+
+def _detail_kinds(seen: _Seen) -> frozenset[int]:
+    """Which kinds of concrete detail a sentence has (all of them: `_details` counts)."""
+    found: set[int] = set()
+    for kind, may, searches in _DETAIL_TABLE:
+        if kind not in found and may(seen) and any(search(seen.text) for search in searches):
+            found.add(kind)
+    return frozenset(found)
+
+
 def score(sentence: str) -> Statement:
     """How much one sentence must survive (0..1), and its kind."""
     return _score(sentence, True)
@@ -720,13 +785,30 @@ def salient(text: str, threshold: float) -> list[Statement]:
     return _passages(text, threshold, cues) if may else []
 
 
+def passage_spans(
+    part: str, threshold: float, cues: bool
+) -> tuple[list[tuple[int, int]], list[tuple[int, int, Statement]]]:
+    """Where each sentence of `part` is (`items`), and `passages` with where each is in `part`
+    (start, end: the passage is that slice), from one split into sentences."""
+    found = _items(part)
+    return [(start, end) for start, end, _ in found], _passage_spans(part, threshold, cues, found)
+
+
 def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
-    """`salient`, told whether the text may have a cue at all. A list under a salient lead-in
-    ("A few ground rules before we start:") is one passage with it, however long."""
-    out: list[Statement] = []
+    """`salient`, told whether the text may have a cue at all."""
+    return [statement for _, _, statement in _passage_spans(text, threshold, cues)]
+
+
+def _passage_spans(
+    text: str, threshold: float, cues: bool, found: list[tuple[int, int, bool]] | None = None
+) -> list[tuple[int, int, Statement]]:
+    """`_passages` with their spans (`found`: the text's `_items`, when worked out already). A
+    list under a salient lead-in ("A few ground rules before we start:") is one passage with
+    it, however long."""
+    out: list[tuple[int, int, Statement]] = []
     passage: list[tuple[int, int, Statement]] = []
     listing = False  # the passage is a salient lead-in and its list
-    for start, end, item in _items(text):
+    for start, end, item in _items(text) if found is None else found:
         statement = _score(text[start:end], cues)
         if passage and item and (listing or _leads_list(passage)):
             listing = True
@@ -741,11 +823,11 @@ def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
             passage.append((start, end, statement))
             continue
         if passage:
-            out.append(_joined(text, passage))
+            out.append((passage[0][0], passage[-1][1], _joined(text, passage)))
         passage = [(start, end, statement)] if statement.score >= threshold else []
         listing = False
     if passage:
-        out.append(_joined(text, passage))
+        out.append((passage[0][0], passage[-1][1], _joined(text, passage)))
     return out
 
 

@@ -20,6 +20,7 @@ from policies.chunking import (
     _log_lines,
     collapse_repeats,
     compact_log,
+    compress,
     detect,
     elide,
     minify_code,
@@ -141,6 +142,46 @@ def test_log_elision_marks_what_it_cut() -> None:
     small = compact_log(log, 0.4)
     assert "lines elided by compactgate" in small
     assert len(small) < 0.45 * len(log)
+
+
+@given(
+    before=st.sampled_from(
+        ["Our customers are mostly small bakeries.", "我们的客户大多是小面包店。"]
+    ),
+    after=st.sampled_from(["", "The first error is the one that matters.", "うちの顧客です。"]),
+    lines=st.integers(6, 80),
+    lossy=st.booleans(),
+)
+def test_a_log_pasted_in_a_fence_between_sentences_is_compressed_and_the_prose_kept(
+    before: str, after: str, lines: int, lossy: bool
+) -> None:
+    log = "\n".join(
+        f"2024-10-01T12:{i % 60:02d}:00Z WARN job {chr(65 + i % 26) * (1 + i % 7)} retried"
+        for i in range(lines)
+    )
+    text = f"{before}\n```\n{log}\n```\n{after}"
+    assert detect(text) == "log"
+    small = compress(text, "log", 0.4, lossy=lossy, prose=False)
+    assert small.startswith(f"{before}\n```\n")
+    assert small.endswith(f"\n```\n{after}")
+    assert len(small) < len(text) or not lossy
+
+
+@given(
+    before=st.sampled_from(["The staging database is at 10.1.2.3.", "我们的客户大多是小面包店。"]),
+    lines=st.integers(6, 80),
+    lossy=st.booleans(),
+)
+def test_a_sentence_typed_before_an_unfenced_log_is_kept_whole(
+    before: str, lines: int, lossy: bool
+) -> None:
+    log = "\n".join(
+        f"2024-10-01T12:{i % 60:02d}:00Z WARN job {chr(65 + i % 26) * (1 + i % 7)} retried"
+        for i in range(lines)
+    )
+    small = compress(f"{before}\n{log}", "log", 0.4, lossy=lossy, prose=False)
+    assert small.startswith(f"{before}\n")
+    assert small[len(before) + 1 :] == (compact_log(log, 0.4) if lossy else collapse_repeats(log))
 
 
 def test_prose_detection_and_elision() -> None:

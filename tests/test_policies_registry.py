@@ -80,4 +80,5 @@ def test_default_policy_has_the_default_chain() -> None:
     typed = build_policy("t", list(DEFAULT_STEPS), max_iterations=1, recovery_mode="error")
     assert typed.max_iterations == 1 and typed.recovery_mode == "error"
     result = run_chain(conv(chat(60)), budget(3000), policy, env())
-    assert result.fits and result.changed_steps() == ["fifo"]
+    # the user's prose in the Turns that go is carried (design D5.3), then fifo drops them
+    assert result.fits and result.changed_steps() == ["ledger", "fifo"]

@@ -1,10 +1,12 @@
 """`ledger` (design D5.3): what the user stated survives the Turns that carried it.
 
-Placed before the steps that drop or summarise, it collects the salient passages
-(`policies/salience.py`: rules, prohibitions, constraints, decisions, preferences, goals,
-corrections, concrete facts) of what the user wrote as prose (`policies/prose.py`: never a
-line of a file, code, a log or tool output) in the messages those steps will remove, and puts
-them, word for word, in one block right after the system prompt.
+Placed before the steps that drop or summarise, it collects what the user wrote as prose
+(`policies/prose.py`: never a line of a file, code, a log or tool output) in the messages those
+steps will remove, and puts it, word for word, in one block right after the system prompt:
+every sentence but filler, acknowledgements and routine requests (`ledger_rank.py`), the
+salient passages (`policies/salience.py`: rules, prohibitions, constraints, decisions,
+preferences, goals, corrections, concrete facts) ranked above the rest. So a statement said
+politely or indirectly, which no salience rule recognises, is carried all the same.
 
 Only the Turns that go: the ledger works out which oldest Turns a Turn-dropping step after it
 removes (fifo's stable cut, the last Turn kept), counting its own block as kept: the more Turns
@@ -18,7 +20,8 @@ makes its entry redundant; one that lost it leaves it in the ledger); an empty l
 no message.
 
 Bounded: the block takes at most `share` of the budget's limit; when the statements do not fit,
-the least salient leave first (the older first among equals). Deduplicated: a statement repeated
+the lowest ranked leave first (every other sentence before a salient passage, the older first
+among equals). Deduplicated: a statement repeated
 anywhere is one entry, and one that another entry holds whole is merged into it. Stable:
 entries keep the order in which they were said, so a later event that drops more Turns appends
 to the block; between events the gateway holds the forwarded result, block included. The block
@@ -41,10 +44,11 @@ from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
 from ..placement import summary_indices
 from ..prose import prose_spans
-from ..salience import look, normalised, passages, score
+from ..salience import look, normalised
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
-from .ledger_entries import BULLET, Entry, lines_of, merged, parse, texts_of
+from .ledger_entries import BULLET, Entry, merged, parse, texts_of
+from .ledger_rank import carried, line_rank
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
@@ -58,7 +62,14 @@ class LedgerConfig(StepConfig):
     share: float = Field(
         0.5, gt=0, le=0.8, description="Most of the budget's limit the ledger may take"
     )
-    min_salience: float = Field(0.45, ge=0, le=1, description="Sentences scoring less stay out")
+    min_salience: float = Field(
+        0.45, ge=0, le=1, description="Sentences scoring less rank below every salient passage"
+    )  # (with carry_all off, they stay out)
+    carry_all: bool = Field(
+        True,
+        description="Carry every sentence of the user's prose but filler, the salient first; "
+        "false: salient passages only",
+    )
     roles: tuple[str, ...] = Field(("user",), min_length=1, description="Whose statements count")
     max_entry_chars: int = Field(
         400,
@@ -96,7 +107,7 @@ class Ledger:
                 detail={"entries": len(kept), "left_out": len(entries) - len(kept)},
             )
         if not kept:
-            reason = "ledger full" if entries else "nothing salient to keep"
+            reason = "ledger full" if entries else "nothing to keep"
             return StepResult.unchanged(conversation, reason=reason, left_out=len(entries))
         message = self._message(kept, env)
         result = inserted(conversation, conversation.head_end(), [message])
@@ -132,7 +143,13 @@ class Ledger:
                 budget.trigger,
                 budget.target,
                 cap,
-                (config.min_salience, config.max_entry_chars, config.roles, config.header),
+                (
+                    config.min_salience,
+                    config.carry_all,
+                    config.max_entry_chars,
+                    config.roles,
+                    config.header,
+                ),
             )
             return env.memo.get(
                 key, lambda: self._reached(conversation, budget, env, said, cap, at), 8 * len(uids)
@@ -213,7 +230,7 @@ class Ledger:
         at: int | None,
         said: Sequence[tuple[str, str, float, int]],
     ) -> list[Entry]:
-        """The ledger's entries so far, then `said` (the salient passages of the messages that
+        """The ledger's entries so far, then `said` (the would-be entries of the messages that
         go, in the order they were said), each statement once: a passage that another one
         holds whole is merged into it."""
         seen: set[str] = set()
@@ -232,7 +249,7 @@ class Ledger:
         return merged(entries)
 
     def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
-        """(line, comparison key, score, message index) of the salient passages in the messages
+        """(line, comparison key, score, message index) of the would-be entries in the messages
         a later step may remove, in order, each statement at its first place only.
 
         Remembered by the uids of those messages (equal uids, equal messages): a resent
@@ -252,7 +269,14 @@ class Ledger:
         if None in uids:
             said = self._collected([messages[i] for i in picked], env)
         else:
-            key = ("ledger-said", self.config.min_salience, self.config.max_entry_chars, uids)
+            config = self.config
+            key = (
+                "ledger-said",
+                config.min_salience,
+                config.carry_all,
+                config.max_entry_chars,
+                uids,
+            )
             said = env.memo.peek(key)  # type: ignore[assignment]
             if said is None:
                 said = self._collected([messages[i] for i in picked], env)
@@ -265,7 +289,7 @@ class Ledger:
         """`_said` of `messages`, with each passage's position in `messages`.
 
         Each distinct text is looked up once (a chat repeats its short replies many times), and
-        only the messages with a salient passage are gone through one by one (most have none).
+        only the messages with a would-be entry are gone through one by one (most have none).
         """
         texts = [texts_of(m) for m in messages]
         found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
@@ -279,35 +303,42 @@ class Ledger:
         return tuple(out)
 
     def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[tuple[str, str, float], ...]:
-        """A message's would-be entries: (line, comparison key, score) of each salient passage
+        """A message's would-be entries: (line, comparison key, rank) of each passage it carries
         of its prose (`policies.prose`: never a line of a file, code, a log or tool output),
         text part by text part; remembered, since a client resends every message on every
         request."""
-        threshold, limit = self.config.min_salience, self.config.max_entry_chars
-        key = ("ledger-candidates", threshold, limit, parts)
+        config = self.config
+        threshold, limit, plain = config.min_salience, config.max_entry_chars, config.carry_all
+        key = ("ledger-candidates", threshold, limit, plain, parts)
         found = env.memo.peek(key)
         if found is None:
             out = []
             for text in parts:
                 cues, may = look(text) if threshold > 0 else (True, True)
-                if not may:  # most messages: never split into lines or sentences
+                if not may and not plain:  # most messages: never split into lines or sentences
                     continue
                 for start, end in prose_spans(text):
-                    for statement in passages(text[start:end], threshold, cues):
-                        for line in lines_of(statement, threshold, limit):
-                            out.append((line, normalised(line), statement.score))
+                    found = carried(text[start:end], threshold, limit, cues, plain, may)
+                    for line, value in found:
+                        out.append((line, normalised(line), value))
             found = tuple(out)
             env.memo.put(key, found, sum(map(len, parts)))
         return found  # type: ignore[return-value]
 
     def _bounded(self, entries: list[Entry], cap: int, env: Env) -> list[Entry]:
-        """The entries that fit in `cap` tokens: the least salient leave first, the older first
+        """The entries that fit in `cap` tokens: the lowest ranked leave first, the older first
         among equals; the rest keep their order."""
         sizes = [_line_tokens(e.text, env) for e in entries]
         total = sum(sizes) + env.text_tokens(self.config.header) + FRAMING_TOKENS
         if total <= cap:
             return entries
-        scores = [_score(e.text, env) if e.score is None else e.score for e in entries]
+        config = self.config
+        scores = [
+            _score(e.text, config.min_salience, config.carry_all, env)
+            if e.score is None
+            else e.score
+            for e in entries
+        ]
         gone: set[int] = set()
         for k in sorted(range(len(entries)), key=lambda k: (scores[k], entries[k].order)):
             if total <= cap:
@@ -333,10 +364,14 @@ def _line_tokens(text: str, env: Env) -> int:
     return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))
 
 
-def _score(text: str, env: Env) -> float:
-    """An entry's score read back from the block (remembered: the block comes back on every
+def _score(text: str, threshold: float, plain: bool, env: Env) -> float:
+    """An entry's rank read back from the block (remembered: the block comes back on every
     pass and every request)."""
-    return env.memo.get(("ledger-entry-score", text), lambda: score(text).score, len(text))
+    return env.memo.get(
+        ("ledger-entry-rank", threshold, plain, text),
+        lambda: line_rank(text, threshold, plain),
+        len(text),
+    )
 
 
 def _lines(messages: Sequence[Message], env: Env) -> str:
