@@ -38,6 +38,7 @@ from .asgi import Message, Receive, Scope, Send
 from .config import Config, ConfigError
 from .counting.runner import Counting
 from .engine.engine import Engine
+from .engine.shared_held import SharedEvents
 from .expansion import Expansion
 from .http.admin import AdminViews
 from .http.auth import Authenticator
@@ -125,7 +126,7 @@ async def assemble_core(
     that will serve: the upstream client and the store connect from it. `metrics`: an
     embedding program's own (`integrations`), else new."""
     metrics = metrics if metrics is not None else Metrics()
-    store = open_store(config.store, metrics)
+    store = open_store(config.store, metrics, check_s=config.store_sync_s)
     secret = (await signing_key(config.tool_outputs.ref_secret, config.store, store, metrics)).value
     core = build_core(config, in_process, secret=secret, metrics=metrics, store=store)
     await core.upstream.start()  # and litellm imported now, if a model uses it
@@ -144,9 +145,13 @@ def build_core(
     library (benchmarks, tests, an embedding program) when nothing is sent upstream, or the
     core `assemble_core` then starts."""
     metrics = metrics if metrics is not None else Metrics()
-    store = store if store is not None else open_store(config.store, metrics)
+    store = (
+        store
+        if store is not None
+        else open_store(config.store, metrics, check_s=config.store_sync_s)
+    )
     router = Router(config)
-    windows = Windows(metrics)
+    windows = Windows(metrics, store)
     upstream = UpstreamClient(config.server, config.providers, in_process)
     sender = Sender(upstream, metrics, Balancer())
     events = EventLog(config.events)
@@ -169,6 +174,7 @@ def build_core(
         tool_outputs=tool_outputs,
         count_remote=upstream_counts.count_for,
         counting=counting,
+        shared=SharedEvents(store) if store.shared else None,
     )
     return Core(
         config=config,
@@ -181,7 +187,7 @@ def build_core(
         events=events,
         costs=costs,
         spend=spend,
-        calibration=Calibration(metrics),
+        calibration=Calibration(metrics, store),
         tool_outputs=tool_outputs,
         summaries=summaries,
         counting=counting,

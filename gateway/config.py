@@ -539,6 +539,13 @@ class Config(_Strict):
         "redis-sentinel://h:p[,h:p...]/<service>[/<db>] or redis-cluster://h:p[,h:p...] "
         "(rediss-... for TLS)",
     )
+    store_sync_s: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="How often each replica reads what the others learnt through a shared "
+        "store (windows, calibration, agents' compaction points) and checks the store",
+    )
     auth: AuthConfig | None = None
     mode: Literal["enforce", "observe"] = "enforce"
     tenant_header: str | None = Field(None, description="Header naming the tenant (else key hash)")

@@ -11,29 +11,23 @@ upstream, with the client's credential, through its own compaction (so it fits t
 and keeps the answer per conversation.
 
 When the agent's compaction request comes, a summary still being made for its history is
-waited for (at most `wait_s`: it started earlier than the agent's own call would, so waiting
-is never slower than forwarding). A summary that covers the history but for a tail is the
-answer, with that tail written short after it (`tail.with_tail`: the steps' text and calls,
-long tool outputs cut to their first and last lines), at once, in the client's wire format,
-streamed or not. It is `stale`, and the request forwarded, only when the summary covers less
-than `MIN_COVERED` of the history's tokens or the written tail would still be more than
-`MAX_TAIL_SHARE` of them: then the answer would be a poor compaction, and the agent's own call
-makes a better one. Measured with the real Codex CLI (benchmarks/bench_codex_compaction.py:
-~6k-token tool outputs, compacting at 20k tokens), the summary leaves one step uncovered, about
-a third of the history; written short it is ~150 tokens, and the upstream reads 13 % less
-than without the gateway. Kept verbatim instead, it made Codex compact twice as often and the
-upstream read 24 % more than without the gateway.
+waited for (at most `wait_s`: it started earlier than the agent's own call would). A summary
+that covers the history but for a tail is the answer, with that tail written short after it
+(`tail.with_tail`), at once, in the client's wire format, streamed or not, unless it is
+`stale` (`coverage`: it covers too little). Measured with the real Codex CLI
+(benchmarks/bench_codex_compaction.py: ~6k-token tool outputs, compacting at 20k tokens), the
+summary leaves one step uncovered, about a third of the history; written short it is ~150
+tokens, and the upstream reads 13 % less than without the gateway. Kept verbatim instead, it
+made Codex compact twice as often and the upstream read 24 % more than without the gateway.
 
-A conversation whose summaries do not pay (never used, or costing more than they saved) sits
-out its next compactions (`payback.Payback`); each conversation's figures (answered, forwarded
-by reason, tokens spent in the background and saved upstream) go on the event log's agent
-line, and into the metrics.
+A conversation whose summaries do not pay sits out its next compactions (`payback.Payback`);
+its figures go on the event log's agent line, and into the metrics. With a shared store, the
+timing and payback of every replica follow the store's (`shared`).
 
 A summary made ahead of need is kept in this process and in the shared store (Redis when
 configured), under a fingerprint of the conversation (tenant, API, its opening messages) with a
 digest of the history it covers: the agent's compaction request may reach another replica than
-the one that made it, and is answered there the same way. Each lookup says why it answered or
-not (`Found.reason`: ready, not_ready, stale or backoff), for the response's event-log line.
+the one that made it, and is answered there the same way.
 
 The summary's cost is counted as the gateway's own spend when it is made; an answer from it
 bills nothing, and its usage says so.
@@ -56,18 +50,17 @@ from ..path.own_calls import OwnAnswer
 from ..routing import Route
 from ..store import SafeStore
 from ..wire import WireRequest
+from .coverage import BACKOFF, NOT_READY, Found, judged
 from .payback import Payback
 from .records import (
-    TEMPLATE_TTL_S,
     Shared,
     Template,
     compaction_body,
     conversation_key,
     digest_of,
     store_key,
-    template_key,
 )
-from .tail import tail_share, with_tail
+from .shared import SharedMemory, fetch_template, share_template
 from .timing import CompactionTiming
 
 if TYPE_CHECKING:
@@ -75,14 +68,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("compactgate.agent_compaction")
 
-MIN_COVERED = 0.5  # the least of a compaction request's history a summary must cover
-MAX_TAIL_SHARE = 0.25  # the most of it the uncovered tail, written short, may come to
 MAX_KEPT = 1024
 LOOKUP_EVERY_S = 10.0  # how often a replica asks the store for a tenant's template it lacks
-READY = "ready"  # a summary made ahead of need covers the history: answered from it
-NOT_READY = "not_ready"  # none was made for this history (or it is being made)
-STALE = "stale"  # one was, but too much happened since: the agent's own call makes a better one
-BACKOFF = "backoff"  # none was made: this conversation's summaries had not paid
 
 
 class Spawn(Protocol):
@@ -119,14 +106,6 @@ class Making:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A compaction request looked up: the answer's text (None: forward it), and why."""
-
-    text: str | None
-    reason: str  # READY, NOT_READY, STALE or BACKOFF
-
-
 Conversation = tuple[str, str, int]  # tenant, API, the uid of its first message
 
 
@@ -153,12 +132,12 @@ class CompactionAnswers:
         self._wait_s = config.wait_s  # the longest a compaction request waits for one being made
         self.timing = CompactionTiming()
         self.payback = Payback()
+        # With a shared store, every replica's timing and payback follow the store's.
+        self._memory = SharedMemory(store, self.timing, self.payback) if store.shared else None
         self._templates: OrderedDict[tuple[str, str], Template] = OrderedDict()
         self._ready: OrderedDict[Conversation, Ready] = OrderedDict()
         self._making: dict[Conversation, Making] = {}
-        self._looked: OrderedDict[tuple[str, str], float] = (
-            OrderedDict()
-        )  # store lookups of a missing template
+        self._looked: OrderedDict[tuple[str, str], float] = OrderedDict()  # template lookups
 
     # -- the agent's own request ----------------------------------------------------------------
 
@@ -172,8 +151,7 @@ class CompactionAnswers:
         template = Template(agent, fields, conversation[-1], tokens)
         self._keep(self._templates, (tenant, request.api), template)
         # Every replica prepares the next one, whichever the agent's turns land on.
-        share = self._share_template(tenant, request.api, template)
-        self._spawn(share, name="agent-template")
+        self._spawn(share_template(self._store, tenant, request.api, template), "agent-template")
 
     def agent_of(self, tenant: str, api: str) -> str | None:
         """The agent whose compaction request was learnt for this tenant and API, if any."""
@@ -194,10 +172,13 @@ class CompactionAnswers:
         conversation's books kept (`figures`)."""
         # The last canonical message is the compaction prompt.
         history = len(uids) - 1
+        shared = self._memory
+        conversation = (tenant, request.api, uids[0] if uids else None)
+        if shared is not None and uids and uids[0] is not None:
+            await shared.load(tenant, request.api, request.messages, conversation, agent)
         found = await self.covering(tenant, request, uids, counts, history)
         if not uids or uids[0] is None:
             return found
-        conversation = (tenant, request.api, uids[0])
         self.timing.compacted(tenant, agent, conversation, sum(counts[:history]))
         payback = self.payback
         if found.text is not None:
@@ -210,14 +191,29 @@ class CompactionAnswers:
             self._metrics.agent_forwarded.labels(agent, found.reason).inc()
         if unused:
             self._metrics.agent_unused_summaries.labels(agent).inc(unused)
+        if shared is not None:
+            saved = shared.save_compaction(
+                tenant, request.api, request.messages, conversation, agent
+            )
+            self._spawn(saved, name="agent-shared")
         return found
 
-    def compacted(self, tenant: str, api: str, uids: Sequence[int | None], history: int) -> None:
+    async def compacted(
+        self, tenant: str, request: WireRequest, uids: Sequence[int | None], history: int
+    ) -> None:
         """A compaction the gateway made itself (Responses remote compaction) of `history`
         tokens: where this tenant compacts, for the agent its template names."""
+        api, shared = request.api, self._memory
         agent = self.agent_of(tenant, api)
-        if agent is not None and uids and uids[0] is not None:
-            self.timing.compacted(tenant, agent, (tenant, api, uids[0]), history)
+        if agent is None or not uids or uids[0] is None:
+            return
+        key = (tenant, api, uids[0])
+        if shared is not None:
+            await shared.load(tenant, api, request.messages, key, agent)
+        self.timing.compacted(tenant, agent, key, history)
+        if shared is not None:
+            saved = shared.save_compaction(tenant, api, request.messages, key, agent)
+            self._spawn(saved, name="agent-shared")
 
     def figures(self, tenant: str, api: str, uid: int | None) -> dict[str, int]:
         """The conversation's agent-compaction figures so far (`payback.Figures`)."""
@@ -246,7 +242,7 @@ class CompactionAnswers:
         found = Found(None, NOT_READY)
         ready = self._ready.get(key)
         if ready is not None and tuple(uids[: len(ready.uids)]) == ready.uids:
-            found = _judged(request, counts, history, len(ready.uids), ready.text)
+            found = judged(request, counts, history, len(ready.uids), ready.text)
             if found.text is not None:
                 return found
         # Made by another replica, or since refreshed there: the store has the latest.
@@ -256,7 +252,7 @@ class CompactionAnswers:
         if None not in uids[: shared.covers]:  # kept here too: the next lookup needs no digest
             ready = Ready(tuple(uids[: shared.covers]), sum(counts[: shared.covers]), shared.text)
             self._keep(self._ready, key, ready)
-        return _judged(request, counts, history, shared.covers, shared.text)
+        return judged(request, counts, history, shared.covers, shared.text)
 
     async def _shared(self, tenant: str, request: WireRequest, history: int) -> Shared | None:
         """The store's summary for this conversation, when the history starts with what it
@@ -285,7 +281,45 @@ class CompactionAnswers:
             return
         key = (tenant, request.api, prepared.uids[0])
         tokens = history_tokens(prepared)
+        if self._memory is not None:  # what the other replicas saw first
+            task = self._ordinary_shared(tenant, route, request, prepared, key, tokens, headers)
+            self._spawn(task, name="agent-ordinary")
+            return
         self.timing.seen(key, tokens)  # before any compaction: the first one is bracketed too
+        self._next(tenant, route, request, prepared, key, tokens, headers)
+
+    async def _ordinary_shared(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        prepared: Prepared,
+        key: Conversation,
+        tokens: int,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """`ordinary` with a shared store: the conversation's records read, this request seen,
+        the summary started if due, and what was seen written back (`shared`)."""
+        assert self._memory is not None
+        template = self._templates.get((tenant, request.api))
+        agent = template.agent if template is not None else None
+        await self._memory.load(tenant, request.api, request.messages, key, agent)
+        self.timing.seen(key, tokens)
+        self._next(tenant, route, request, prepared, key, tokens, headers)
+        await self._memory.save_seen(tenant, request.api, request.messages, key)
+
+    def _next(
+        self,
+        tenant: str,
+        route: Route,
+        request: WireRequest,
+        prepared: Prepared,
+        key: Conversation,
+        tokens: int,
+        headers: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """After an ordinary request is seen: its agent's next compaction summary started, when
+        it is due."""
         template = self._templates.get((tenant, request.api))
         if template is None:
             self._look_up(tenant, request.api)
@@ -312,19 +346,8 @@ class CompactionAnswers:
         self._keep(self._looked, (tenant, api), now)
         self._spawn(self._fetch_template(tenant, api), name="agent-template")
 
-    async def _share_template(self, tenant: str, api: str, template: Template) -> None:
-        try:
-            await self._store.put(template_key(tenant, api), template.encode(), TEMPLATE_TTL_S)
-        except Exception as error:  # the store being away only means no summary ahead of need
-            log.warning("agent compaction template not shared: %s", error)
-
     async def _fetch_template(self, tenant: str, api: str) -> None:
-        try:
-            value = await self._store.get(template_key(tenant, api))
-        except Exception as error:  # the store being away only means no summary ahead of need
-            log.warning("agent compaction template lookup failed: %s", error)
-            return
-        template = Template.decode(value) if value is not None else None
+        template = await fetch_template(self._store, tenant, api)
         if template is not None and (tenant, api) not in self._templates:
             self._keep(self._templates, (tenant, api), template)
 
@@ -342,6 +365,8 @@ class CompactionAnswers:
             body = compaction_body(request, template)
             answer = await self._complete(route, key[0], request.api, body, headers)
             self.payback.made(key, answer.tokens)
+            if self._memory is not None:
+                await self._memory.save_books(key[0], request.api, request.messages, key)
             self._metrics.agent_background_tokens.labels(template.agent).inc(answer.tokens)
             if answer.status != 200:
                 log.info("agent compaction summary: upstream answered %d", answer.status)
@@ -368,21 +393,3 @@ class CompactionAnswers:
         table.move_to_end(key)
         while len(table) > MAX_KEPT:
             table.popitem(last=False)
-
-
-def _judged(
-    request: WireRequest, counts: Sequence[int], history: int, covers: int, text: str
-) -> Found:
-    """A summary of the first `covers` canonical messages, as the answer for the first
-    `history`: with the uncovered tail written short after it, unless the summary covers too
-    little of the history or the tail is still too much of it (module docstring)."""
-    if covers > history:
-        return Found(None, NOT_READY)
-    total = max(1, sum(counts[:history]))
-    tail = request.messages[covers:history]
-    uncovered = sum(counts[covers:history])
-    if total - uncovered < MIN_COVERED * total:
-        return Found(None, STALE)
-    if uncovered * tail_share(tail) > MAX_TAIL_SHARE * total:
-        return Found(None, STALE)
-    return Found(with_tail(text, tail), READY)

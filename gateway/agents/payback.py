@@ -20,13 +20,14 @@ Nothing here does I/O; the table is bounded.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
-from dataclasses import asdict, dataclass
+from collections.abc import Hashable, Mapping
+from dataclasses import asdict, dataclass, fields
 
 UNUSED_IN_A_ROW = 2
 MAX_PER_CYCLE = 3
 MAX_SKIP = 8
 MAX_KEPT = 4096
+_KEPT = ("made", "unused_in_a_row", "skip", "backoff", "lost")  # `_Books` beside its figures
 
 
 @dataclass(slots=True)
@@ -108,6 +109,28 @@ class Payback:
         books.unused_in_a_row += unused
         self._cycle_ends(books, tokens)
         return unused
+
+    def books(self, conversation: Hashable) -> dict[str, int] | None:
+        """The conversation's books as plain figures (for the shared store), if any."""
+        books = self._books.get(conversation)
+        if books is None:
+            return None
+        kept = {
+            k: getattr(books, k) for k in ("made", "unused_in_a_row", "skip", "backoff", "lost")
+        }
+        return {**kept, **asdict(books.figures)}
+
+    def adopt(self, conversation: Hashable, figures: Mapping[str, int]) -> None:
+        """Take the books another replica kept (`books`; design D13.3): the latest is the
+        truth, a conversation's compactions coming one after the other."""
+        names = {f.name for f in fields(Figures)}
+        books = _Books(Figures(**{k: int(v) for k, v in figures.items() if k in names}))
+        for name in _KEPT:
+            setattr(books, name, int(figures.get(name, 0)))
+        self._books[conversation] = books
+        self._books.move_to_end(conversation)
+        while len(self._books) > self._max:
+            self._books.popitem(last=False)
 
     def figures(self, conversation: Hashable) -> dict[str, int]:
         books = self._books.get(conversation)

@@ -198,7 +198,7 @@ class RemoteCompaction:
         text, outcome, tokens = await self.summarise(request, route, tenant, headers)
         self._learn(tenant, request, tokens)
         counted = self._counts(request, route, tenant)  # the memo's: counted by `summarise`
-        self._answers.compacted(tenant, request.api, counted.uids, tokens)
+        await self._answers.compacted(tenant, request, counted.uids, tokens)
         after = route.counter.message(summary_item(text))
         return Compacted(await self.issue(tenant, text), outcome, tokens, after)
 

@@ -75,6 +75,25 @@ class CompactionTiming:
     def point(self, tenant: str, agent: str) -> Point | None:
         return self._points.get((tenant, agent))
 
+    def last(self, conversation: Hashable) -> Seen | None:
+        """The conversation's last ordinary request, as `seen` recorded it."""
+        return self._seen.get(conversation)
+
+    def adopt(
+        self,
+        conversation: Hashable,
+        seen: Seen | None,
+        point: tuple[str, str, Point] | None = None,
+    ) -> None:
+        """Take what another replica recorded (a shared store, design D13.3): the
+        conversation's last ordinary request, and where a tenant's agent compacts (tenant,
+        agent, point). The latest record is the truth: a conversation's requests come one
+        after the other, whichever replica each lands on."""
+        if seen is not None:
+            self._keep(self._seen, conversation, seen)
+        if point is not None:
+            self._keep(self._points, (point[0], point[1]), point[2])
+
     def compacted(self, tenant: str, agent: str, conversation: Hashable, history: int) -> None:
         """The agent asked to compact `conversation` at `history` tokens."""
         seen = self._seen.pop(conversation, None)

@@ -32,6 +32,7 @@ from ..summaries import SummaryAsk, SummaryService, unsummarisable
 from ..tool_outputs import ToolOutputCache
 from ..wire import WireRequest
 from .held import HeldResults
+from .shared_held import SharedEvents
 
 log = logging.getLogger("compactgate.pipeline")
 
@@ -54,8 +55,10 @@ class Decision:
         clamp_max_tokens: bool,
         ref_secret: bytes,
         tool_outputs: ToolOutputCache | None = None,
+        shared: SharedEvents | None = None,
     ) -> None:
         self._summaries = summaries  # what the chains' summaries are fetched from
+        self._shared = shared  # compaction events other replicas made (a shared store only)
         self._tool_outputs = tool_outputs
         self._expansion_cost: dict[str, int] = {}
         self._held = HeldResults()  # each conversation's latest compaction event
@@ -191,6 +194,8 @@ class Decision:
             budget = self._too_small(request, budget, tools_tokens)
             request = request.with_max_output(budget.reserved_output)  # what is forwarded
         chain = None if force else self._held.extend(scope, conversation, budget)
+        if chain is None and not force and self._shared is not None:
+            chain = await self._extend_shared(scope, conversation, budget, route, tenant, request)
         if chain is not None and check(conversation, chain.conversation):
             chain = None  # cannot happen while the client only appends; an event then
         if chain is None:
@@ -212,7 +217,37 @@ class Decision:
                 chain = None
             if remember and complete and chain is not None and chain.changed:
                 self._held.remember(scope, conversation, budget, chain)
+                if self._shared is not None:
+                    await self._shared.made(scope, conversation, budget)
         return request, budget, chain
+
+    async def _extend_shared(
+        self,
+        scope: str,
+        conversation: Conversation,
+        budget: Budget,
+        route: Route,
+        tenant: str,
+        request: WireRequest,
+    ) -> ChainResult | None:
+        """The latest event another replica made for this conversation, made again here over
+        the same messages (`shared_held`), held and extended; None when there is none, it
+        cannot be made again complete, or the conversation has grown past it."""
+        assert self._shared is not None
+        count = await self._shared.latest(scope, conversation, budget)
+        if count is None or self._held.holds(scope, conversation, count, budget):
+            return None  # none, or the one held here already: a new event is due
+        prefix = Conversation(conversation.messages[:count])
+        try:
+            made, complete = await self._run(
+                prefix, budget, route, tenant, False, None, request.api
+            )
+        except Exception:  # the request's own event, below, reports what is wrong
+            return None
+        if not (complete and made.changed and made.error is None and self._valid(prefix, made)):
+            return None
+        self._held.remember(scope, prefix, budget, made)
+        return self._held.extend(scope, conversation, budget)
 
     async def _run(
         self,

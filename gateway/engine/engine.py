@@ -35,6 +35,7 @@ from .decide import Chain, Decision
 from .measure import Measure, RemoteCounter
 from .prepared import Prepared
 from .render import Render
+from .shared_held import SharedEvents
 
 
 class Engine:
@@ -49,9 +50,10 @@ class Engine:
         tool_outputs: ToolOutputCache | None = None,
         count_remote: RemoteCounter | None = None,
         counting: Counting | None = None,
+        shared: SharedEvents | None = None,
     ) -> None:
         self.decision = Decision(
-            metrics, summaries, safety_margin, clamp_max_tokens, ref_secret, tool_outputs
+            metrics, summaries, safety_margin, clamp_max_tokens, ref_secret, tool_outputs, shared
         )
         decision = self.decision
         self.measure = Measure(

@@ -83,6 +83,13 @@ class HeldResults:
         while len(self._held) > self._max:
             self._held.popitem(last=False)
 
+    def holds(self, scope: str, conversation: Conversation, count: int, budget: Budget) -> bool:
+        """Whether the result held for `conversation` is of its first `count` messages with
+        this budget (another replica's record of the same event needs no second run)."""
+        key = _key(scope, conversation)
+        held = self._held.get(key) if key is not None else None
+        return held is not None and len(held.source) == count and held.budget == budget
+
     def forget(self, scope: str, conversation: Conversation) -> None:
         key = _key(scope, conversation)
         if key is not None:

@@ -40,7 +40,6 @@ from ..errors import GatewayError
 from ..ops.logs import new_request_id
 from ..ops.metrics import Metrics
 from ..path.accounting import Accounting
-from ..path.calibration import Calibration
 from ..path.exchange import Exchange
 from ..path.outcome import retry_window
 from ..routing import Route
@@ -88,9 +87,7 @@ class Embedded:
     def __init__(self, core: Core, api: str = "litellm") -> None:
         self.core = core
         self.api = api
-        self._books = Accounting(
-            core.metrics, core.events, core.costs, Calibration(core.metrics), api, True
-        )
+        self._books = Accounting(core.metrics, core.events, core.costs, core.calibration, api, True)
         self._made: OrderedDict[bytes, _Made] = OrderedDict()
 
     @classmethod

@@ -12,7 +12,7 @@ from .base import Lock, Store, StoreError, StoreMetrics
 from .keys import conversation_key, conversation_tag
 from .memory import ENTRY_OVERHEAD, MemoryStore
 from .redis import RedisStore
-from .safe import SafeStore
+from .safe import CHECK_S, SafeStore
 from .secret import SigningKey, signing_key
 from .urls import StoreUrl, mask_store_url, memory_max_bytes, parse_store_url
 
@@ -36,9 +36,12 @@ __all__ = [
 ]
 
 
-def open_store(url: str | StoreUrl, metrics: StoreMetrics) -> SafeStore:
-    """The store for a `store:` URL (already validated by the config)."""
+def open_store(
+    url: str | StoreUrl, metrics: StoreMetrics, *, check_s: float = CHECK_S
+) -> SafeStore:
+    """The store for a `store:` URL (already validated by the config); a shared one runs its
+    checks (and the replicas' sharing) every `check_s`."""
     parsed = url if isinstance(url, StoreUrl) else parse_store_url(url)
     if parsed.shared:
-        return SafeStore(RedisStore(parsed), metrics, shared=True)
+        return SafeStore(RedisStore(parsed), metrics, shared=True, check_s=check_s)
     return SafeStore(MemoryStore(parsed.max_bytes), metrics, shared=False)

@@ -16,7 +16,11 @@ finds it emptied, and whoever remembers what the store holds forgets it then (D1
 A shared store is also checked every `check_s` while it is up (and at once when it comes back):
 the backend looks again where its data lives (a Sentinel set's master, design D13.5), then each
 of the `checks` reads what it keeps in the store and restores it when missing (the signing key
-of refs, design D13.2), returning True when the store had lost it.
+of refs, design D13.2), returning True when the store had lost it. The same checks carry what
+replicas learn and share (windows, calibration, agents' compaction points, design D13.3): a
+part that learnt something calls `sync_soon`, and the checks run at once instead of at the
+next tick, so what it learnt is in the store within a round trip and every other replica reads
+it within `check_s`.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class SafeStore:
         self._check_s = check_s
         self._checks: list[Check] = []
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self._wake = asyncio.Event()
         metrics.store_reachable.set(1)
 
@@ -68,6 +73,23 @@ class SafeStore:
     def watch(self, check: Check) -> None:
         """Run `check` against the backend while the store is up (shared stores only)."""
         self._checks.append(check)
+
+    def sync_soon(self) -> None:
+        """Run the checks now rather than at the next tick (something learnt is to be shared).
+        Outside a running event loop, or with nothing shared, it does nothing."""
+        if not self.shared:
+            return
+        try:
+            self._start()
+        except RuntimeError:  # no running loop: the next tick shares it
+            return
+        self._wake.set()
+
+    async def sync(self) -> None:
+        """Run the checks now and wait for them (a shared store that is up): what this process
+        learnt is in the store, and what the others wrote is read, when it returns."""
+        if self.shared and not self.down:
+            await self._check()
 
     # -- the operations ----------------------------------------------------------------------
 
@@ -181,6 +203,7 @@ class SafeStore:
         return None
 
     async def close(self) -> None:
+        self._closed = True
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -219,11 +242,13 @@ class SafeStore:
     def _start(self) -> None:
         """Start the watch in the running loop, once (a shared store only: the memory store
         neither fails nor holds anything for others)."""
-        if self._task is None and self.shared:
+        if self._task is None and self.shared and not self._closed:
             self._task = asyncio.get_running_loop().create_task(self._watch(), name="store-watch")
 
     async def _watch(self) -> None:
-        while True:
+        # Ends on `_closed` too: Python 3.11's wait_for may swallow the cancellation that
+        # `close` sends when the wake-up comes at the same moment.
+        while not self._closed:
             if self.down:
                 await self._probe()
                 continue
