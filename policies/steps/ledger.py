@@ -33,7 +33,7 @@ Never drops or rewrites a client's message: it only adds its own block, and take
 
 from __future__ import annotations
 
-import itertools
+import functools
 import operator
 from collections.abc import Sequence
 from typing import ClassVar, Literal
@@ -47,8 +47,9 @@ from ..prose import prose_spans
 from ..salience import look, normalised
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
-from .ledger_entries import BULLET, Entry, merged, parse, texts_of
+from .ledger_entries import BULLET, Entry, merged, parse
 from .ledger_rank import carried, line_rank
+from .ledger_said import Candidate, Collected
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
@@ -90,7 +91,8 @@ class Ledger:
         cap = int(budget.limit * self.config.share)
         said = self._said(conversation, env)
         reach = self._reach(conversation, budget, env, at, said, cap)
-        entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
+        entries = self._entries(conversation, at, said.before(reach))
+        said.remember()
         kept = self._bounded(entries, cap, env)
         if at is not None:
             old = conversation.messages[at]
@@ -123,7 +125,7 @@ class Ledger:
         budget: Budget,
         env: Env,
         at: int | None,
-        said: Sequence[tuple[str, str, float, int]],
+        said: Collected,
         cap: int,
     ) -> int:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
@@ -161,7 +163,7 @@ class Ledger:
         conversation: Conversation,
         budget: Budget,
         env: Env,
-        said: Sequence[tuple[str, str, float, int]],
+        said: Collected,
         cap: int,
         at: int | None = None,
     ) -> int:
@@ -175,7 +177,7 @@ class Ledger:
         cut = 0
         while True:
             reach = turns[cut].start
-            entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
+            entries = self._entries(conversation, at, said.before(reach))
             kept = self._bounded(entries, cap, env)
             # the block's exact size: fifo will see this very block, so its cut is the one
             # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
@@ -248,9 +250,9 @@ class Ledger:
                 entries.append(Entry(text, value, base + i))
         return merged(entries)
 
-    def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
-        """(line, comparison key, score, message index) of the would-be entries in the messages
-        a later step may remove, in order, each statement at its first place only.
+    def _said(self, conversation: Conversation, env: Env) -> Collected:
+        """The would-be entries in the messages a later step may remove, each statement at its
+        first place only (`ledger_said.py`: worked out only as far as the cut reaches).
 
         Remembered by the uids of those messages (equal uids, equal messages): a resent
         conversation is one lookup, not one per message (a new message or an edit makes new
@@ -266,43 +268,14 @@ class Ledger:
             if not protected[i] and m.origin >= 0 and m.role in roles
         ]
         uids = tuple([messages[i].uid for i in picked])
+        find = functools.partial(self._candidates, env=env)
         if None in uids:
-            said = self._collected([messages[i] for i in picked], env)
-        else:
-            config = self.config
-            key = (
-                "ledger-said",
-                config.min_salience,
-                config.carry_all,
-                config.max_entry_chars,
-                uids,
-            )
-            said = env.memo.peek(key)  # type: ignore[assignment]
-            if said is None:
-                said = self._collected([messages[i] for i in picked], env)
-                env.memo.put(key, said, 8 * len(uids) + sum(len(t) for t, _, _, _ in said))
-        return [(text, key, value, picked[k]) for text, key, value, k in said]
+            return Collected(messages, picked, find)
+        config = self.config
+        key = ("ledger-said", config.min_salience, config.carry_all, config.max_entry_chars, uids)
+        return Collected(messages, picked, find, env.memo, key)
 
-    def _collected(
-        self, messages: Sequence[Message], env: Env
-    ) -> tuple[tuple[str, str, float, int], ...]:
-        """`_said` of `messages`, with each passage's position in `messages`.
-
-        Each distinct text is looked up once (a chat repeats its short replies many times), and
-        only the messages with a would-be entry are gone through one by one (most have none).
-        """
-        texts = [texts_of(m) for m in messages]
-        found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
-        seen: set[str] = set()
-        out = []
-        for k in itertools.compress(range(len(texts)), map(found.__getitem__, texts)):
-            for text, key, value in found[texts[k]]:
-                if key not in seen:
-                    seen.add(key)
-                    out.append((text, key, value, k))
-        return tuple(out)
-
-    def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[tuple[str, str, float], ...]:
+    def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[Candidate, ...]:
         """A message's would-be entries: (line, comparison key, rank) of each passage it carries
         of its prose (`policies.prose`: never a line of a file, code, a log or tool output),
         text part by text part; remembered, since a client resends every message on every
