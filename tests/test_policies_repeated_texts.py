@@ -132,3 +132,7 @@ def test_repeated_texts_looked_up_once_forward_what_plain_lookups_forward(
     shared = env()  # a memo that has seen the conversation: the second run reads it back
     run_chain(conversation, limits, fast, shared)
     assert _forwarded(run_chain(conversation, limits, fast, shared)) == _forwarded(expected)
+    # a smaller window: the ledger's cut reaches further than the remembered part went
+    smaller = budget(max(64, int(conversation.tokens * fraction / 0.6) // 2))
+    expected = run_chain(conversation, smaller, plain, env())
+    assert _forwarded(run_chain(conversation, smaller, fast, shared)) == _forwarded(expected)
