@@ -17,17 +17,15 @@ tests/test_upstream_retry.py.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from tests.chat_seen import MESSAGES, Seen, assert_completed, assert_error
 from tests.conftest import GatewayProcess, Starter, fake_upstream_process
 from tests.fake_upstream import FakeUpstream
 from tests.gateway_process import gateway_process
@@ -35,11 +33,6 @@ from tests.gateway_process import gateway_process
 FIRST_BYTE_TIMEOUT = 1.5
 IDLE_TIMEOUT = 1.0
 TOTAL_TIMEOUT = 3.0
-MESSAGES = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Say something, in a few words please."},
-]
-ECHO = "echo: Say something, in a few words please."
 
 
 @pytest.fixture(scope="module")
@@ -83,64 +76,12 @@ def gateway(
 # -- what the client saw ---------------------------------------------------------------------------
 
 
-@dataclass
-class Seen:
-    """One client request's whole response, read to its end."""
-
-    status: int
-    headers: httpx.Headers
-    body: bytes
-    seconds: float
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[Any]:
-        """The SSE events: parsed JSON, or the string "[DONE]"."""
-        out: list[Any] = []
-        for block in self.body.split(b"\n\n"):
-            block = block.strip()
-            if not block:
-                continue
-            assert block.startswith(b"data: "), f"not an SSE event: {block[:80]!r}"
-            data = block[6:]
-            out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
-        return out
-
-    def text(self) -> str:
-        return "".join(
-            e["choices"][0]["delta"].get("content") or ""
-            for e in self.events()
-            if isinstance(e, dict) and e.get("choices")
-        )
-
-
 def call(gateway: GatewayProcess, model: str, stream: bool = False) -> Seen:
     body = {"model": model, "messages": MESSAGES, "stream": stream}
     started = time.monotonic()
     with httpx.stream("POST", f"{gateway.base_url}/chat/completions", json=body, timeout=30) as r:
         data = r.read()
     return Seen(r.status_code, r.headers, data, time.monotonic() - started)
-
-
-def assert_completed(seen: Seen, stream: bool) -> None:
-    """A normal answer, exactly once."""
-    assert seen.status == 200, seen.body[:300]
-    if stream:
-        events = seen.events()
-        assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
-        assert seen.text() == ECHO
-        assert not any(isinstance(e, dict) and "error" in e for e in events)
-    else:
-        assert seen.json()["choices"][0]["message"]["content"] == ECHO
-
-
-def assert_error(seen: Seen, status: int, code: str) -> None:
-    """One OpenAI error body, never a silent or empty answer."""
-    assert seen.status == status, seen.body[:300]
-    error = seen.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code and error["message"]
 
 
 def assert_stream_broken_off(seen: Seen) -> None:

@@ -15,25 +15,19 @@ gateway's side (hangs, timeouts, a connection dropped mid-stream) is in tests/te
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
+from tests.chat_seen import ECHO, MESSAGES, Seen, assert_completed, assert_error
 from tests.conftest import free_port
 from tests.in_process import AppGateway, AppStarter, LocalUpstream
 
 RETRY = {"max_attempts": 3, "backoff_base_seconds": 0.05, "max_delay_seconds": 2}
-MESSAGES = [
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Say something, in a few words please."},
-]
-ECHO = "echo: Say something, in a few words please."
 
 
 @dataclass
@@ -83,63 +77,11 @@ async def faulty(start_app: AppStarter, local_upstream: LocalUpstream) -> Any:
 # -- what the client saw ---------------------------------------------------------------------------
 
 
-@dataclass
-class Seen:
-    """One client request's whole response."""
-
-    status: int
-    headers: httpx.Headers
-    body: bytes
-    seconds: float
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[Any]:
-        """The SSE events: parsed JSON, or the string "[DONE]"."""
-        out: list[Any] = []
-        for block in self.body.split(b"\n\n"):
-            block = block.strip()
-            if not block:
-                continue
-            assert block.startswith(b"data: "), f"not an SSE event: {block[:80]!r}"
-            data = block[6:]
-            out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
-        return out
-
-    def text(self) -> str:
-        return "".join(
-            e["choices"][0]["delta"].get("content") or ""
-            for e in self.events()
-            if isinstance(e, dict) and e.get("choices")
-        )
-
-
 async def call(gw: AppGateway, model: str, stream: bool = False) -> Seen:
     body = {"model": model, "messages": MESSAGES, "stream": stream}
     started = time.monotonic()
     r = await gw.http.post(f"{gw.base_url}/chat/completions", json=body)
     return Seen(r.status_code, r.headers, r.content, time.monotonic() - started)
-
-
-def assert_completed(seen: Seen, stream: bool) -> None:
-    """A normal answer, exactly once."""
-    assert seen.status == 200, seen.body[:300]
-    if stream:
-        events = seen.events()
-        assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
-        assert seen.text() == ECHO
-        assert not any(isinstance(e, dict) and "error" in e for e in events)
-    else:
-        assert seen.json()["choices"][0]["message"]["content"] == ECHO
-
-
-def assert_error(seen: Seen, status: int, code: str) -> None:
-    """One OpenAI error body, never a silent or empty answer."""
-    assert seen.status == status, seen.body[:300]
-    error = seen.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code and error["message"]
 
 
 async def while_healthy_traffic(faulty: Faulty, fault: Awaitable[Seen]) -> Seen:
