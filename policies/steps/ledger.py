@@ -91,7 +91,7 @@ class Ledger:
         cap = int(budget.limit * self.config.share)
         said = self._said(conversation, env)
         reach = self._reach(conversation, budget, env, at, said, cap)
-        entries = self._entries(conversation, at, said.before(reach))
+        entries = self._entries(conversation, at, said.before(reach), env)
         said.remember()
         kept = self._bounded(entries, cap, env)
         if at is not None:
@@ -177,7 +177,7 @@ class Ledger:
         cut = 0
         while True:
             reach = turns[cut].start
-            entries = self._entries(conversation, at, said.before(reach))
+            entries = self._entries(conversation, at, said.before(reach), env)
             kept = self._bounded(entries, cap, env)
             # the block's exact size: fifo will see this very block, so its cut is the one
             # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
@@ -202,8 +202,8 @@ class Ledger:
             ],
             env,
         )
-        entries = parse(conversation.messages[at].text, self.config.header)
-        left = [e for e in entries if normalised(e.text) not in present]
+        entries = self._block(conversation.messages[at].text, env)
+        left = [e for e, key in entries if key not in present]
         if len(left) == len(entries):
             return conversation
         if not left:
@@ -231,24 +231,37 @@ class Ledger:
         conversation: Conversation,
         at: int | None,
         said: Sequence[tuple[str, str, float, int]],
+        env: Env,
     ) -> list[Entry]:
         """The ledger's entries so far, then `said` (the would-be entries of the messages that
         go, in the order they were said), each statement once: a passage that another one
         holds whole is merged into it."""
         seen: set[str] = set()
         entries: list[Entry] = []
+        keys: list[str] = []
         if at is not None:
-            for entry in parse(conversation.messages[at].text, self.config.header):
-                key = normalised(entry.text)
+            for entry, key in self._block(conversation.messages[at].text, env):
                 if key not in seen:
                     seen.add(key)
                     entries.append(Entry(entry.text, entry.score, len(entries)))
+                    keys.append(key)
         base = len(entries)
         for text, key, value, i in said:
             if key not in seen:
                 seen.add(key)
                 entries.append(Entry(text, value, base + i))
-        return merged(entries)
+                keys.append(key)
+        return merged(entries, keys)
+
+    def _block(self, text: str, env: Env) -> tuple[tuple[Entry, str], ...]:
+        """The entries of the ledger's block and their comparison keys (remembered: every
+        round of every pass reads the block back)."""
+        header = self.config.header
+        return env.memo.get(
+            ("ledger-block", header, text),
+            lambda: tuple([(e, normalised(e.text)) for e in parse(text, header)]),
+            2 * len(text),
+        )
 
     def _said(self, conversation: Conversation, env: Env) -> Collected:
         """The would-be entries in the messages a later step may remove, each statement at its
