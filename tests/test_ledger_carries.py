@@ -198,6 +198,37 @@ def test_entries_are_the_users_prose_word_for_word_never_material_never_a_bigger
     assert block <= sum(m.tokens for m in went)
 
 
+FIFO_ONLY = build_policy("f", [{"type": "fifo"}])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    session=sessions(),
+    prompt=st.floats(0.0, 0.95),
+    fraction=st.floats(0.15, 0.6),
+)
+def test_a_request_that_fits_without_the_ledger_fits_with_it(
+    session: tuple[list[dict[str, Any]], list[str], list[str]], prompt: float, fraction: float
+) -> None:
+    """The block only takes room the prompts, pins and the last Turn leave under the target: a
+    long system prompt (an agent's) leaves the ledger little or none, and the request that fifo
+    alone fits is never made to fail by the statements the ledger would carry."""
+    data, _, _ = session
+    conversation = conv(data)
+    window = int(conversation.tokens * fraction / 0.6)
+    words = int(window * 0.6 * prompt)
+    data = [msg("system", "You are a coding assistant. " + "Be brief. " * words), *data[1:]]
+    conversation = conv(data)
+    plan = budget(window)
+    alone = run_chain(conversation, plan, FIFO_ONLY, env())
+    if not alone.fits:
+        return
+    for policy in (DEFAULT, SALIENT_ONLY):
+        result = run_chain(conversation, plan, policy, env())
+        assert result.fits and result.error is None, result.error
+        assert result.tokens_after <= plan.limit
+
+
 @settings(max_examples=80, deadline=None)
 @given(session=sessions(), fraction=st.floats(0.15, 0.6))
 def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(

@@ -80,6 +80,20 @@ class LedgerConfig(StepConfig):
     header: str = Field(HEADER, min_length=1)
 
 
+def _room(conversation: Conversation, budget: Budget, at: int | None) -> int:
+    """The most the block may take: the limit less what no later step drops (the prompts,
+    pins, summaries and the last Turn, which fifo keeps whole), so that a request that fits
+    without the ledger still fits with it (design D5.3). Against the limit, not the target:
+    a pass that compacts harder lowers the target, and the block must not vanish for it."""
+    turns = conversation.turns()
+    if not turns:
+        return 0
+    sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
+    current = conversation.messages[at].tokens if at is not None else 0
+    fixed = conversation.tokens - sum(sizes) - current
+    return budget.limit - fixed - sizes[-1]
+
+
 class Ledger:
     type: ClassVar[str] = "ledger"
 
@@ -88,7 +102,9 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        cap = int(budget.limit * self.config.share)
+        cap = min(int(budget.limit * self.config.share), _room(conversation, budget, at))
+        if cap <= 0 and at is None:
+            return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
         reach = self._reach(conversation, budget, env, at, said, cap)
         entries = self._entries(conversation, at, said.before(reach), env)
