@@ -1,10 +1,12 @@
 """A text repeated within a request is looked up once, and that never changes what is forwarded.
 
-`ledger` works out each distinct text's statements once per pass and checks its entries against
-each distinct kept text once; `content_type_chunking` looks each (text, mark, priority) up in the
-memo once per pass. The plain steps below look every message up on its own, as before: for any
-conversation that repeats texts (with different marks and priorities, with and without uids),
-the chain forwards the same messages and reports the same steps.
+`ledger` works out each distinct text's statements once per pass, only for the messages its
+cut reaches, and checks its entries against each distinct kept text once;
+`content_type_chunking` looks each (text, mark, priority) up in the memo once per pass. The
+plain steps below look every message up on its own, as before (the plain ledger goes through
+every message a later step may remove, then keeps those before the cut): for any conversation
+that repeats texts (with different marks and priorities, with and without uids), the chain
+forwards the same messages and reports the same steps.
 """
 
 from __future__ import annotations
@@ -31,18 +33,33 @@ from tests.policy_strategies import budget, conv, env, msg
 pytestmark = pytest.mark.unit
 
 
+class Everything:
+    """The would-be entries found as the ledger once found them: every message gone through
+    first, then those before the reach kept."""
+
+    def __init__(self, said: list[tuple[str, str, float, int]]) -> None:
+        self.said = said
+
+    def before(self, reach: int) -> list[tuple[str, str, float, int]]:
+        return [s for s in self.said if s[3] < reach]
+
+    def remember(self) -> None:
+        pass
+
+
 class PlainLedger(Ledger):
-    def _collected(
-        self, messages: Sequence[Message], env: Env
-    ) -> tuple[tuple[str, str, float, int], ...]:
+    def _said(self, conversation: Conversation, env: Env) -> Any:
+        messages, protected = conversation.messages, conversation.protected()
         seen: set[str] = set()
         out = []
-        for k, message in enumerate(messages):
+        for i, message in enumerate(messages):
+            if protected[i] or message.origin < 0 or message.role not in self.config.roles:
+                continue
             for text, key, value in self._candidates(texts_of(message), env):
                 if key not in seen:
                     seen.add(key)
-                    out.append((text, key, value, k))
-        return tuple(out)
+                    out.append((text, key, value, i))
+        return Everything(out)
 
     def _present(self, messages: Sequence[Message], env: Env) -> str:
         return "\n".join(normalised(m.text) for m in messages)
@@ -115,3 +132,7 @@ def test_repeated_texts_looked_up_once_forward_what_plain_lookups_forward(
     shared = env()  # a memo that has seen the conversation: the second run reads it back
     run_chain(conversation, limits, fast, shared)
     assert _forwarded(run_chain(conversation, limits, fast, shared)) == _forwarded(expected)
+    # a smaller window: the ledger's cut reaches further than the remembered part went
+    smaller = budget(max(64, int(conversation.tokens * fraction / 0.6) // 2))
+    expected = run_chain(conversation, smaller, plain, env())
+    assert _forwarded(run_chain(conversation, smaller, fast, shared)) == _forwarded(expected)

@@ -33,7 +33,7 @@ Never drops or rewrites a client's message: it only adds its own block, and take
 
 from __future__ import annotations
 
-import itertools
+import functools
 import operator
 from collections.abc import Sequence
 from typing import ClassVar, Literal
@@ -47,8 +47,9 @@ from ..prose import prose_spans
 from ..salience import look, normalised
 from ..step import Env, StepConfig, StepResult
 from .fifo import droppable_sizes
-from .ledger_entries import BULLET, Entry, merged, parse, texts_of
+from .ledger_entries import BULLET, Entry, merged, parse
 from .ledger_rank import carried, line_rank
+from .ledger_said import Candidate, Collected
 
 KIND = "ledger"
 HEADER = "[Stated earlier in this conversation, kept word for word:]"
@@ -106,7 +107,8 @@ class Ledger:
             return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
         reach = self._reach(conversation, budget, env, at, said, cap)
-        entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
+        entries = self._entries(conversation, at, said.before(reach), env)
+        said.remember()
         kept = self._bounded(entries, cap, env)
         if at is not None:
             old = conversation.messages[at]
@@ -139,7 +141,7 @@ class Ledger:
         budget: Budget,
         env: Env,
         at: int | None,
-        said: Sequence[tuple[str, str, float, int]],
+        said: Collected,
         cap: int,
     ) -> int:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
@@ -177,7 +179,7 @@ class Ledger:
         conversation: Conversation,
         budget: Budget,
         env: Env,
-        said: Sequence[tuple[str, str, float, int]],
+        said: Collected,
         cap: int,
         at: int | None = None,
     ) -> int:
@@ -191,7 +193,7 @@ class Ledger:
         cut = 0
         while True:
             reach = turns[cut].start
-            entries = self._entries(conversation, at, [s for s in said if s[3] < reach])
+            entries = self._entries(conversation, at, said.before(reach), env)
             kept = self._bounded(entries, cap, env)
             # the block's exact size: fifo will see this very block, so its cut is the one
             # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
@@ -216,8 +218,8 @@ class Ledger:
             ],
             env,
         )
-        entries = parse(conversation.messages[at].text, self.config.header)
-        left = [e for e in entries if normalised(e.text) not in present]
+        entries = self._block(conversation.messages[at].text, env)
+        left = [e for e, key in entries if key not in present]
         if len(left) == len(entries):
             return conversation
         if not left:
@@ -245,28 +247,41 @@ class Ledger:
         conversation: Conversation,
         at: int | None,
         said: Sequence[tuple[str, str, float, int]],
+        env: Env,
     ) -> list[Entry]:
         """The ledger's entries so far, then `said` (the would-be entries of the messages that
         go, in the order they were said), each statement once: a passage that another one
         holds whole is merged into it."""
         seen: set[str] = set()
         entries: list[Entry] = []
+        keys: list[str] = []
         if at is not None:
-            for entry in parse(conversation.messages[at].text, self.config.header):
-                key = normalised(entry.text)
+            for entry, key in self._block(conversation.messages[at].text, env):
                 if key not in seen:
                     seen.add(key)
                     entries.append(Entry(entry.text, entry.score, len(entries)))
+                    keys.append(key)
         base = len(entries)
         for text, key, value, i in said:
             if key not in seen:
                 seen.add(key)
                 entries.append(Entry(text, value, base + i))
-        return merged(entries)
+                keys.append(key)
+        return merged(entries, keys)
 
-    def _said(self, conversation: Conversation, env: Env) -> list[tuple[str, str, float, int]]:
-        """(line, comparison key, score, message index) of the would-be entries in the messages
-        a later step may remove, in order, each statement at its first place only.
+    def _block(self, text: str, env: Env) -> tuple[tuple[Entry, str], ...]:
+        """The entries of the ledger's block and their comparison keys (remembered: every
+        round of every pass reads the block back)."""
+        header = self.config.header
+        return env.memo.get(
+            ("ledger-block", header, text),
+            lambda: tuple([(e, normalised(e.text)) for e in parse(text, header)]),
+            2 * len(text),
+        )
+
+    def _said(self, conversation: Conversation, env: Env) -> Collected:
+        """The would-be entries in the messages a later step may remove, each statement at its
+        first place only (`ledger_said.py`: worked out only as far as the cut reaches).
 
         Remembered by the uids of those messages (equal uids, equal messages): a resent
         conversation is one lookup, not one per message (a new message or an edit makes new
@@ -282,43 +297,14 @@ class Ledger:
             if not protected[i] and m.origin >= 0 and m.role in roles
         ]
         uids = tuple([messages[i].uid for i in picked])
+        find = functools.partial(self._candidates, env=env)
         if None in uids:
-            said = self._collected([messages[i] for i in picked], env)
-        else:
-            config = self.config
-            key = (
-                "ledger-said",
-                config.min_salience,
-                config.carry_all,
-                config.max_entry_chars,
-                uids,
-            )
-            said = env.memo.peek(key)  # type: ignore[assignment]
-            if said is None:
-                said = self._collected([messages[i] for i in picked], env)
-                env.memo.put(key, said, 8 * len(uids) + sum(len(t) for t, _, _, _ in said))
-        return [(text, key, value, picked[k]) for text, key, value, k in said]
+            return Collected(messages, picked, find)
+        config = self.config
+        key = ("ledger-said", config.min_salience, config.carry_all, config.max_entry_chars, uids)
+        return Collected(messages, picked, find, env.memo, key)
 
-    def _collected(
-        self, messages: Sequence[Message], env: Env
-    ) -> tuple[tuple[str, str, float, int], ...]:
-        """`_said` of `messages`, with each passage's position in `messages`.
-
-        Each distinct text is looked up once (a chat repeats its short replies many times), and
-        only the messages with a would-be entry are gone through one by one (most have none).
-        """
-        texts = [texts_of(m) for m in messages]
-        found = {text: self._candidates(text, env) for text in dict.fromkeys(texts)}
-        seen: set[str] = set()
-        out = []
-        for k in itertools.compress(range(len(texts)), map(found.__getitem__, texts)):
-            for text, key, value in found[texts[k]]:
-                if key not in seen:
-                    seen.add(key)
-                    out.append((text, key, value, k))
-        return tuple(out)
-
-    def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[tuple[str, str, float], ...]:
+    def _candidates(self, parts: tuple[str, ...], env: Env) -> tuple[Candidate, ...]:
         """A message's would-be entries: (line, comparison key, rank) of each passage it carries
         of its prose (`policies.prose`: never a line of a file, code, a log or tool output),
         text part by text part; remembered, since a client resends every message on every

@@ -60,10 +60,11 @@ def texts_of(message: Message) -> tuple[str, ...]:
     return (message.text,)
 
 
-def merged(entries: list[Entry]) -> list[Entry]:
+def merged(entries: list[Entry], keys: list[str] | None = None) -> list[Entry]:
     """`entries` without those another entry holds whole (the longer one stays, where it was
-    said first)."""
-    keys = [normalised(e.text) for e in entries]
+    said first); `keys`: their normalised texts, when worked out already."""
+    if keys is None:
+        keys = [normalised(e.text) for e in entries]
     out = []
     for k, entry in enumerate(entries):
         key = keys[k]
