@@ -24,7 +24,7 @@ from policies import check, run_chain
 from policies.prose import prose_spans
 from policies.registry import DEFAULT_STEPS, build_policy
 from policies.salience import normalised, score
-from policies.steps.ledger import KIND, Ledger, LedgerConfig
+from policies.steps.ledger import KIND, Ledger, LedgerConfig, block_room
 from policies.steps.ledger_entries import Entry
 from policies.steps.ledger_rank import carried, rank
 from tests.conftest import GatewayStarter
@@ -244,7 +244,7 @@ def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(
     if any(score(e).score < THRESHOLD for e in entries):  # a plain entry made it in
         text = forwarded(result.conversation)
         step = Ledger(LedgerConfig(share=TIGHT_SHARE))
-        cap = int(limits.limit * TIGHT_SHARE)
+        cap = min(int(limits.limit * TIGHT_SHARE), block_room(conversation, limits, None))
         salient = [Entry(e, 1.0, k) for k, e in enumerate(entries) if score(e).score >= THRESHOLD]
         for s in said:
             if s in SALIENT and normalised(s) not in text:

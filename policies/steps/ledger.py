@@ -80,7 +80,7 @@ class LedgerConfig(StepConfig):
     header: str = Field(HEADER, min_length=1)
 
 
-def _room(conversation: Conversation, budget: Budget, at: int | None) -> int:
+def block_room(conversation: Conversation, budget: Budget, at: int | None) -> int:
     """The most the block may take: the limit less what no later step drops (the prompts,
     pins, summaries and the last Turn, which fifo keeps whole), so that a request that fits
     without the ledger still fits with it (design D5.3). Against the limit, not the target:
@@ -102,7 +102,7 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        cap = min(int(budget.limit * self.config.share), _room(conversation, budget, at))
+        cap = min(int(budget.limit * self.config.share), block_room(conversation, budget, at))
         if cap <= 0 and at is None:
             return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
