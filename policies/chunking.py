@@ -2,14 +2,7 @@
 
 Every function here is pure and keeps one promise per content type:
 
-- JSON: whitespace outside strings is removed, nothing else; only when the text parses, and the
-  result must parse to the same value (numbers, key order and duplicates are untouched because
-  the text is never re-serialised).
-- Code: comment-only lines are dropped and runs of blank lines become one blank line; no other
-  line is touched, so indentation never changes. Python (detected by parsing) is handled with
-  the tokenizer, so a `#` or a blank line inside a string is never dropped, and the result must
-  have the same AST as the input or the input is returned. Other languages: `//` comment lines.
-  Fenced blocks in Markdown are handled one by one, the prose around them is left alone.
+- JSON and code: minified without changing what they mean (`policies.minify`).
 - Logs: runs of identical lines become one line plus `[previous line repeated N more times]`,
   runs of near-identical lines (same once digits and hex ids are ignored) keep their first and
   last line around `[... N similar lines ...]`; then, if still over the ratio, the head and the
@@ -27,22 +20,16 @@ code), else prose. A client's `"compactgate": {"type": ...}` mark takes preceden
 
 from __future__ import annotations
 
-import ast
-import io
 import itertools
-import json
 import operator
 import re
-import threading
-import tokenize
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal
+
+from .minify import FENCE_RE, fences, minify_code, minify_fences, minify_json, python_module
 
 Kind = Literal["code", "text", "plan_ref", "log", "json", "other"]
 
-FENCE_RE = re.compile(r"^([ \t]*)(```|~~~)([^\n]*)\n(.*?)^\1\2[ \t]*$", re.M | re.S)
-FENCES = ("```", "~~~")
 LOG_LINE_RE = re.compile(
     r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}|\b\d{2}:\d{2}:\d{2}\b"
     r"|\b(?:TRACE|DEBUG|INFO|NOTICE|WARN|WARNING|ERROR|FATAL|CRITICAL|SEVERE)\b"
@@ -66,7 +53,6 @@ _CODE_START_RE = re.compile(_CODE_START)  # matched at a line's start; the end i
 NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
 # What NUMBER_RE can replace in ASCII text: lines with equal keys are equal without these.
 _NUMBER_CHARS = str.maketrans("", "", "0123456789abcdefABCDEFx")
-JSON_WS_RE = re.compile(r'("(?:[^"\\]|\\.)*")|\s+', re.S)
 SAMPLE_LINES = 24
 LEAD_LINES = 5  # lines a user may type before a pasted log, kept whole
 ELISION = "[... {n} lines elided by compactgate ...]"
@@ -87,13 +73,13 @@ def detect(text: str) -> Kind:
     sample = list(itertools.islice(filter(str.strip, stripped.split("\n")), SAMPLE_LINES))
     if len(sample) >= 5 and _log_lines(sample, (len(sample) + 1) // 2):
         return "log"
-    fenced = sum(len(m.group(0)) for m in _fences(stripped))
+    fenced = sum(len(m.group(0)) for m in fences(stripped))
     if fenced * 2 >= len(stripped):
         return "code"
     if len(sample) >= 3:
         if _code_lines(sample, (len(sample) * 3 + 4) // 5):
             return "code"
-        if _python_module(stripped) is not None:
+        if python_module(stripped) is not None:
             return "code"
     return "text"
 
@@ -134,55 +120,6 @@ def _code_lines(lines: list[str], needed: int) -> bool:
     return needed <= 0
 
 
-def _fences(text: str) -> Iterator[re.Match[str]]:
-    """`FENCE_RE.finditer(text)`, without scanning texts that have no fence at all."""
-    if FENCES[0] not in text and FENCES[1] not in text:
-        return iter(())
-    return FENCE_RE.finditer(text)
-
-
-# JSON ------------------------------------------------------------------------------------------
-
-
-def minify_json(text: str) -> str | None:
-    """`text` without insignificant whitespace; None when it is not JSON or nothing changed."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict | list):
-        return None
-    small = JSON_WS_RE.sub(lambda m: m.group(1) or "", text)
-    if len(small) >= len(text.strip()):
-        return small if small != text else None
-    try:
-        if json.loads(small) != value:
-            return None
-    except ValueError:
-        return None
-    return small
-
-
-# Code ------------------------------------------------------------------------------------------
-
-
-def minify_code(text: str) -> str:
-    """Comment-only lines and blank-line runs removed; indentation never changed."""
-    if next(_fences(text), None) is not None:
-        return minify_fences(text)
-    return _minify_block(text, "")
-
-
-def minify_fences(text: str) -> str:
-    """Only the fenced code blocks of a Markdown text minified; the prose is left alone."""
-
-    def one(match: re.Match[str]) -> str:
-        indent, fence, info, body = match.group(1), match.group(2), match.group(3), match.group(4)
-        return f"{indent}{fence}{info}\n{_minify_block(body, info.strip().lower())}{indent}{fence}"
-
-    return FENCE_RE.sub(one, text)
-
-
 def _typed_lead(text: str) -> str:
     """The lines before a log's first log line, when it is among the first `LEAD_LINES + 1`
     lines (with their line breaks): what a user typed before pasting the log."""
@@ -204,86 +141,6 @@ def _in_fences(text: str, change: Callable[[str], str]) -> str:
         return f"{indent}{fence}{info}\n{new}{indent}{fence}"
 
     return FENCE_RE.sub(one, text)
-
-
-def _minify_block(code: str, language: str) -> str:
-    tree = _python_module(code) if language in ("", "py", "python", "python3") else None
-    if tree is not None:
-        small = _minify_python(code)
-        if small is not None and _same_ast(tree, small):
-            return small
-        return code
-    if language in ("py", "python", "python3"):
-        return code  # says Python but does not parse: leave it exactly as it is
-    return _minify_generic(code)
-
-
-_WARNINGS_LOCK = threading.Lock()
-
-
-def _python_module(code: str) -> ast.Module | None:
-    """The module `code` parses to, or None. The compiler's warnings about the text (prose such
-    as "2nd" reads as an invalid decimal literal) are silenced: they would reach the gateway's
-    stderr, and where warnings are errors (the tests) they would change the answer. The warning
-    filters are process-wide, so two threads (the gateway runs some chains in a worker thread)
-    must not interleave their save and restore: that could leave "ignore" installed for good."""
-    try:
-        with _WARNINGS_LOCK, warnings.catch_warnings(action="ignore"):
-            return ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-def _same_ast(tree: ast.Module, code: str) -> bool:
-    other = _python_module(code)
-    return other is not None and ast.dump(tree) == ast.dump(other)
-
-
-def _minify_python(code: str) -> str | None:
-    real: set[int] = set()
-    comments: set[int] = set()
-    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(code).readline):
-            if token.type == tokenize.COMMENT:
-                comments.add(token.start[0])
-            elif token.type not in skip:
-                real.update(range(token.start[0], token.end[0] + 1))
-    except (tokenize.TokenError, SyntaxError, IndentationError):
-        return None
-    kept: list[str] = []
-    blank = False
-    for row, line in enumerate(code.splitlines(keepends=True), start=1):
-        if row in real:
-            kept.append(line)
-            blank = False
-        elif row in comments:
-            if row == 1 and line.startswith("#!"):
-                kept.append(line)
-        elif not blank:
-            kept.append(line)
-            blank = True
-    return "".join(kept)
-
-
-def _minify_generic(code: str) -> str:
-    kept: list[str] = []
-    blank = False
-    for line in code.splitlines(keepends=True):
-        stripped = line.strip()
-        if stripped.startswith("//"):
-            continue
-        if not stripped:
-            if blank:
-                continue
-            blank = True
-        else:
-            blank = False
-        kept.append(line)
-    return "".join(kept)
-
-
-# Logs ------------------------------------------------------------------------------------------
 
 
 def collapse_repeats(text: str) -> str:
@@ -393,7 +250,7 @@ def compress(
     if kind == "code":
         return minify_code(text)
     if kind == "log":
-        if next(_fences(text), None) is not None:  # pasted between sentences: only the blocks
+        if next(fences(text), None) is not None:  # pasted between sentences: only the blocks
             return _in_fences(
                 text, lambda b: compact_log(b, ratio) if lossy else collapse_repeats(b)
             )
@@ -403,6 +260,6 @@ def compress(
     if kind == "other":
         return elide(text, ratio) if lossy else text
     # prose: code blocks inside it are still code
-    has_fence = code_blocks and next(_fences(text), None) is not None
+    has_fence = code_blocks and next(fences(text), None) is not None
     small = minify_fences(text) if has_fence else text
     return elide(small, ratio) if lossy and prose else small

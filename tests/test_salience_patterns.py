@@ -13,7 +13,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import salience
+from policies import salience, salience_cues
 from policies.salience import KIND_SCORES, sentences
 from tests.fidelity_sessions import LANGUAGES, SHAPES, session
 
@@ -21,7 +21,10 @@ ORACLE_CUES = tuple(
     (
         kind,
         re.compile(
-            "|".join(f"(?:{t[kind]})" for t in (salience._EN, salience._ZH, salience._JA)), re.I
+            "|".join(
+                f"(?:{t[kind]})" for t in (salience_cues.EN, salience_cues.ZH, salience_cues.JA)
+            ),
+            re.I,
         ),
     )
     for kind in KIND_SCORES

@@ -35,6 +35,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..version import version
+from .children import Children
 
 disable_created_metrics()
 
@@ -62,25 +63,6 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0
 # Non-negative bounds only: prometheus-client drops a histogram's `_sum` when a bucket bound is
 # negative, and the mean error (`_sum / _count`) is what calibration is judged by.
 RATIO_BUCKETS = (0.01, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2)
-
-
-class Children(dict[tuple[str, ...], Any]):
-    """One metric's children by their label values: `metric.labels(*values)` made on the first
-    use of a label set and held, because `labels()` builds a tuple, checks it and takes a lock
-    on every call, and every served request makes a dozen. A child is made only when asked for
-    (a series appears on `/metrics` once it has been counted, as with `labels()`). Only for
-    bounded label sets: model labels are capped (`model_label`); APIs, statuses, tiers and arms
-    are few."""
-
-    __slots__ = ("metric",)
-
-    def __init__(self, metric: Any) -> None:
-        super().__init__()
-        self.metric = metric
-
-    def __missing__(self, values: tuple[str, ...]) -> Any:
-        found = self[values] = self.metric.labels(*values)
-        return found
 
 
 class Metrics:
