@@ -185,3 +185,37 @@ def test_summaries_that_cost_more_than_they_save_sit_out() -> None:
     payback.answered("c", 16_000)  # it saved less than the three cost, by more than itself
     assert payback.sitting_out("c") and not payback.may_prepare("c")
     assert payback.figures("c")["summaries_unused"] == 2
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(st.sampled_from(["made", "answered", "stale", "not_ready"]), max_size=12),
+    read_at=st.integers(0, 12),
+)
+def test_books_read_before_this_replicas_last_change_do_not_undo_it(
+    steps: list[str], read_at: int
+) -> None:
+    """Two replicas share a conversation's books through the store; each reads them in the
+    background. A read that began before this replica's own later changes landed (the store
+    still holds older books) leaves its books as they are; books as new or newer are taken."""
+    payback = Payback()
+    snapshot = None
+    for k, step in enumerate(steps):
+        if k == read_at:
+            snapshot = payback.books("c")
+        if step == "made":
+            payback.made("c", 100)
+        elif step == "answered":
+            payback.answered("c", 500)
+        else:
+            payback.forwarded("c", step, 500)
+    now = payback.books("c")
+    if snapshot is not None:
+        payback.adopt("c", snapshot)  # the older books, read late
+        assert payback.books("c") == now
+    if now is not None:
+        other = Payback()
+        other.adopt("c", now)
+        other.made("c", 100)  # another replica moved on from the same books
+        payback.adopt("c", other.books("c") or {})
+        assert payback.books("c") == other.books("c")

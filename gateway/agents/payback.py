@@ -122,9 +122,14 @@ class Payback:
 
     def adopt(self, conversation: Hashable, figures: Mapping[str, int]) -> None:
         """Take the books another replica kept (`books`; design D13.3): the latest is the
-        truth, a conversation's compactions coming one after the other."""
+        truth, a conversation's compactions coming one after the other. Books older than this
+        replica's own are left: a read that started before this replica's last write landed
+        (both run in the background) must not undo a summary it just made."""
         names = {f.name for f in fields(Figures)}
         books = _Books(Figures(**{k: int(v) for k, v in figures.items() if k in names}))
+        held = self._books.get(conversation)
+        if held is not None and _events(held.figures) > _events(books.figures):
+            return
         for name in _KEPT:
             setattr(books, name, int(figures.get(name, 0)))
         self._books[conversation] = books
@@ -158,3 +163,15 @@ class Payback:
         while len(self._books) > self._max:
             self._books.popitem(last=False)
         return books
+
+
+def _events(figures: Figures) -> int:
+    """How many things have happened to a conversation's books: each summary made and each
+    compaction request answered or forwarded counts one, so the count only grows."""
+    return (
+        figures.summaries_made
+        + figures.answered
+        + figures.forwarded_stale
+        + figures.forwarded_not_ready
+        + figures.forwarded_backoff
+    )
