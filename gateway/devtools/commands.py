@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 
 from ..config import Config, ConfigError, parse_config
+from ..store.urls import masked_url
 
 
 def hash_key() -> int:
@@ -151,18 +152,4 @@ def mask_url(url: str) -> str:
     """`url` fit to print: a password in it (`redis://:secret@host`, `https://user:pw@host`),
     a lone user name (often a token) and query values named like credentials become `***`.
     A summary is pasted into tickets and CI logs; the config's secrets must not go with it."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    # The last `@` ends the user info even when an unencoded password holds `/`, `?` or `@`.
-    userinfo, at, rest = rest.rpartition("@")
-    if at:
-        user, colon, _ = userinfo.partition(":")
-        userinfo = f"{user}:***@" if colon else "***@"
-    base, question, query = rest.partition("?")
-    if question:
-        query = "&".join(
-            f"{name}=***" if eq and _SECRET_PARAM.search(name) else f"{name}{eq}{value}"
-            for name, eq, value in (part.partition("=") for part in query.split("&"))
-        )
-    return f"{scheme}://{userinfo}{base}{question}{query}"
+    return masked_url(url, lambda name: _SECRET_PARAM.search(name) is not None)

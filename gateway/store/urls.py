@@ -17,6 +17,7 @@ A Sentinel set's own password, when the sentinels require one, is the query opti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import parse_qs, unquote
@@ -112,6 +113,13 @@ def memory_max_bytes(url: str) -> int:
 
 def mask_store_url(url: str) -> str:
     """`url` with its passwords (before `@`, and `sentinel_password=`) replaced by `***`."""
+    return masked_url(url, SECRET_OPTIONS.__contains__)
+
+
+def masked_url(url: str, secret: Callable[[str], bool]) -> str:
+    """`url` with the password of its user info (or a lone user name, often a token) and the
+    values of the query parameters `secret` names replaced by `***`. The last `@` ends the user
+    info even when an unencoded password holds `/`, `?` or `@`."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -122,7 +130,7 @@ def mask_store_url(url: str) -> str:
     base, question, query = rest.partition("?")
     if question:
         query = "&".join(
-            f"{name}=***" if name in SECRET_OPTIONS else f"{name}{eq}{value}"
+            f"{name}=***" if eq and secret(name) else f"{name}{eq}{value}"
             for name, eq, value in (part.partition("=") for part in query.split("&"))
         )
     return f"{scheme}://{userinfo}{base}{question}{query}"
