@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from ..store import SafeStore, conversation_key
+from ..store.records import record
 from .payback import Payback
 from .records import TEMPLATE_TTL_S, Template, digest_of, template_key
 from .timing import CompactionTiming, Point, Seen
@@ -64,11 +65,11 @@ class SharedMemory:
             keys.append(point_key(tenant, agent))
         values = await self._store.get_many(keys)
         seen = _seen(values[0])
-        record = _record(values[1])
+        stored = record(values[1])
         books = None
-        if record is not None:  # whole numbers only: anything else under our key is not ours
+        if stored is not None:  # whole numbers only: anything else under our key is not ours
             books = {
-                k: v for k, v in record.items() if isinstance(v, int) and not isinstance(v, bool)
+                k: v for k, v in stored.items() if isinstance(v, int) and not isinstance(v, bool)
             }
         point = _point(values[2]) if agent is not None else None
         self._timing.adopt(local, seen, (tenant, agent, point) if agent and point else None)
@@ -139,18 +140,6 @@ def point_key(tenant: str, agent: str) -> str:
     return "agent-point:" + digest
 
 
-def _record(value: bytes | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or data.get("v") != 1:
-        return None
-    return data
-
-
 def _ints(value: object, size: int) -> list[int | None] | None:
     if not isinstance(value, list) or len(value) != size:
         return None
@@ -160,7 +149,7 @@ def _ints(value: object, size: int) -> list[int | None] | None:
 
 
 def _seen(value: bytes | None) -> Seen | None:
-    data = _record(value)
+    data = record(value)
     fields = _ints(data.get("seen"), 3) if data is not None else None
     if fields is None or fields[0] is None:
         return None
@@ -168,7 +157,7 @@ def _seen(value: bytes | None) -> Seen | None:
 
 
 def _point(value: bytes | None) -> Point | None:
-    data = _record(value)
+    data = record(value)
     fields = _ints(data.get("point"), 4) if data is not None else None
     if fields is None or fields[0] is None:
         return None

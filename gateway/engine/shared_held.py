@@ -23,6 +23,7 @@ import orjson
 from policies import Budget, Conversation
 
 from ..store import SafeStore, conversation_key
+from ..store.records import record
 
 TTL_S = 24 * 3600  # an event's record outlives any pause in a conversation
 
@@ -39,14 +40,8 @@ class SharedEvents:
         key = _key(scope, conversation)
         if key is None:
             return None
-        value = await self._store.get(key)
-        if value is None:
-            return None
-        try:
-            data = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or data.get("v") != 1:
+        data = record(await self._store.get(key))
+        if data is None:
             return None
         count = data.get("n")
         if not isinstance(count, int) or not 0 < count <= len(conversation.messages):

@@ -43,6 +43,7 @@ from ..counting.tokenizers import CharsTokenizer
 from ..ops.metrics import Metrics
 from ..routing import Route
 from ..store import SafeStore, Store
+from ..store.records import record
 
 log = logging.getLogger("compactgate.calibration")
 
@@ -191,13 +192,8 @@ def _encode(state: _State) -> bytes:
 def _decode(value: bytes | None) -> tuple[float, list[float], int, int] | None:
     """A stored state (correction, observed, samples, changes); None for nothing or anything
     not ours."""
-    if value is None:
-        return None
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(data, dict) or data.get("v") != 1:
+    data = record(value)
+    if data is None:
         return None
     correction, observed = data.get("correction"), data.get("observed")
     samples, changes = data.get("samples"), data.get("changes")
