@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import Field
 
@@ -85,13 +85,29 @@ def block_room(conversation: Conversation, budget: Budget, at: int | None) -> in
     pins, summaries and the last Turn, which fifo keeps whole), so that a request that fits
     without the ledger still fits with it (design D5.3). Against the limit, not the target:
     a pass that compacts harder lowers the target, and the block must not vanish for it."""
-    turns = conversation.turns()
-    if not turns:
-        return 0
-    sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
-    current = conversation.messages[at].tokens if at is not None else 0
-    fixed = conversation.tokens - sum(sizes) - current
-    return budget.limit - fixed - sizes[-1]
+    return _room(budget, _Sizes.of(conversation, at))
+
+
+def _room(budget: Budget, sizes: _Sizes | None) -> int:
+    """`block_room` from the Turns' droppable sizes."""
+    return 0 if sizes is None else budget.limit - sizes.fixed - sizes.turns[-1]
+
+
+class _Sizes(NamedTuple):
+    """The Turns' droppable sizes and what else there is beside the block (the prompts, pins,
+    summaries): what `block_room` and `_reached` both need, worked out once per apply."""
+
+    turns: list[int]
+    fixed: int
+
+    @staticmethod
+    def of(conversation: Conversation, at: int | None) -> _Sizes | None:
+        turns = conversation.turns()
+        if not turns:
+            return None
+        sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
+        current = conversation.messages[at].tokens if at is not None else 0
+        return _Sizes(sizes, conversation.tokens - sum(sizes) - current)
 
 
 class Ledger:
@@ -102,14 +118,19 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        cap = min(int(budget.limit * self.config.share), block_room(conversation, budget, at))
+        sizes = _Sizes.of(conversation, at)
+        cap = min(int(budget.limit * self.config.share), _room(budget, sizes))
         if cap <= 0 and at is None:
             return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
-        reach = self._reach(conversation, budget, env, at, said, cap)
-        entries = self._entries(conversation, at, said.before(reach), env)
+        last: list[object] = []  # the last round's (reach, entries, kept), when worked out
+        reach = self._reach(conversation, budget, env, at, said, cap, sizes, last)
+        if last and last[0] == reach:
+            entries, kept = last[1], last[2]  # type: ignore[assignment]
+        else:
+            entries = self._entries(conversation, at, said.before(reach), env)
+            kept = self._bounded(entries, cap, env)
         said.remember()
-        kept = self._bounded(entries, cap, env)
         if at is not None:
             old = conversation.messages[at]
             if not kept:
@@ -143,6 +164,8 @@ class Ledger:
         at: int | None,
         said: Collected,
         cap: int,
+        sizes: _Sizes | None,
+        last: list[object],
     ) -> int:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
         after this one (fifo's stable cut, keeping the last Turn) removes once the ledger holds
@@ -170,9 +193,11 @@ class Ledger:
                 ),
             )
             return env.memo.get(
-                key, lambda: self._reached(conversation, budget, env, said, cap, at), 8 * len(uids)
+                key,
+                lambda: self._reached(conversation, budget, env, said, cap, sizes, at, last),
+                8 * len(uids),
             )
-        return self._reached(conversation, budget, env, said, cap, at)
+        return self._reached(conversation, budget, env, said, cap, sizes, at, last)
 
     def _reached(
         self,
@@ -181,15 +206,16 @@ class Ledger:
         env: Env,
         said: Collected,
         cap: int,
+        droppable: _Sizes | None,
         at: int | None = None,
+        last: list[object] | None = None,
     ) -> int:
-        """`_reach`, worked out."""
+        """`_reach`, worked out (`droppable`: the Turns' sizes; `last` is given the last
+        round's reach, entries and kept entries, which `apply` then needs again)."""
         turns = conversation.turns()
-        if len(turns) < 2:
+        if len(turns) < 2 or droppable is None:
             return 0
-        sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
-        current = conversation.messages[at].tokens if at is not None else 0
-        fixed = conversation.tokens - sum(sizes) - current
+        sizes, fixed = droppable
         cut = 0
         while True:
             reach = turns[cut].start
@@ -202,6 +228,8 @@ class Ledger:
                 stable_cut(sizes, fixed + ledger, budget.trigger, budget.target), len(turns) - 1
             )
             if moved <= cut:
+                if last is not None:
+                    last[:] = (reach, entries, kept)
                 return reach
             cut = moved
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from ..salience import Signals, Statement, items, passage_spans, score, signals, stated
+from ..salience import Looks, Signals, Statement, items, passage_spans, score, signals, stated
 from .ledger_entries import lines_of
 
 PLAIN = 0.2  # any other sentence
@@ -73,10 +73,17 @@ _ASK_JA = re.compile("てください|て下さい|てくれ|てもらえ|てい
 _ACTION_JA = re.compile("実行|修正|直して|追加|削除|消して|リネーム|リファクタ")
 
 
-def rank(sentence: str, threshold: float, cues: bool = True, details: bool = True) -> float:
+def rank(
+    sentence: str,
+    threshold: float,
+    cues: bool = True,
+    details: bool = True,
+    looks: Looks | None = None,
+) -> float:
     """A sentence's rank below `threshold` (0: never carried), as the module's rule says (told
-    whether the sentence may have a cue, and a detail, as `salience.look` tells)."""
-    found = signals(sentence, cues, details)
+    whether the sentence may have a cue, and a detail, as `salience.look` tells; `looks`: what
+    scoring found in it, as `salience.passage_spans` keeps it)."""
+    found = signals(sentence, cues, details, looks)
     if found.filler or _acknowledgement(found) or _routine(found, sentence):
         return 0.0
     value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
@@ -104,7 +111,8 @@ def carried(
     with a colon and is not salient, introduces what follows the prose and is left out.
     `cues` and `may`: whether a sentence of the part may have a cue, may score at all
     (`salience.look`)."""
-    spans, salient = passage_spans(part, threshold, cues) if may else (items(part), [])
+    looks: Looks = {}  # what scoring a sentence found, for ranking it
+    spans, salient = passage_spans(part, threshold, cues, looks) if may else (items(part), [])
     if not plain:
         return [(line, s.score) for _, _, s in salient for line in lines_of(s, threshold, limit)]
     out: list[tuple[str, float]] = []
@@ -119,7 +127,7 @@ def carried(
             if salient[at][0] == start and not _code_order(passage, salient[at][1] == end):
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
-        value = rank(part[start:end], threshold, cues, may)
+        value = rank(part[start:end], threshold, cues, may, looks)
         if k == len(spans) - 1 and part[end - 1] in _COLONS:
             value = 0.0  # it introduces what follows the prose: a paste, a file
         if value > 0 or (run and _continues(part, run[-1][1], start)):
