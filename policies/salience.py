@@ -44,6 +44,7 @@ LEAD_IN_CJK = 6  # ... in CJK characters ("訂正します。")
 
 _CJK = re.compile("[\u3040-\u9fff]")
 _LATIN = re.compile("[a-z]")
+_NON_WORD = re.compile(r"\W")
 
 
 def _cue(seen: Seen) -> str | None:
@@ -174,7 +175,11 @@ def _items(text: str) -> list[tuple[int, int, bool]]:
         end -= len(piece) - len(piece.rstrip())
         if end <= start:
             continue
-        if _NUMBER_MARK.match(text[start:end]) and "\n" not in piece.rstrip(" \t"):
+        if (
+            text[start].isdigit()  # (what `_NUMBER_MARK` starts with, and more)
+            and _NUMBER_MARK.match(text[start:end])
+            and "\n" not in piece.rstrip(" \t")
+        ):
             numbered = True  # "1." of "1. item": the item that follows is a list item
             continue
         out.append((start, end, bullet is not None or numbered))
@@ -218,15 +223,17 @@ def signals(
     text = sentence.strip()
     if _FILLER.match(text):
         return Signals(None, 0, False, False, False, False, True, "")
-    look = _looked(text, cues, details, looks)
-    found = frozenset()
-    if details and look[2]:
-        found = look[3]
-        if found is None:
-            found = look[3] = detail_kinds(look[0])
+    kind, found = None, frozenset()
+    if cues or details:  # (with neither, nothing of the look is needed)
+        look = _looked(text, cues, details, looks)
+        kind = look[1]
+        if details and look[2]:
+            found = look[3]
+            if found is None:
+                found = look[3] = detail_kinds(look[0])
     lead = _LEADING_FILLER.match(text)
     return Signals(
-        look[1],
+        kind,
         len(found - _CODE_DETAILS - _NAME_DETAILS),
         bool(found & _CODE_DETAILS),
         bool(found & _NAME_DETAILS),
@@ -411,7 +418,7 @@ def _leads_in(text: str) -> bool:
     """A sentence that only announces the next one: "Correction:", "Important.", "訂正します。"."""
     if text.endswith((":", "：")):
         return True
-    core = re.sub(r"\W", "", text)
+    core = _NON_WORD.sub("", text)
     return len(core) <= LEAD_IN_CJK if _has_cjk(core) else len(text.split()) <= LEAD_IN_WORDS
 
 
@@ -425,7 +432,7 @@ def _is_question(text: str) -> bool:
 
 
 def _has_cjk(text: str) -> bool:
-    return any("\u3040" <= ch <= "\u9fff" for ch in text)
+    return _CJK.search(text) is not None
 
 
 def normalised(text: str) -> str:

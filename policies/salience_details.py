@@ -45,12 +45,15 @@ class Seen(NamedTuple):
 class _Detail(NamedTuple):
     """One way to find a kind of concrete detail: found when a pattern matches. `may` is a
     cheap test that is true whenever a pattern could match (each pattern needs what it checks),
-    so most sentences are never scanned by the slow patterns. A kind with several ways to be
-    found has several entries, each with the test its own patterns need."""
+    so most sentences are never scanned by the slow patterns; `digit`: the patterns need a
+    digit too (a sentence without one never looks at the entry). None: nothing but the digit.
+    A kind with several ways to be found has several entries, each with the test its own
+    patterns need."""
 
     kind: int
-    may: Callable[[Seen], bool]
+    may: Callable[[Seen], bool] | None
     patterns: tuple[re.Pattern[str], ...]
+    digit: bool = False
 
 
 _FILE_EXTENSIONS = (
@@ -67,7 +70,7 @@ _DETAILS: tuple[_Detail, ...] = (
     # a number with a unit or currency (also CJK units and counters)
     _Detail(
         0,
-        lambda s: s.digit,
+        None,
         (
             re.compile(r"[$€£¥]\s?\d"),
             re.compile(
@@ -78,27 +81,31 @@ _DETAILS: tuple[_Detail, ...] = (
                 r"日|時間|小时|分钟|分|秒|週間|周|年|月|号|歳|岁))"
             ),
         ),
+        True,
     ),
     # a date or a time: in digits, a month's name and a day, or a weekday's name
     _Detail(
         1,
-        lambda s: s.digit,
+        None,
         (re.compile(r"\d(?<!\w\d)(?:\d{3}[-/.]\d{1,2}[-/.]\d{1,2}\b|\d?:\d{2}\b)"),),
+        True,
     ),
     _Detail(
         1,
-        lambda s: s.digit and "月" in s.text,
+        lambda s: "月" in s.text,
         (re.compile(r"\d{1,4}年\d{1,2}月|\d{1,2}月\d{1,2}[日号]"),),
+        True,
     ),
     _Detail(
         1,
-        lambda s: s.digit and _MONTH.search(s.lower) is not None,  # look-alikes folded
+        lambda s: _MONTH.search(s.lower) is not None,  # look-alikes folded
         (
             re.compile(
                 r"(?i:\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
                 r"(?:st|nd|rd|th)?\b)"
             ),
         ),
+        True,
     ),
     _Detail(
         1,
@@ -109,13 +116,14 @@ _DETAILS: tuple[_Detail, ...] = (
     # (bounded by what is not an ASCII letter or digit: in CJK text there is no \b before one)
     _Detail(
         2,
-        lambda s: s.digit,
+        None,
         (
             re.compile(
                 r"(?<![0-9A-Za-z.])v?\d+\.\d+(?:\.\d+)*(?![0-9A-Za-z])|\bport \d+\b|:\d{2,5}\b|"
                 r"(?<![0-9A-Za-z.])\d{3,}(?![0-9A-Za-z])"
             ),
         ),
+        True,
     ),
     # a path or a file name (ASCII-bounded, as in CJK text nothing separates them)
     _Detail(
@@ -154,8 +162,9 @@ _DETAILS: tuple[_Detail, ...] = (
     ),
     _Detail(
         5,
-        lambda s: s.digit and "-" in s.text,
+        lambda s: "-" in s.text,
         (re.compile(r"\b[A-Z]{2,}-\d+\b|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b"),),
+        True,
     ),
     _Detail(5, lambda s: "`" in s.text, (re.compile(r"`[^`\s]{2,}`"),)),
     # a proper name: capitalised in the middle of an English sentence, with inner capitals
@@ -204,6 +213,8 @@ _DETAILS: tuple[_Detail, ...] = (
 )
 # `_DETAILS` as `detail_count` walks it: (kind, cheap test, the patterns' bound search methods).
 _DETAIL_TABLE = tuple((d.kind, d.may, tuple(p.search for p in d.patterns)) for d in _DETAILS)
+# ... without the entries that need a digit: what a sentence without one walks.
+_UNDIGITED = tuple(row for d, row in zip(_DETAILS, _DETAIL_TABLE, strict=True) if not d.digit)
 # What every detail pattern needs, in a few scans of a whole text (`salience._may_score`): a digit,
 # a path's, an address's or an identifier's mark, a quote, a dot before a word character (a
 # file name, a host); lower case then upper case (camelCase, GitHub), a capital after a
@@ -253,8 +264,8 @@ def detail_count(seen: Seen, enough: int = len(_DETAILS)) -> int:
     """How many kinds of concrete detail a sentence has, counted up to `enough`."""
     found: set[int] = set()
     text = seen.text
-    for kind, may, searches in _DETAIL_TABLE:
-        if kind in found or not may(seen):
+    for kind, may, searches in _DETAIL_TABLE if seen.digit else _UNDIGITED:
+        if kind in found or (may is not None and not may(seen)):
             continue
         for search in searches:
             if search(text) is not None:
@@ -268,7 +279,12 @@ def detail_count(seen: Seen, enough: int = len(_DETAILS)) -> int:
 def detail_kinds(seen: Seen) -> frozenset[int]:
     """Which kinds of concrete detail a sentence has (all of them: `detail_count` counts)."""
     found: set[int] = set()
-    for kind, may, searches in _DETAIL_TABLE:
-        if kind not in found and may(seen) and any(search(seen.text) for search in searches):
-            found.add(kind)
+    text = seen.text
+    for kind, may, searches in _DETAIL_TABLE if seen.digit else _UNDIGITED:
+        if kind in found or (may is not None and not may(seen)):
+            continue
+        for search in searches:
+            if search(text) is not None:
+                found.add(kind)
+                break
     return frozenset(found)

@@ -124,7 +124,9 @@ def carried(
         if at < len(salient) and salient[at][0] <= start:  # inside a salient passage
             _flush(part, run, limit, out)
             passage = salient[at][2]
-            if salient[at][0] == start and not _code_order(passage, salient[at][1] == end):
+            if salient[at][0] == start and not _code_order(
+                passage, salient[at][1] == end, looks if cues else None
+            ):
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
         value = rank(part[start:end], threshold, cues, may, looks)
@@ -154,10 +156,15 @@ def _flush(
     run.clear()
 
 
-def _code_order(passage: Statement, one: bool) -> bool:
+def _code_order(passage: Statement, one: bool, looks: Looks | None) -> bool:
     """Whether a salient passage is a routine request all the same: one sentence, salient only
-    for the code it names (a fact by its identifiers or paths alone)."""
-    return one and passage.kind == "fact" and _routine(signals(passage.text), passage.text)
+    for the code it names (a fact by its identifiers or paths alone). `looks`: what scoring
+    found in its sentence, when it looked for cues."""
+    return (
+        one
+        and passage.kind == "fact"
+        and _routine(signals(passage.text, looks=looks), passage.text)
+    )
 
 
 def _continues(part: str, end: int, start: int) -> bool:
