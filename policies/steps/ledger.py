@@ -390,8 +390,13 @@ def _ledger_index(conversation: Conversation) -> int | None:
 
 def _line_tokens(text: str, env: Env) -> int:
     """Tokens of an entry's line in the block (remembered: worked out every pass)."""
-    line = BULLET + text + "\n"
-    return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))
+    key = ("ledger-line", text)  # (by the entry's text: its hash is worked out already)
+    found = env.memo.peek(key)
+    if found is None:
+        line = BULLET + text + "\n"
+        found = env.text_tokens(line)
+        env.memo.put(key, found, len(line))
+    return found  # type: ignore[return-value]
 
 
 def _score(text: str, threshold: float, plain: bool, env: Env) -> float:

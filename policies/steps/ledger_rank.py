@@ -84,10 +84,18 @@ def rank(
     whether the sentence may have a cue, and a detail, as `salience.look` tells; `looks`: what
     scoring found in it, as `salience.passage_spans` keeps it)."""
     found = signals(sentence, cues, details, looks)
-    if found.filler or _acknowledgement(found) or _routine(found, sentence):
+    if found.filler:
+        return 0.0
+    # said in the first person, with a negation: looked for once, as the acknowledgement and
+    # routine tests ask too (the negation where the sentence is all of `rest`, no filler before)
+    plain = found.kind is None
+    person = plain and _FIRST_PERSON.search(found.rest) is not None
+    negation = _NEGATION.search(sentence) is not None if plain and not found.facts else None
+    whole = negation if found.rest is sentence else None
+    if _acknowledgement(found, person, whole) or _routine(found, sentence, negation):
         return 0.0
     value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
-    if found.kind is not None or _FIRST_PERSON.search(found.rest):
+    if found.kind is not None or person:
         value += STANCE
     if found.request or found.question:
         value *= ASKED
@@ -173,10 +181,15 @@ def _continues(part: str, end: int, start: int) -> bool:
     return not part[end - 1].isspace() and part[end - 1] not in _ENDS and part[start].islower()
 
 
-def _routine(found: Signals, sentence: str) -> bool:
+def _routine(found: Signals, sentence: str, negation: bool | None = None) -> bool:
     """A short request for work on code: by its verb, not by the code it names ("Use the
-    existing logger in app/log.py, please" is a standing instruction)."""
-    if found.kind is not None or found.facts or _NEGATION.search(sentence):
+    existing logger in app/log.py, please" is a standing instruction). `negation`: whether
+    the sentence has one, when known."""
+    if found.kind is not None or found.facts:
+        return False
+    if negation is None:
+        negation = _NEGATION.search(sentence) is not None
+    if negation:
         return False  # a negation states a limit ("no print debugging left in commits")
     rest = found.rest
     if _CJK.search(rest):
@@ -189,13 +202,17 @@ def _routine(found: Signals, sentence: str) -> bool:
     return len(rest.split()) <= ROUTINE_WORDS and _ACTION.match(rest) is not None
 
 
-def _acknowledgement(found: Signals) -> bool:
+def _acknowledgement(found: Signals, person: bool, negation: bool | None = None) -> bool:
+    """(`person`: whether `found.rest` is said in the first person; `negation`: whether it has
+    a negation, when known.)"""
     if found.kind is not None or found.facts or found.code or found.name:
         return False
     rest = found.rest
     if not _WORDISH.search(rest):  # nothing but filler words, marks and emoji
         return True
-    if _FIRST_PERSON.search(rest) or _NEGATION.search(rest):
+    if negation is None:
+        negation = person or _NEGATION.search(rest) is not None
+    if person or negation:
         return False
     if _CJK.search(rest):
         return _cjk_length(rest, kana=0.5) <= ACK_CJK
