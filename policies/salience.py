@@ -223,14 +223,16 @@ def signals(
     text = sentence.strip()
     if _FILLER.match(text):
         return Signals(None, 0, False, False, False, False, True, "")
-    kind, found = None, frozenset()
+    kind: str | None = None
+    found: frozenset[int] = frozenset()
     if cues or details:  # (with neither, nothing of the look is needed)
         look = _looked(text, cues, details, looks)
         kind = look[1]
         if details and look[2]:
-            found = look[3]
-            if found is None:
-                found = look[3] = detail_kinds(look[0])
+            kinds: frozenset[int] | None = look[3]
+            if kinds is None:
+                kinds = look[3] = detail_kinds(look[0])
+            found = kinds
     lead = _LEADING_FILLER.match(text)
     return Signals(
         kind,
@@ -269,13 +271,14 @@ def _score(sentence: str, cues: bool, looks: Looks | None = None) -> Statement:
     # a cued sentence only asks whether it has a detail; a bare fact counts up to three
     details = 0
     if may:
-        if look[3] is not None:
-            details = min(len(look[3]), 1 if kind is not None else 3)
+        kinds: frozenset[int] | None = look[3]
+        if kinds is not None:
+            details = min(len(kinds), 1 if kind is not None else 3)
         elif kind is not None:
             details = detail_count(seen, 1)
         else:  # all of them: `signals` reads them back
-            look[3] = detail_kinds(seen)
-            details = min(len(look[3]), 3)
+            kinds = look[3] = detail_kinds(seen)
+            details = min(len(kinds), 3)
     if kind is not None:
         value = KIND_SCORES[kind] + (DETAIL_BONUS if details else 0.0)
     elif details:

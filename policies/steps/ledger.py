@@ -110,6 +110,16 @@ class _Sizes(NamedTuple):
         return _Sizes(sizes, conversation.tokens - sum(sizes) - current)
 
 
+class _Round(NamedTuple):
+    """A round of `_reached`: the reach tried, the entries before it, those the cap keeps, and
+    their block (None when none is kept)."""
+
+    reach: int
+    entries: list[Entry]
+    kept: list[Entry]
+    block: Message | None
+
+
 class Ledger:
     type: ClassVar[str] = "ledger"
 
@@ -123,10 +133,11 @@ class Ledger:
         if cap <= 0 and at is None:
             return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
-        last: list[object] = []  # the last round's (reach, entries, kept), when worked out
+        last: list[_Round] = []  # the last round, when worked out
         reach = self._reach(conversation, budget, env, at, said, cap, sizes, last)
-        if last and last[0] == reach:
-            entries, kept = last[1], last[2]  # type: ignore[assignment]
+        block: Message | None = None
+        if last and last[0].reach == reach:
+            entries, kept, block = last[0].entries, last[0].kept, last[0].block
         else:
             entries = self._entries(conversation, at, said.before(reach), env)
             kept = self._bounded(entries, cap, env)
@@ -136,7 +147,7 @@ class Ledger:
             if not kept:
                 messages = conversation.messages[:at] + conversation.messages[at + 1 :]
                 return StepResult(Conversation(messages), removed=1, detail={"entries": 0})
-            message = self._message(kept, env)
+            message = block if block is not None else self._message(kept, env)
             if message.data == old.data:
                 return StepResult.unchanged(conversation, reason="ledger unchanged")
             messages = (*conversation.messages[:at], message, *conversation.messages[at + 1 :])
@@ -148,7 +159,7 @@ class Ledger:
         if not kept:
             reason = "ledger full" if entries else "nothing to keep"
             return StepResult.unchanged(conversation, reason=reason, left_out=len(entries))
-        message = self._message(kept, env)
+        message = block if block is not None else self._message(kept, env)
         result = inserted(conversation, conversation.head_end(), [message])
         return StepResult(
             result,
@@ -165,7 +176,7 @@ class Ledger:
         said: Collected,
         cap: int,
         sizes: _Sizes | None,
-        last: list[object],
+        last: list[_Round],
     ) -> int:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
         after this one (fifo's stable cut, keeping the last Turn) removes once the ledger holds
@@ -208,10 +219,10 @@ class Ledger:
         cap: int,
         droppable: _Sizes | None,
         at: int | None = None,
-        last: list[object] | None = None,
+        last: list[_Round] | None = None,
     ) -> int:
         """`_reach`, worked out (`droppable`: the Turns' sizes; `last` is given the last
-        round's reach, entries and kept entries, which `apply` then needs again)."""
+        round's reach, entries, kept entries and block, which `apply` then needs again)."""
         turns = conversation.turns()
         if len(turns) < 2 or droppable is None:
             return 0
@@ -223,13 +234,14 @@ class Ledger:
             kept = self._bounded(entries, cap, env)
             # the block's exact size: fifo will see this very block, so its cut is the one
             # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
-            ledger = self._message(kept, env).tokens if kept else 0
+            block = self._message(kept, env) if kept else None
+            ledger = block.tokens if block is not None else 0
             moved = min(
                 stable_cut(sizes, fixed + ledger, budget.trigger, budget.target), len(turns) - 1
             )
             if moved <= cut:
                 if last is not None:
-                    last[:] = (reach, entries, kept)
+                    last.append(_Round(reach, entries, kept, block))
                 return reach
             cut = moved
 
