@@ -44,6 +44,7 @@ MARK_KINDS: dict[str, Kind] = {
 
 # What one pass found for each (text, mark, lossy): a text repeated in a request, once.
 _Known = dict[tuple[str, Kind | None, bool], tuple[str, str] | None]
+_UNKNOWN = object()
 
 
 class Ratios(BaseModel):
@@ -131,13 +132,15 @@ class ContentTypeChunking:
         its uid, which costs no hashing or comparing of its text. `known` holds what this pass
         found for each text, so a text repeated within the request is looked up in `memo` once.
         """
-        if message.uid is None:
+        uid = message.uid
+        if uid is None:
             return self._compressed_text(message, memo, known)
-        key = ("chunked", self._settings, message.uid, message.kind, message.priority)
+        key = ("chunked", self._settings, uid, message.kind, message.priority)
         found = memo.peek(key)
         if found is None:
-            found = (self._compressed_text(message, memo, known),)
-            memo.put(key, found, len(found[0][0]) if found[0] else 0)
+            new = self._compressed_text(message, memo, known)
+            found = (new,)
+            memo.put(key, found, len(new[0]) if new else 0)
         return found[0]  # type: ignore[index]
 
     def _compressed_text(
@@ -151,14 +154,14 @@ class ContentTypeChunking:
         mark = MARK_KINDS.get(message.kind or "")
         lossy = message.priority != 1
         local = (text, mark, lossy)
-        if local in known:
-            return known[local]
-        found = known[local] = memo.get(
-            ("chunked-text", self._settings, text, mark, lossy),
-            lambda: self._compressed_as(text, mark, lossy),
-            2 * len(text),
-        )
-        return found
+        found = known.get(local, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = known[local] = memo.get(
+                ("chunked-text", self._settings, text, mark, lossy),
+                lambda: self._compressed_as(text, mark, lossy),
+                2 * len(text),
+            )
+        return found  # type: ignore[return-value]
 
     def _compressed_as(self, text: str, mark: Kind | None, lossy: bool) -> tuple[str, str] | None:
         kind = mark or detect(text)
