@@ -42,13 +42,12 @@ from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
-from ..placement import summary_indices
 from ..prose import prose_spans
 from ..salience import look, normalised
 from ..step import Env, StepConfig, StepResult
-from .fifo import droppable_sizes
 from .ledger_entries import BULLET, Entry, merged, parse
 from .ledger_rank import carried, line_rank
+from .ledger_room import Sizes, room
 from .ledger_said import Candidate, Collected
 
 KIND = "ledger"
@@ -80,36 +79,6 @@ class LedgerConfig(StepConfig):
     header: str = Field(HEADER, min_length=1)
 
 
-def block_room(conversation: Conversation, budget: Budget, at: int | None) -> int:
-    """The most the block may take: the limit less what no later step drops (the prompts,
-    pins, summaries and the last Turn, which fifo keeps whole), so that a request that fits
-    without the ledger still fits with it (design D5.3). Against the limit, not the target:
-    a pass that compacts harder lowers the target, and the block must not vanish for it."""
-    return _room(budget, _Sizes.of(conversation, at))
-
-
-def _room(budget: Budget, sizes: _Sizes | None) -> int:
-    """`block_room` from the Turns' droppable sizes."""
-    return 0 if sizes is None else budget.limit - sizes.fixed - sizes.turns[-1]
-
-
-class _Sizes(NamedTuple):
-    """The Turns' droppable sizes and what else there is beside the block (the prompts, pins,
-    summaries): what `block_room` and `_reached` both need, worked out once per apply."""
-
-    turns: list[int]
-    fixed: int
-
-    @staticmethod
-    def of(conversation: Conversation, at: int | None) -> _Sizes | None:
-        turns = conversation.turns()
-        if not turns:
-            return None
-        sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
-        current = conversation.messages[at].tokens if at is not None else 0
-        return _Sizes(sizes, conversation.tokens - sum(sizes) - current)
-
-
 class _Round(NamedTuple):
     """A round of `_reached`: the reach tried, the entries before it, those the cap keeps, and
     their block (None when none is kept)."""
@@ -128,8 +97,8 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        sizes = _Sizes.of(conversation, at)
-        cap = min(int(budget.limit * self.config.share), _room(budget, sizes))
+        sizes = Sizes.of(conversation, at)
+        cap = min(int(budget.limit * self.config.share), room(budget, sizes))
         if cap <= 0 and at is None:
             return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
@@ -175,7 +144,7 @@ class Ledger:
         at: int | None,
         said: Collected,
         cap: int,
-        sizes: _Sizes | None,
+        sizes: Sizes | None,
         last: list[_Round],
     ) -> int:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
@@ -217,7 +186,7 @@ class Ledger:
         env: Env,
         said: Collected,
         cap: int,
-        droppable: _Sizes | None,
+        droppable: Sizes | None,
         at: int | None = None,
         last: list[_Round] | None = None,
     ) -> int:
