@@ -86,16 +86,15 @@ def rank(
     found = signals(sentence, cues, details, looks)
     if found.filler:
         return 0.0
-    # said in the first person, with a negation: looked for once, as the acknowledgement and
-    # routine tests ask too (the negation where the sentence is all of `rest`, no filler before)
-    plain = found.kind is None
-    person = plain and _FIRST_PERSON.search(found.rest) is not None
-    negation = _NEGATION.search(sentence) is not None if plain and not found.facts else None
-    whole = negation if found.rest is sentence else None
-    if _acknowledgement(found, person, whole) or _routine(found, sentence, negation):
+    # a CJK character in `rest`: looked for once, for both tests (each asks a sentence with no
+    # cue or concrete fact, and only such a sentence)
+    cjk = None
+    if found.kind is None and not found.facts:
+        cjk = _CJK.search(found.rest) is not None
+    if _acknowledgement(found, cjk) or _routine(found, sentence, cjk):
         return 0.0
     value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
-    if found.kind is not None or person:
+    if found.kind is not None or _FIRST_PERSON.search(found.rest):
         value += STANCE
     if found.request or found.question:
         value *= ASKED
@@ -181,42 +180,40 @@ def _continues(part: str, end: int, start: int) -> bool:
     return not part[end - 1].isspace() and part[end - 1] not in _ENDS and part[start].islower()
 
 
-def _routine(found: Signals, sentence: str, negation: bool | None = None) -> bool:
+def _routine(found: Signals, sentence: str, cjk: bool | None = None) -> bool:
     """A short request for work on code: by its verb, not by the code it names ("Use the
-    existing logger in app/log.py, please" is a standing instruction). `negation`: whether
-    the sentence has one, when known."""
+    existing logger in app/log.py, please" is a standing instruction). `cjk`: whether
+    `found.rest` has a CJK character, when known. (The negation, the slowest test, last.)"""
     if found.kind is not None or found.facts:
         return False
-    if negation is None:
-        negation = _NEGATION.search(sentence) is not None
-    if negation:
-        return False  # a negation states a limit ("no print debugging left in commits")
     rest = found.rest
-    if _CJK.search(rest):
+    if _CJK.search(rest) is not None if cjk is None else cjk:
         if _cjk_length(rest) > ROUTINE_CJK:
             return False
         if _ORDER_ZH.search(rest) is not None:  # Chinese asks with no mark: by its verb
-            return True
-        asked = found.request or found.question or _ASK_JA.search(rest) is not None
-        return asked and _ACTION_JA.search(rest) is not None
-    return len(rest.split()) <= ROUTINE_WORDS and _ACTION.match(rest) is not None
+            asked = True
+        else:
+            asked = found.request or found.question or _ASK_JA.search(rest) is not None
+            asked = asked and _ACTION_JA.search(rest) is not None
+    else:
+        asked = len(rest.split()) <= ROUTINE_WORDS and _ACTION.match(rest) is not None
+    # a negation states a limit ("no print debugging left in commits")
+    return asked and _NEGATION.search(sentence) is None
 
 
-def _acknowledgement(found: Signals, person: bool, negation: bool | None = None) -> bool:
-    """(`person`: whether `found.rest` is said in the first person; `negation`: whether it has
-    a negation, when known.)"""
+def _acknowledgement(found: Signals, cjk: bool | None = None) -> bool:
+    """(`cjk`: whether `found.rest` has a CJK character, when known. The first person and a
+    negation, the slowest tests, last.)"""
     if found.kind is not None or found.facts or found.code or found.name:
         return False
     rest = found.rest
     if not _WORDISH.search(rest):  # nothing but filler words, marks and emoji
         return True
-    if negation is None:
-        negation = person or _NEGATION.search(rest) is not None
-    if person or negation:
-        return False
-    if _CJK.search(rest):
-        return _cjk_length(rest, kana=0.5) <= ACK_CJK
-    return len(rest.split()) <= ACK_WORDS and not stated(rest)
+    if _CJK.search(rest) is not None if cjk is None else cjk:
+        short = _cjk_length(rest, kana=0.5) <= ACK_CJK
+    else:
+        short = len(rest.split()) <= ACK_WORDS and not stated(rest)
+    return short and _FIRST_PERSON.search(rest) is None and _NEGATION.search(rest) is None
 
 
 def _cjk_length(text: str, kana: float = 1.0) -> float:
