@@ -97,6 +97,7 @@ _SENTENCE = re.compile(
     r"[^\n。！？!?.]*(?:\.(?!\s|$)[^\n。！？!?.]*)*(?:[。！？!?]+|\.(?=\s|$)|\n|$)"
 )
 _BULLET = re.compile(r"^\s*(?:[-*•・]\s*|\d+[.)]\s+)")
+_BULLETS = frozenset("-*•・")
 _NUMBER_MARK = re.compile(r"^\d+[.)]$")  # "1." split off its item by the sentence rule
 
 
@@ -124,15 +125,17 @@ def _stated(seen: Seen) -> bool:
     )
 
 
-# A sentence asking for one action now: it starts with a verb of doing or a polite request.
+# A sentence asking for one action now: it starts with a verb of doing or a polite request
+# (`_REQUEST`, matched at the start), or ends with a Japanese one (`_REQUEST_JA`, looked for only
+# in a sentence with "して": a scan of every position is the slow part).
 _REQUEST = re.compile(
     r"^\W*(?:please |now |then |ok,? |okay,? |next,? )?(?:run|open|show|check|look|try|fix|add|"
     r"print|list|read|cat|see|grep|find|search|rerun|build|install|create|write|update|"
     r"change|edit|rename|move|delete|remove|test|debug|explain|tell|give|let'?s|can you|"
-    r"could you|would you)\b|^\W*(?:再|重新)?(?:请|帮我|看一下|运行|打开|查看|试)|"
-    r"(?:してください|して下さい|して)\W*$",
+    r"could you|would you)\b|^\W*(?:再|重新)?(?:请|帮我|看一下|运行|打开|查看|试)",
     re.I,
 )
+_REQUEST_JA = re.compile(r"(?:してください|して下さい|して)\W*$", re.I)
 
 
 # A sentence that refers back to the one before it: a pronoun or a connective, in each language.
@@ -169,8 +172,10 @@ def _items(text: str) -> list[tuple[int, int, bool]]:
     for match in _SENTENCE.finditer(text):
         piece = match.group()
         start, end = match.start(), match.end()
-        bullet = _BULLET.match(piece)
-        lead = bullet.end() if bullet else len(piece) - len(piece.lstrip())
+        rest = piece.lstrip()
+        first = rest[:1]  # (a bullet or a digit after the blanks, or no list item)
+        bullet = _BULLET.match(piece) if first in _BULLETS or first.isdigit() else None
+        lead = bullet.end() if bullet else len(piece) - len(rest)
         start += lead
         end -= len(piece) - len(piece.rstrip())
         if end <= start:
@@ -239,7 +244,8 @@ def signals(
         len(found - _CODE_DETAILS - _NAME_DETAILS),
         bool(found & _CODE_DETAILS),
         bool(found & _NAME_DETAILS),
-        _REQUEST.search(text) is not None,  # (its Japanese form is at the end)
+        _REQUEST.match(text) is not None
+        or ("して" in text and _REQUEST_JA.search(text) is not None),
         _is_question(text),
         False,
         text[lead.end() :] if lead else text,
@@ -284,7 +290,8 @@ def _score(sentence: str, cues: bool, looks: Looks | None = None) -> Statement:
     elif details:
         kind = "fact"
         value = FACT_BASE + FACT_STEP * (min(details, 3) - 1)
-        if _REQUEST.match(text):  # "show me where X is called": a request, whatever its verbs
+        # "show me where X is called": a request, whatever its verbs
+        if _REQUEST.match(text) or _REQUEST_JA.match(text):
             value *= REQUEST_FACTOR
         elif _stated(seen):
             value += STATED_BONUS
@@ -412,7 +419,9 @@ def _carries_on(lead: Statement, statement: Statement, threshold: float) -> bool
     if statement.score >= threshold:
         return True
     text = statement.text
-    if _FILLER.match(text) or _REQUEST.match(text) or _is_question(text):
+    if _FILLER.match(text) or _REQUEST.match(text) or _REQUEST_JA.match(text):
+        return False
+    if _is_question(text):
         return False
     return _leads_in(lead.text) or _REFERS_BACK.match(text) is not None
 
