@@ -29,7 +29,7 @@ from ..budget import Budget
 from ..chunking import Kind, compress, detect
 from ..content import with_text
 from ..conversation import PROTECTED_ROLES, Conversation, Message
-from ..excerpts import is_excerpt
+from ..excerpts import NOTE_START, is_excerpt
 from ..memo import Memo
 from ..step import Env, StepConfig, StepResult
 from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, find_note, is_placeholder
@@ -189,6 +189,7 @@ def _eligible(message: Message, role: str) -> bool:
         text = message.text
         if find_note(text) is not None or is_placeholder(text):
             return False
-    if is_excerpt(message.text):  # an excerpt's head stays the client's bytes
+    text = message.text
+    if NOTE_START in text and is_excerpt(text):  # an excerpt's head stays the client's bytes
         return False
     return message.data.get("content") is not None
