@@ -93,6 +93,7 @@ class ContentTypeChunking:
         known: _Known = {}
         running = 0
         trigger, target = budget.trigger, budget.target
+        memo, settings = env.memo, self._settings
         for i, message in enumerate(messages):
             running += message.tokens
             if running <= trigger:
@@ -102,7 +103,18 @@ class ContentTypeChunking:
                     break
                 index = candidate
                 candidate = next(pending, None)
-                new = self._compressed(messages[index], env.memo, known)
+                # `_compressed`, written out: the scan visits every candidate of every pass
+                old = messages[index]
+                if old.uid is None:
+                    new = self._compressed_text(old, memo, known)
+                else:
+                    key = ("chunked", settings, old.uid, old.kind, old.priority)
+                    found = memo.peek(key)
+                    if found is None:
+                        new = self._compressed_text(old, memo, known)
+                        memo.put(key, (new,), len(new[0]) if new else 0)
+                    else:
+                        new = found[0]  # type: ignore[index]
                 if new is None:
                     continue
                 data = with_text(messages[index].data, new[0])
