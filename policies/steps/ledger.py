@@ -303,7 +303,7 @@ class Ledger:
         picked = [
             i
             for i, m in enumerate(messages)
-            if not protected[i] and m.origin >= 0 and m.role in roles
+            if m.role in roles and not protected[i] and m.origin >= 0  # (the role rules most out)
         ]
         uids = tuple([messages[i].uid for i in picked])
         find = functools.partial(self._candidates, env=env)
