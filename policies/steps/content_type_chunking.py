@@ -21,6 +21,7 @@ note must survive) and the gateway's expansion results. Nothing is ever dropped.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +46,8 @@ MARK_KINDS: dict[str, Kind] = {
 # What one pass found for each (text, mark, lossy): a text repeated in a request, once.
 _Known = dict[tuple[str, Kind | None, bool], tuple[str, str] | None]
 _UNKNOWN = object()
+# A candidate of the scan: (index, memo key, (is a candidate, compressed form) when known).
+_Candidate = tuple[int, tuple[object, ...] | None, tuple[bool, tuple[str, str] | None] | None]
 
 
 class Ratios(BaseModel):
@@ -79,42 +82,31 @@ class ContentTypeChunking:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
-        latest = conversation.latest_user_index()
         turn_start = [0] * len(messages)
         for turn in conversation.turns():
             turn_start[turn.start : turn.end] = [turn.start] * (turn.end - turn.start)
-        # candidates oldest first, looked at only when the scan gets to them
-        roles = conversation.roles()
-        pending = (
-            i for i, m in enumerate(conversation.messages) if i != latest and _eligible(m, roles[i])
-        )
+        memo = env.memo
+        pending = self._scan(conversation, memo)  # candidates, as the scan gets to them
         candidate = next(pending, None)
         changed: dict[int, str] = {}
         known: _Known = {}
         running = 0
         trigger, target = budget.trigger, budget.target
-        memo, settings = env.memo, self._settings
         for i, message in enumerate(messages):
             running += message.tokens
             if running <= trigger:
                 continue
-            while candidate is not None and candidate < turn_start[i]:
+            while candidate is not None and candidate[0] < turn_start[i]:
                 if running <= target:
                     break
-                index = candidate
+                index, key, found = candidate
                 candidate = next(pending, None)
-                # `_compressed`, written out: the scan visits every candidate of every pass
-                old = messages[index]
-                if old.uid is None:
-                    new = self._compressed_text(old, memo, known)
+                if found is not None:
+                    new = found[1]
                 else:
-                    key = ("chunked", settings, old.uid, old.kind, old.priority)
-                    found = memo.peek(key)
-                    if found is None:
-                        new = self._compressed_text(old, memo, known)
-                        memo.put(key, (new,), len(new[0]) if new else 0)
-                    else:
-                        new = found[0]  # type: ignore[index]
+                    new = self._compressed_text(messages[index], memo, known)
+                    if key is not None:
+                        memo.put(key, (True, new), len(new[0]) if new else 0)
                 if new is None:
                     continue
                 data = with_text(messages[index].data, new[0])
@@ -135,25 +127,34 @@ class ContentTypeChunking:
             detail={"compressed": kinds},
         )
 
-    def _compressed(self, message: Message, memo: Memo, known: _Known) -> tuple[str, str] | None:
-        """(compressed text, kind), or None when compressing does not change the text.
+    def _scan(self, conversation: Conversation, memo: Memo) -> Iterator[_Candidate]:
+        """The candidates, oldest first, each when the scan gets to it: (index, memo key, what
+        is remembered under it, None until its compressed form is worked out).
 
-        Both the type and the compressed form are functions of the text (and the marks and
-        config), worked out once per text through `memo`: the same history comes back on every
-        request. A message the gateway has seen (a uid: equal uids, equal data) is looked up by
-        its uid, which costs no hashing or comparing of its text. `known` holds what this pass
-        found for each text, so a text repeated within the request is looked up in `memo` once.
-        """
-        uid = message.uid
-        if uid is None:
-            return self._compressed_text(message, memo, known)
-        key = ("chunked", self._settings, uid, message.kind, message.priority)
-        found = memo.peek(key)
-        if found is None:
-            new = self._compressed_text(message, memo, known)
-            found = (new,)
-            memo.put(key, found, len(new[0]) if new else 0)
-        return found[0]  # type: ignore[index]
+        Whether a message is a candidate and its compressed form are functions of the message
+        alone (its data, marks and the config): for a message the gateway has seen (a uid:
+        equal uids, equal data) both are remembered under one key, which costs no hashing or
+        comparing of its text, so a resent message, or the next pass's, is one lookup. The
+        compressed form is worked out only for a candidate the scan takes (`apply`)."""
+        latest = conversation.latest_user_index()
+        roles = conversation.roles()
+        settings = self._settings
+        for i, m in enumerate(conversation.messages):
+            if i == latest:
+                continue
+            if m.uid is None:
+                if _eligible(m, roles[i]):
+                    yield i, None, None
+                continue
+            key = ("chunked", settings, m.uid, m.kind, m.priority, m.pin)
+            found = memo.peek(key)
+            if found is None:
+                if _eligible(m, roles[i]):
+                    yield i, key, None
+                else:
+                    memo.put(key, (False, None), 0)
+            elif found[0]:  # type: ignore[index]
+                yield i, key, found  # type: ignore[misc]
 
     def _compressed_text(
         self, message: Message, memo: Memo, known: _Known
