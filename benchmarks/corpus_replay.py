@@ -68,6 +68,9 @@ def gateway_config(upstream: str, models: Iterable[tuple[str, int]], policy: str
     """Every model the run needs, one upstream, one tokenizer, the default or a named policy."""
     out: JSON = {
         "server": {"log_format": "text"},
+        # A fixed key: ref ids (masked outputs, excerpts) are then the same bytes on every run,
+        # so two runs of unchanged code give the same tokens (a random key moved them).
+        "tool_outputs": {"ref_secret": "corpus-replay-fixed-ref-key"},
         "models": [
             {
                 "name": name,

@@ -69,18 +69,23 @@ class Service:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout`; only this process (and its own group)."""
-        if self.process.poll() is not None:
-            return
+        """SIGTERM, then SIGKILL after `timeout`; only this process (and its own group). Its
+        stdout pipe is closed either way."""
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
+            if self.process.poll() is not None:
+                return
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(5)
+        finally:
+            if self.process.stdout is not None:
+                self.process.stdout.close()
 
 
 class StartError(Exception):

@@ -4,8 +4,11 @@ on each half nobody tuned on (held-out and fresh), never on the dev half."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from benchmarks.bench_fidelity import Result, report
-from tests.corpus import HALVES
+from benchmarks.corpus_replay import Replay
+from tests.corpus import HALVES, sessions
 
 
 def _result(half: str, fraction: float, kept: bool) -> Result:
@@ -50,3 +53,20 @@ def test_each_half_has_its_tables_and_each_judged_half_its_targets() -> None:
     assert "worst cell chat/en 100 % (goal 95 %): met" in held
     assert "worst cell chat/en 0 % (goal 95 %): NOT met" in fresh
     assert "Targets on the dev half" not in text
+
+
+def _forwarded(directory: Path) -> list[list[dict]]:
+    directory.mkdir()
+    chosen = [s for s in sessions("dev") if s.id == "dev-codex-en-0"]
+    with Replay(directory, None) as replay:
+        (case,) = replay.run(replay.measure(chosen, [0.25]))
+        return [sent.upstream for sent in case.sent]
+
+
+def test_two_runs_of_the_same_code_forward_the_same_bytes(tmp_path: Path) -> None:
+    """A session cut to a quarter (masked outputs and excerpts, each with a ref id) forwards
+    the same bodies in two runs, so two runs of the benchmark can be compared number for number
+    (ref ids from a per-process random key moved sizes by a few tokens and flipped decisions)."""
+    first = _forwarded(tmp_path / "one")
+    assert any("ref=" in str(bodies) for bodies in first)  # refs were made
+    assert _forwarded(tmp_path / "two") == first

@@ -357,6 +357,7 @@ StepItem = _step_union()
 class PolicyConfig(_Strict):
     trigger_ratio: float = Field(0.8, gt=0, le=1)
     target_ratio: float = Field(0.6, gt=0, le=1)
+    hold_ratio: float = Field(0.95, gt=0, le=1)
     recovery_mode: Literal["truncate", "fresh_start", "error"] = "truncate"
     max_iterations: int = Field(3, ge=1, le=10)
     precompute_ratio: float = Field(0.6, gt=0, le=1)
@@ -367,6 +368,8 @@ class PolicyConfig(_Strict):
     def _ratios(self) -> PolicyConfig:
         if self.target_ratio > self.trigger_ratio:
             raise ValueError("target_ratio must be <= trigger_ratio")
+        if "hold_ratio" in self.model_fields_set and self.hold_ratio < self.trigger_ratio:
+            raise ValueError("hold_ratio must be >= trigger_ratio")
         return self
 
 

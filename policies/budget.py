@@ -27,6 +27,8 @@ class Budget:
     fixed_tokens: int = 0  # tool definitions, reply priming, safety margin
     trigger_ratio: float = 0.8
     target_ratio: float = 0.6
+    hold_ratio: float = 0.95  # how far appended turns may grow a compaction event's result (D3.3)
+    event_pass: bool = False  # made by `at_event`: the second pass of an event
 
     @property
     def limit(self) -> int:
@@ -40,6 +42,11 @@ class Budget:
     @property
     def target(self) -> int:
         return int(self.limit * self.target_ratio)
+
+    @property
+    def hold(self) -> int:
+        """After an event, the turns appended to its result go as they are up to here."""
+        return int(self.limit * max(self.hold_ratio, self.trigger_ratio))
 
     def at_event(self) -> Budget:
         """A budget one band lower: its trigger is this target, its target as far below.
@@ -55,6 +62,8 @@ class Budget:
             fixed_tokens=self.fixed_tokens,
             trigger_ratio=self.target_ratio,
             target_ratio=max(0.0, self.target_ratio - band),
+            hold_ratio=self.hold_ratio,
+            event_pass=True,
         )
 
     def tighter(self, context_window: int) -> Budget:
@@ -65,6 +74,7 @@ class Budget:
             fixed_tokens=self.fixed_tokens,
             trigger_ratio=self.trigger_ratio,
             target_ratio=self.target_ratio,
+            hold_ratio=self.hold_ratio,
         )
 
 

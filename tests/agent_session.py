@@ -151,10 +151,13 @@ def body(api: str, steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 CONVERSATION = {"chat": "messages", "responses": "input", "messages": "messages"}
 
 
-def parts_at(window: int, steps: list[dict[str, Any]] | None, target: float = 0.6) -> Parts:
+def parts_at(
+    window: int, steps: list[dict[str, Any]] | None, target: float = 0.6, hold: float = 0.95
+) -> Parts:
     """The core (no HTTP) for model `m` at `window` tokens (`chars:4`), its policy triggering at
-    0.8 and compacting to `target` with `steps` (None: the default chain)."""
-    policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": target}
+    0.8, compacting to `target` with `steps` (None: the default chain) and holding an event's
+    result up to `hold`."""
+    policy: dict[str, Any] = {"trigger_ratio": 0.8, "target_ratio": target, "hold_ratio": hold}
     if steps is not None:
         policy["steps"] = steps
     config = {

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.config import ConfigError, default_config, load_config, parse_config
+from policies import Budget
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
 
@@ -117,6 +118,18 @@ def test_target_above_trigger_is_rejected() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"policies": {"p": {"trigger_ratio": 0.5, "target_ratio": 0.7}}}, environ={})
     assert "target_ratio must be <= trigger_ratio" in info.value.problems[0]
+
+
+def test_a_hold_below_the_trigger_is_rejected() -> None:
+    """Holding an event's result only below the trigger would make every appended turn an event."""
+    with pytest.raises(ConfigError) as info:
+        parse_config({"policies": {"p": {"trigger_ratio": 0.9, "hold_ratio": 0.85}}}, environ={})
+    assert "hold_ratio must be >= trigger_ratio" in info.value.problems[0]
+    # A trigger above the default hold, the hold unset: accepted, the hold is the trigger then.
+    config = parse_config({"policies": {"p": {"trigger_ratio": 0.97}}}, environ={})
+    assert config.policies["p"].hold_ratio == 0.95
+    budget = Budget(10_000, 1_000, trigger_ratio=0.97, hold_ratio=0.95)
+    assert budget.hold == budget.trigger
 
 
 def test_model_naming_an_unknown_policy_is_rejected() -> None:

@@ -170,6 +170,20 @@ def test_the_step_lands_near_the_target_and_every_file_keeps_a_part() -> None:
     assert result.messages[1].text.endswith("Never change the public API.")  # prose whole
 
 
+def test_an_events_second_pass_cuts_to_aim_of_the_events_target_not_of_a_band_lower() -> None:
+    """In an event's second pass (design D3.2) the budget is a band lower; the excerpt still
+    lands at `aim` of the event's own target, not at `aim` of the lower one (half the target)."""
+    data = large_session(outputs=4, lines=300)
+    data[-1] = msg("user", "What is in the files? " + "Please be thorough. " * 80)
+    conversation = conv(data)
+    event = budget(int(conversation.tokens / 0.7))  # between the event's target and trigger
+    assert event.target < conversation.tokens <= event.trigger
+    second = event.at_event()
+    assert second.trigger == event.target
+    result = Excerpts(ExcerptConfig()).apply(conversation, second, env()).conversation
+    assert 0.7 * event.target <= result.tokens <= event.target
+
+
 @settings(max_examples=40, deadline=None)
 @given(extra=st.integers(0, 12))
 def test_appending_under_the_trigger_leaves_earlier_excerpts_alone(extra: int) -> None:

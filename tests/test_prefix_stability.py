@@ -58,33 +58,74 @@ def pairs_broken(api: str, sent: dict[str, Any]) -> list[str]:
     return broken
 
 
-@pytest.mark.parametrize("api", sorted(WIRES))
-async def test_an_agent_session_appends_between_events(api: str) -> None:
-    """Over 120 requests of 3 000-character tool outputs in a 32k window, a request that does
-    not extend the previous forwarded one byte for byte only comes when appending would have
-    passed the trigger; nine in ten requests extend it, and every request fits."""
-    gw = parts_at(32_768, TOOL_CACHE_FIFO)
-    steps = session(120)
+async def events_in(api: str, window: int, hold: float, requests: int) -> tuple[int, int]:
+    """(extended, events) over a session of `requests` requests, each request checked: it fits,
+    its tool pairs are whole, and a request that does not extend the previous forwarded one byte
+    for byte only comes when the held result plus what the client appended passed the hold."""
+    gw = parts_at(window, TOOL_CACHE_FIFO, hold=hold)
+    steps = session(requests)
     previous: list[bytes] | None = None
+    held_tokens = before = 0
     extended = events = 0
     for end in range(1, len(steps) + 1):
         prepared, sent = await forwarded(gw, api, steps[:end])
         forwarded_pieces = pieces(api, sent[CONVERSATION[api]])
         budget = prepared.budget
-        assert prepared.tokens_after <= budget.limit + prepared.tokens_by_region["tools"] + 10
+        tools = prepared.tokens_by_region["tools"]
+        assert prepared.tokens_after <= budget.limit + tools + 10
+        assert prepared.tokens_after - tools <= budget.hold + 10
         assert pairs_broken(api, sent) == []
         if previous is not None:
             if forwarded_pieces[: len(previous)] == previous:
                 extended += 1
             else:
                 events += 1
-                # An event is due: the held request plus what the client appended is over the
-                # trigger, and the event ends at or under the target.
+                # An event is due: appending would have passed the trigger (nothing held yet)
+                # or, after the first event, the hold; it ends at or under the target.
                 assert prepared.chain is not None and prepared.chain.triggered
                 assert prepared.chain.tokens_after <= budget.target
+                due = budget.hold if events > 1 else budget.trigger
+                assert held_tokens + (prepared.tokens_before - before) > due
         previous = forwarded_pieces
+        before = prepared.tokens_before
+        held_tokens = prepared.tokens_after - tools
+    return extended, events
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+async def test_an_agent_session_appends_between_events(api: str) -> None:
+    """Over 120 requests of 3 000-character tool outputs in a 32k window, nine in ten requests
+    extend the previous forwarded one byte for byte, and every request fits."""
+    extended, events = await events_in(api, 32_768, 0.95, 120)
     assert events >= 3  # the session did outgrow the window, more than once
-    assert extended / (len(steps) - 1) >= 0.9, (extended, events)
+    assert extended / 119 >= 0.9, (extended, events)
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+async def test_holding_past_the_trigger_spares_cache_misses(api: str) -> None:
+    """An event's result held until the messages nearly fill the budget (`hold_ratio` 0.95)
+    rather than only to the trigger (0.8): the same session in a 16k window meets fewer events,
+    and none of its requests passes the hold or the window."""
+    at_trigger = await events_in(api, 16_384, 0.8, 80)
+    held = await events_in(api, 16_384, 0.95, 80)
+    assert held[1] < at_trigger[1], (held, at_trigger)
+    assert held[0] > at_trigger[0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    hold=st.floats(min_value=0.8, max_value=1.0),
+    window=st.integers(min_value=6_000, max_value=24_000),
+    api=st.sampled_from(sorted(WIRES)),
+)
+async def test_no_request_passes_the_hold_and_events_come_only_past_it(
+    hold: float, window: int, api: str
+) -> None:
+    """Whatever the hold and the window: every forwarded request fits under the hold and the
+    window, its tool pairs whole, and an event comes only when appending would have passed the
+    hold (or, before the first, the trigger); `events_in` checks each request."""
+    extended, events = await events_in(api, window, hold, 40)
+    assert extended + events == 39
 
 
 async def test_an_event_ends_at_the_target_when_masking_alone_cannot() -> None:

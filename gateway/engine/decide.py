@@ -94,6 +94,7 @@ class Decision:
             + self.expansion_tokens(route, window),
             trigger_ratio=config.trigger_ratio,
             target_ratio=config.target_ratio,
+            hold_ratio=config.hold_ratio,
         )
 
     def expansion_tokens(self, route: Route, window: int | None) -> int:
@@ -340,6 +341,7 @@ class Decision:
                 budget.fixed_tokens,
                 budget.trigger_ratio,
                 budget.target_ratio,
+                budget.hold_ratio,
             )
         raise ContextLengthExceededError(
             f"max_tokens ({budget.reserved_output}) plus the tool definitions "

@@ -5,9 +5,11 @@ compacted history; on the next turn the client sends that same history plus a fe
 Running the chain again would compact again (another masked output, another dropped Turn), so
 the forwarded prefix would change on every turn and the provider's prompt cache would never hit.
 Instead the event's result is held per conversation: while the client only appended and the held
-result plus what it appended stays under the trigger, that is what is forwarded, byte for byte
-the previous forwarded request with the new messages after it. The next event comes when it
-passes the trigger (the chain then runs on the whole conversation again and ends at the target).
+result plus what it appended stays at or under the budget's hold (`hold_ratio`, past the
+trigger: appending costs the new messages at the provider, an event the whole prompt), that is
+what is forwarded, byte for byte the previous forwarded request with the new messages after it.
+The next event comes when it passes the hold (the chain then runs on the whole conversation again
+and ends at the target).
 
 Holding is a per-process memo, like the prefix counts it builds on: the uids `PrefixCounts`
 gives messages say, by equality, that the client's messages up to the held point are unchanged.
@@ -43,7 +45,7 @@ class HeldResults:
 
     def extend(self, scope: str, conversation: Conversation, budget: Budget) -> ChainResult | None:
         """The held result with the messages appended since, if the client only appended, the
-        budget is the same and it stays at or under the trigger; else None (an event is due)."""
+        budget is the same and it stays at or under the hold; else None (an event is due)."""
         key = _key(scope, conversation)
         if key is None:
             return None
@@ -58,7 +60,7 @@ class HeldResults:
             return None
         appended = messages[count:]
         tokens = held.chain.conversation.tokens + sum(m.tokens for m in appended)
-        if tokens > budget.trigger:
+        if tokens > budget.hold:
             return None
         self._held.move_to_end(key)
         self.extended += 1

@@ -77,6 +77,7 @@ def _budget(budget: Budget) -> list[Any]:
         budget.fixed_tokens,
         budget.trigger_ratio,
         budget.target_ratio,
+        budget.hold_ratio,
     ]
 
 

@@ -75,6 +75,7 @@ def plan_report(prepared: Prepared, window: int | None) -> dict[str, Any]:
         "budget": budget.limit if budget else None,
         "trigger": budget.trigger if budget else None,
         "target": budget.target if budget else None,
+        "hold": budget.hold if budget else None,
         "tokens_before": prepared.tokens_before,
         "tokens_after": prepared.tokens_after,
         "fits": budget is None

@@ -128,7 +128,10 @@ class Excerpts:
         removed: dict[int, int] = defaultdict(int)
         at = 0
         running = 0
-        trigger, target = budget.trigger, int(budget.target * self.config.aim)
+        # In an event's second pass (design D3.2) the budget is a band lower: its trigger is the
+        # event's target, and `aim` of that is what the first pass aims at too.
+        goal = budget.trigger if budget.event_pass else budget.target
+        trigger, target = budget.trigger, int(goal * self.config.aim)
         for j, message in enumerate(messages):
             running += message.tokens
             if running <= trigger or at == len(candidates):
