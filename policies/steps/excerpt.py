@@ -74,11 +74,11 @@ class Excerpts:
         roles = conversation.roles()
         protected = conversation.protected()
         expansion = expansion_call_ids(messages)
-        kinds, least = self.config.roles, self.config.min_tokens
+        allowed, least = self.config.roles, self.config.min_tokens
         candidates = [
             i
             for i, m in enumerate(messages)
-            if roles[i] in kinds
+            if roles[i] in allowed
             and not protected[i]
             and m.tokens >= least
             and _excerptable(m, expansion)
