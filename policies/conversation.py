@@ -260,7 +260,7 @@ def _turns(roles: Sequence[str], head_end: int) -> tuple[Turn, ...]:
     if not starts:  # nothing after the head
         return ()
     ends = [*starts[1:], len(roles)]
-    return tuple(Turn(s, e, leading=roles[s] != "user") for s, e in zip(starts, ends, strict=True))
+    return tuple([Turn(s, e, roles[s] != "user") for s, e in zip(starts, ends, strict=True)])
 
 
 def find_safe_boundary(messages: Sequence[Message], target: int, head_end: int = 0) -> int:

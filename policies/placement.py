@@ -50,9 +50,11 @@ def has_summary(conversation: Conversation, step_type: str) -> bool:
 def summary_indices(conversation: Conversation) -> frozenset[int]:
     """Messages a summarising step inserted (any step's); empty when there are none."""
     return frozenset(
-        i
-        for i, m in enumerate(conversation.messages)
-        if m.origin < 0 and m.kind is not None and m.kind.startswith("summary:")
+        [
+            i
+            for i, m in enumerate(conversation.messages)
+            if m.origin < 0 and m.kind is not None and m.kind.startswith("summary:")
+        ]
     )
 
 

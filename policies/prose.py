@@ -25,6 +25,7 @@ takes from a span is the user's own words, in order.
 from __future__ import annotations
 
 import re
+import string
 
 # How a client opens a message that holds material rather than the user's words. Matched on
 # the message's first characters (blanks aside). Each row: the opening, and whose it is.
@@ -56,14 +57,19 @@ _MATERIAL = re.compile(
     r"|return\b.*[;)\]]\s*$|func \w|package \w+\s*$|#include|(?:const|let|var) \w+\s*[:=]"
     r"|(?:public|private) \w|fn \w+\(|[})\]];?\s*$)"
 )
-# What a line needs for any rule of `material_line` but the lone token's (one scan of most lines)
-_SUSPECT = re.compile(
-    r"[\d;{}()=<>\[\]|$:/\\@`│├└⋮┃\t]|^ {4}|^[-+]{3}|^\s*\[?[A-Z]{4}|^\s*(?:def|class|import|from"
+# What a line needs for any rule of `material_line` but the lone token's (one scan of most lines):
+# a character anywhere, or how the line starts (matched at its start only)
+_SUSPECT = re.compile(r"[\d;{}()=<>\[\]|$:/\\@`│├└⋮┃\t]")
+_SUSPECT_START = re.compile(
+    r" {4}|[-+]{3}|\s*\[?[A-Z]{4}|\s*(?:def|class|import|from"
     r"|return|func|package|const|let|var|public|private|fn)\b"
 )
 _CODE_SIGNS = re.compile(r"[;{}]|==|!=|->|=>|::|\w\(|\)\s*:?\s*$|\w\[|^\s*[\w.]+\s*[+\-*/]?=\s")
+# A character every match of `_CODE_SIGNS` has: a line without one has no sign of code
+_CODE_MARK = re.compile(r"[;{}=>:()\[]")
 _WORD = re.compile(r"[A-Za-z]{3,}|[\u3040-\u9fff]")
 _CJK = re.compile("[\u3040-\u9fff]")
+_ASCII_LETTERS = str.maketrans("", "", string.ascii_letters)
 MOSTLY = 0.5  # a paragraph with at least this share of material lines is material
 
 
@@ -79,14 +85,19 @@ def material_line(line: str) -> bool:
         return False
     if " " not in stripped and not _CJK.search(stripped) and len(stripped) >= 3:
         return True  # a lone token: a path, a hash, an identifier
-    if _SUSPECT.search(line) is None:  # no digit, no sign of code, a log or a table
-        return False
+    if _SUSPECT.search(line) is None and _SUSPECT_START.match(line) is None:
+        return False  # no digit, no sign of code, a log or a table
     if _MATERIAL.match(line) or stripped.endswith((";", "{")):
         return True
-    letters = sum(map(str.isalpha, stripped))
-    visible = len(stripped) - sum(map(str.isspace, stripped))
+    if stripped.isascii():  # (a letter is an ASCII one; counted by deleting them all)
+        letters = len(stripped) - len(stripped.translate(_ASCII_LETTERS))
+    else:
+        letters = sum(map(str.isalpha, stripped))
+    visible = len("".join(stripped.split()))  # (`split` drops what `isspace` says is blank)
     if visible >= 8 and letters * 2 < visible:
         return True  # mostly digits and symbols: a data row, a rule of '=', a number table
+    if _CODE_MARK.search(stripped) is None:
+        return False
     signs = len(_CODE_SIGNS.findall(stripped))
     return signs >= 2 and len(_WORD.findall(stripped)) <= 2 * signs
 

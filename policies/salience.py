@@ -25,10 +25,11 @@ say why.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from .salience_cues import ANY_CJK, ANY_EN, CUES, KIND_SCORES, by_first_letter
+from .salience_details import Seen, detail_count, detail_kinds, lowered, may_detail, seen_of
 
 FACT_BASE = 0.45  # one concrete detail; each further one adds FACT_STEP, up to three
 FACT_STEP = 0.1
@@ -41,230 +42,12 @@ PASSAGE_SENTENCES = 3  # a salient sentence and at most two that carry it on
 LEAD_IN_WORDS = 2  # a salient sentence this short ("Correction.") leads in to the next one
 LEAD_IN_CJK = 6  # ... in CJK characters ("訂正します。")
 
-
-# Letters a case-insensitive pattern takes for an ASCII letter that lower() keeps apart.
-_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
 _CJK = re.compile("[\u3040-\u9fff]")
 _LATIN = re.compile("[a-z]")
-_UPPER = re.compile("[A-Z]")
-_ASCII_LETTER = re.compile("[A-Za-z]")
-_DIGIT = re.compile(r"\d")
-_DOT_WORD = re.compile(r"\.\w")
-_LOWER_UPPER = re.compile("[a-z][A-Z]")
-_TOP_LEVEL = re.compile(r"\.(?:com|org|net|io|dev|internal|local|cn|jp)")
-_MONTH = re.compile("jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec")
-_CJK_NAME_MARK = re.compile("[「“《\u3040-\u9fff]")
-# Words one of the name-introducing patterns needs, any of them (plain substrings, one scan).
-_NAME_PHRASE = re.compile("name is|called|call me|owns|in charge of|responsible for|work")
+_NON_WORD = re.compile(r"\W")
 
 
-class _Seen(NamedTuple):
-    """What a sentence has, worked out once: which detail patterns can match at all."""
-
-    text: str
-    lower: str
-    digit: bool
-    cjk: bool
-    upper: bool  # an ASCII capital
-    upper_or_latin: bool  # an ASCII letter
-
-
-class _Detail(NamedTuple):
-    """One way to find a kind of concrete detail: found when a pattern matches. `may` is a
-    cheap test that is true whenever a pattern could match (each pattern needs what it checks),
-    so most sentences are never scanned by the slow patterns. A kind with several ways to be
-    found has several entries, each with the test its own patterns need."""
-
-    kind: int
-    may: Callable[[_Seen], bool]
-    patterns: tuple[re.Pattern[str], ...]
-
-
-_FILE_EXTENSIONS = (
-    "py|js|ts|tsx|go|rs|java|rb|c|h|cpp|md|txt|json|ya?ml|toml|ini|cfg|sql|sh|csv|html|css|lock|"
-    "env|log"
-)
-# Concrete details: each kind found counts once, however often it matches. A pattern that
-# starts with a lookbehind is written character first, the lookbehind after it (the same
-# matches): the regular expression engine then skips ahead to the next candidate character
-# instead of trying every position (a file name is found from its dot). A run of digits that
-# the unit after it cannot start inside is matched possessively (`*+`: giving back never leads
-# to a match) and only from its first digit (a match from inside the run has one from there).
-_DETAILS: tuple[_Detail, ...] = (
-    # a number with a unit or currency (also CJK units and counters)
-    _Detail(
-        0,
-        lambda s: s.digit,
-        (
-            re.compile(r"[$€£¥]\s?\d"),
-            re.compile(
-                r"(?i:\d(?<!\d\d)[\d,.]*+\s?(?:%|ms|s\b|sec|seconds?|"
-                r"min(?:utes?)?|hours?|days?|weeks?|months?|years?|[kmgt]i?b\b|bytes?|tokens?|"
-                r"px|rpm|rps|qps|requests?|users?|usd|eur|gbp|jpy|cny|rmb|dollars?|euros?|yen|"
-                r"km|kg|mb/s|gb/s|cores?|replicas?|nodes?|times|x\b|元|円|万|億|亿|个|件|人|台|天|"
-                r"日|時間|小时|分钟|分|秒|週間|周|年|月|号|歳|岁))"
-            ),
-        ),
-    ),
-    # a date or a time: in digits, a month's name and a day, or a weekday's name
-    _Detail(
-        1,
-        lambda s: s.digit,
-        (re.compile(r"\d(?<!\w\d)(?:\d{3}[-/.]\d{1,2}[-/.]\d{1,2}\b|\d?:\d{2}\b)"),),
-    ),
-    _Detail(
-        1,
-        lambda s: s.digit and "月" in s.text,
-        (re.compile(r"\d{1,4}年\d{1,2}月|\d{1,2}月\d{1,2}[日号]"),),
-    ),
-    _Detail(
-        1,
-        lambda s: s.digit and _MONTH.search(s.lower) is not None,  # look-alikes folded
-        (
-            re.compile(
-                r"(?i:\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.? \d{1,2}"
-                r"(?:st|nd|rd|th)?\b)"
-            ),
-        ),
-    ),
-    _Detail(
-        1,
-        lambda s: "day" in s.lower,  # no look-alike letter in "day"
-        (re.compile(r"(?i:\b(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b)"),),
-    ),
-    # a version, an IP address, a port
-    # (bounded by what is not an ASCII letter or digit: in CJK text there is no \b before one)
-    _Detail(
-        2,
-        lambda s: s.digit,
-        (
-            re.compile(
-                r"(?<![0-9A-Za-z.])v?\d+\.\d+(?:\.\d+)*(?![0-9A-Za-z])|\bport \d+\b|:\d{2,5}\b|"
-                r"(?<![0-9A-Za-z.])\d{3,}(?![0-9A-Za-z])"
-            ),
-        ),
-    ),
-    # a path or a file name (ASCII-bounded, as in CJK text nothing separates them)
-    _Detail(
-        3,
-        lambda s: "/" in s.text,
-        (
-            re.compile(
-                r"(?i:(?<![A-Za-z0-9._-])(?:~|\.{1,2})?/[A-Za-z0-9_.-]+(?:/[A-Za-z0-9_.-]+)+|"
-                r"(?:^|(?<=[\s(`'\"]))/[A-Za-z0-9_.-]+)"
-            ),
-        ),
-    ),
-    _Detail(
-        3,
-        lambda s: _DOT_WORD.search(s.text) is not None,
-        (re.compile(rf"(?i:\.(?<=[A-Za-z0-9_-]\.)(?:{_FILE_EXTENSIONS})(?![A-Za-z0-9]))"),),
-    ),
-    # an address: URL, e-mail, host name
-    _Detail(4, lambda s: "://" in s.text, (re.compile(r"(?i:\bhttps?://\S+)"),)),
-    _Detail(4, lambda s: "@" in s.text, (re.compile(r"(?i:\b[\w.+-]+@[\w-]+\.[\w.]+\b)"),)),
-    _Detail(
-        4,
-        lambda s: _TOP_LEVEL.search(s.lower) is not None,  # look-alikes folded in `lower`
-        (re.compile(r"(?i:\b[\w-]+(?:\.[\w-]+)*\.(?:com|org|net|io|dev|internal|local|cn|jp)\b)"),),
-    ),
-    # an identifier: snake_case, camelCase, CONSTANT_CASE, a ticket or key like ABC-123
-    _Detail(
-        5,
-        lambda s: "_" in s.text,
-        (re.compile(r"\b[a-z]+_[a-z0-9_]+\b|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b"),),
-    ),
-    _Detail(
-        5,
-        lambda s: _LOWER_UPPER.search(s.text) is not None,
-        (re.compile(r"\b[a-z]+[A-Z][a-zA-Z0-9]+\b"),),
-    ),
-    _Detail(
-        5,
-        lambda s: s.digit and "-" in s.text,
-        (re.compile(r"\b[A-Z]{2,}-\d+\b|\b[a-z]+(?:-[a-z0-9]+)*-\d+\b"),),
-    ),
-    _Detail(5, lambda s: "`" in s.text, (re.compile(r"`[^`\s]{2,}`"),)),
-    # a proper name: capitalised in the middle of an English sentence, with inner capitals
-    # (PostgreSQL, GitHub), an acronym (AWS, SLA)
-    _Detail(
-        6,
-        lambda s: s.upper,
-        (
-            re.compile(r"[A-Z](?<=[a-z,] [A-Z])[a-z]+"),
-            re.compile(r"[A-Z](?<![A-Za-z][A-Z])[a-z]+[A-Z][A-Za-z]*"),
-            re.compile(r"[A-Z](?<![A-Za-z][A-Z])[A-Z]{1,5}s?(?![A-Za-z])"),
-        ),
-    ),
-    # ... a Latin word inside CJK text (UTC, Kubernetes), counted with the above
-    _Detail(
-        6,
-        lambda s: s.cjk and s.upper_or_latin,
-        (
-            re.compile("[A-Za-z](?<=[\u3040-\u9fff][A-Za-z])[\\w.+-]*"),
-            re.compile("[A-Za-z][\\w.+-]*(?=[\u3040-\u9fff])"),
-        ),
-    ),
-    # ... or introduced as one ("my name is", "owns", "is responsible for"), counted with them
-    _Detail(
-        6,
-        lambda s: _NAME_PHRASE.search(s.lower) is not None,  # look-alikes folded in `lower`
-        (
-            re.compile(
-                r"(?i:\bmy name is\b|\bi'?m called\b|\bcall me\b|\bowns\b|\bin charge of\b|"
-                r"\bresponsible for\b|\bworks? on\b)"
-            ),
-        ),
-    ),
-    # a name in CJK text: quoted, or introduced as one (名叫, 叫做, 姓; さん, 様, 名前は)
-    _Detail(
-        7,
-        lambda s: _CJK_NAME_MARK.search(s.text) is not None,
-        (
-            re.compile(
-                r"「[^」]{1,30}」|“[^”]{1,30}”|《[^》]{1,30}》|"
-                r"(?:名叫|叫做|名字是|我叫|姓|负责)[\u4e00-\u9fff]{1,4}|"
-                r"[\u4e00-\u9fff\u30a0-\u30ff]{1,6}(?:さん|様|氏)|名前は"
-            ),
-        ),
-    ),
-)
-# `_DETAILS` as `_details` walks it: (kind, cheap test, the patterns' bound search methods).
-_DETAIL_TABLE = tuple((d.kind, d.may, tuple(p.search for p in d.patterns)) for d in _DETAILS)
-# What every detail pattern needs, in a few scans of a whole text (`_may_score`): a digit,
-# a path's, an address's or an identifier's mark, a quote, a dot before a word character (a
-# file name, a host); lower case then upper case (camelCase, GitHub), a capital after a
-# lower-case word (a name mid-sentence), two capitals (an acronym); a weekday's or a
-# name-introducing phrase (in the lower-cased text, look-alike letters folded); in CJK text,
-# a name's mark or a Latin letter next to a CJK character (over any word characters between).
-_MAY_MARK = re.compile("[\\d/_@`「“《]")
-_MAY_CAPITAL = re.compile("[A-Z](?:(?<=[a-z][A-Z])|(?<=[a-z,] [A-Z])[a-z]|(?<![A-Za-z][A-Z])[A-Z])")
-_MAY_PHRASE = re.compile(
-    "day|my name is|i'?m called|call me|owns|in charge of|responsible for|works? on"
-)
-_MAY_CJK_NAME = re.compile("名叫|叫做|名字是|我叫|姓|负责|さん|様|氏|名前は")
-_MAY_CJK_LATIN = re.compile("[\u3040-\u9fff][A-Za-z]|[A-Za-z][\\w.+-]*[\u3040-\u9fff]")
-
-
-def _lowered(text: str) -> str:
-    """`text` lower-cased, with the letters a case-insensitive pattern takes for an ASCII letter
-    folded to it (the fold only when the text has a letter beyond ASCII)."""
-    return text.lower() if text.isascii() else text.translate(_FOLD).lower()
-
-
-def _seen(text: str, lower: str) -> _Seen:
-    upper = _UPPER.search(text) is not None
-    return _Seen(
-        text,
-        lower,
-        _DIGIT.search(text) is not None,
-        _CJK.search(text) is not None,
-        upper,
-        upper or _ASCII_LETTER.search(text) is not None,
-    )
-
-
-def _cue(seen: _Seen) -> str | None:
+def _cue(seen: Seen) -> str | None:
     """The kind of the strongest cue in a sentence, if any."""
     lower = seen.lower
     latin = _LATIN.search(lower) is not None and ANY_EN.search(lower) is not None
@@ -287,41 +70,13 @@ def _may_score(text: str) -> tuple[bool, bool]:
     for a letter or a digit, a lookahead for one, all see the same there. The one exception,
     `^` in the path pattern, needs a "/" all the same. Lower-casing the whole text lower-cases
     each sentence the same way (no pattern tells "σ" from "ς")."""
-    lower = _lowered(text)
+    lower = lowered(text)
     cjk = _CJK.search(text) is not None
     if (_LATIN.search(lower) is not None and ANY_EN.search(lower) is not None) or (
         cjk and ANY_CJK.search(lower) is not None
     ):
         return True, True
-    return False, _may_detail(text, lower, cjk)
-
-
-def _may_detail(text: str, lower: str, cjk: bool) -> bool:
-    """Whether `text` (lower-cased: `lower`; with a CJK character: `cjk`) may have a concrete
-    detail: false only when no detail pattern matches in it."""
-    return (
-        _MAY_MARK.search(text) is not None
-        or _MAY_CAPITAL.search(text) is not None
-        or _MAY_PHRASE.search(lower) is not None
-        or _DOT_WORD.search(text) is not None
-        or (cjk and (_MAY_CJK_NAME.search(text) or _MAY_CJK_LATIN.search(text)) is not None)
-    )
-
-
-def _details(seen: _Seen, enough: int = len(_DETAILS)) -> int:
-    """How many kinds of concrete detail a sentence has, counted up to `enough`."""
-    found: set[int] = set()
-    text = seen.text
-    for kind, may, searches in _DETAIL_TABLE:
-        if kind in found or not may(seen):
-            continue
-        for search in searches:
-            if search(text) is not None:
-                found.add(kind)
-                if len(found) >= enough:
-                    return len(found)
-                break
-    return len(found)
+    return False, may_detail(text, lower, cjk)
 
 
 _FILLER_WORDS = (
@@ -342,6 +97,7 @@ _SENTENCE = re.compile(
     r"[^\n。！？!?.]*(?:\.(?!\s|$)[^\n。！？!?.]*)*(?:[。！？!?]+|\.(?=\s|$)|\n|$)"
 )
 _BULLET = re.compile(r"^\s*(?:[-*•・]\s*|\d+[.)]\s+)")
+_BULLETS = frozenset("-*•・")
 _NUMBER_MARK = re.compile(r"^\d+[.)]$")  # "1." split off its item by the sentence rule
 
 
@@ -363,21 +119,23 @@ _STATED_CJK = re.compile(
 )
 
 
-def _stated(seen: _Seen) -> bool:
+def _stated(seen: Seen) -> bool:
     return _STATED_EN.search(seen.lower) is not None or (
         seen.cjk and _STATED_CJK.search(seen.text) is not None
     )
 
 
-# A sentence asking for one action now: it starts with a verb of doing or a polite request.
+# A sentence asking for one action now: it starts with a verb of doing or a polite request
+# (`_REQUEST`, matched at the start), or ends with a Japanese one (`_REQUEST_JA`, looked for only
+# in a sentence with "して": a scan of every position is the slow part).
 _REQUEST = re.compile(
     r"^\W*(?:please |now |then |ok,? |okay,? |next,? )?(?:run|open|show|check|look|try|fix|add|"
     r"print|list|read|cat|see|grep|find|search|rerun|build|install|create|write|update|"
     r"change|edit|rename|move|delete|remove|test|debug|explain|tell|give|let'?s|can you|"
-    r"could you|would you)\b|^\W*(?:再|重新)?(?:请|帮我|看一下|运行|打开|查看|试)|"
-    r"(?:してください|して下さい|して)\W*$",
+    r"could you|would you)\b|^\W*(?:再|重新)?(?:请|帮我|看一下|运行|打开|查看|试)",
     re.I,
 )
+_REQUEST_JA = re.compile(r"(?:してください|して下さい|して)\W*$", re.I)
 
 
 # A sentence that refers back to the one before it: a pronoun or a connective, in each language.
@@ -414,13 +172,19 @@ def _items(text: str) -> list[tuple[int, int, bool]]:
     for match in _SENTENCE.finditer(text):
         piece = match.group()
         start, end = match.start(), match.end()
-        bullet = _BULLET.match(piece)
-        lead = bullet.end() if bullet else len(piece) - len(piece.lstrip())
+        rest = piece.lstrip()
+        first = rest[:1]  # (a bullet or a digit after the blanks, or no list item)
+        bullet = _BULLET.match(piece) if first in _BULLETS or first.isdigit() else None
+        lead = bullet.end() if bullet else len(piece) - len(rest)
         start += lead
         end -= len(piece) - len(piece.rstrip())
         if end <= start:
             continue
-        if _NUMBER_MARK.match(text[start:end]) and "\n" not in piece.rstrip(" \t"):
+        if (
+            text[start].isdigit()  # (what `_NUMBER_MARK` starts with, and more)
+            and _NUMBER_MARK.match(text[start:end])
+            and "\n" not in piece.rstrip(" \t")
+        ):
             numbered = True  # "1." of "1. item": the item that follows is a list item
             continue
         out.append((start, end, bullet is not None or numbered))
@@ -456,22 +220,32 @@ class Signals(NamedTuple):
 _LEADING_FILLER = re.compile(rf"^\W*(?:(?:{_FILLER_WORDS})(?:\W+|$))+", re.I)
 
 
-def signals(sentence: str, cues: bool = True, details: bool = True) -> Signals:
+def signals(
+    sentence: str, cues: bool = True, details: bool = True, looks: Looks | None = None
+) -> Signals:
     """The signals of one sentence (told, as `passages` is, whether it may have a cue, and
-    whether it may have a concrete detail: `look`)."""
+    whether it may have a concrete detail: `look`; `looks`: as `passage_spans` takes it)."""
     text = sentence.strip()
     if _FILLER.match(text):
         return Signals(None, 0, False, False, False, False, True, "")
-    seen = _seen(text, _lowered(text))
-    may = details and _may_detail(text, seen.lower, seen.cjk)
-    found = _detail_kinds(seen) if may else frozenset()
+    kind: str | None = None
+    found: frozenset[int] = frozenset()
+    if cues or details:  # (with neither, nothing of the look is needed)
+        look = _looked(text, cues, details, looks)
+        kind = look[1]
+        if details and look[2]:
+            kinds: frozenset[int] | None = look[3]
+            if kinds is None:
+                kinds = look[3] = detail_kinds(look[0])
+            found = kinds
     lead = _LEADING_FILLER.match(text)
     return Signals(
-        _cue(seen) if cues else None,
+        kind,
         len(found - _CODE_DETAILS - _NAME_DETAILS),
         bool(found & _CODE_DETAILS),
         bool(found & _NAME_DETAILS),
-        _REQUEST.search(text) is not None,  # (its Japanese form is at the end)
+        _REQUEST.match(text) is not None
+        or ("して" in text and _REQUEST_JA.search(text) is not None),
         _is_question(text),
         False,
         text[lead.end() :] if lead else text,
@@ -480,17 +254,10 @@ def signals(sentence: str, cues: bool = True, details: bool = True) -> Signals:
 
 def stated(sentence: str) -> bool:
     """Whether a sentence is said as a fact: a copula, a verb of having or being located."""
-    text = sentence.strip()
-    return _stated(_seen(text, _lowered(text)))
-
-
-def _detail_kinds(seen: _Seen) -> frozenset[int]:
-    """Which kinds of concrete detail a sentence has (all of them: `_details` counts)."""
-    found: set[int] = set()
-    for kind, may, searches in _DETAIL_TABLE:
-        if kind not in found and may(seen) and any(search(seen.text) for search in searches):
-            found.add(kind)
-    return frozenset(found)
+    text = sentence.strip()  # (`_stated` of its `seen_of`, without the scans it does not need)
+    return _STATED_EN.search(lowered(text)) is not None or (
+        _CJK.search(text) is not None and _STATED_CJK.search(text) is not None
+    )
 
 
 def score(sentence: str) -> Statement:
@@ -498,24 +265,33 @@ def score(sentence: str) -> Statement:
     return _score(sentence, True)
 
 
-def _score(sentence: str, cues: bool) -> Statement:
+def _score(sentence: str, cues: bool, looks: Looks | None = None) -> Statement:
     """`score`, told whether the sentence may have a cue at all (`_may_score` of its text)."""
     text = sentence.strip()
     if (len(text) < MIN_CHARS and not _has_cjk(text)) or _FILLER.match(text) or len(text) < 2:
         return Statement(text, 0.0, None)
-    seen = _seen(text, _lowered(text))
-    kind = _cue(seen) if cues else None
-    may = _may_detail(text, seen.lower, seen.cjk)
+    look = _looked(text, cues, True, looks)
+    seen, kind, may = look[0], look[1], look[2]
     if kind is None and not may:
         return Statement(text, 0.0, None)
     # a cued sentence only asks whether it has a detail; a bare fact counts up to three
-    details = _details(seen, 1 if kind is not None else 3) if may else 0
+    details = 0
+    if may:
+        kinds: frozenset[int] | None = look[3]
+        if kinds is not None:
+            details = min(len(kinds), 1 if kind is not None else 3)
+        elif kind is not None:
+            details = detail_count(seen, 1)
+        else:  # all of them: `signals` reads them back
+            kinds = look[3] = detail_kinds(seen)
+            details = min(len(kinds), 3)
     if kind is not None:
         value = KIND_SCORES[kind] + (DETAIL_BONUS if details else 0.0)
     elif details:
         kind = "fact"
         value = FACT_BASE + FACT_STEP * (min(details, 3) - 1)
-        if _REQUEST.match(text):  # "show me where X is called": a request, whatever its verbs
+        # "show me where X is called": a request, whatever its verbs
+        if _REQUEST.match(text) or _REQUEST_JA.match(text):
             value *= REQUEST_FACTOR
         elif _stated(seen):
             value += STATED_BONUS
@@ -524,6 +300,24 @@ def _score(sentence: str, cues: bool) -> Statement:
     if _is_question(text):
         value *= QUESTION_FACTOR
     return Statement(text, round(min(1.0, value), 3), kind)
+
+
+# What `_score` and `signals` both work out of one stripped sentence, kept between them for one
+# cue flag: [`seen_of`, the cue's kind, whether it may have a detail (None: not asked yet), its
+# `detail_kinds` (None: not worked out yet)].
+Looks = dict[str, list[Any]]
+
+
+def _looked(text: str, cues: bool, details: bool, looks: Looks | None) -> list[Any]:
+    look = looks.get(text) if looks is not None else None
+    if look is None:
+        seen = seen_of(text, lowered(text))
+        look = [seen, _cue(seen) if cues else None, None, None]
+        if looks is not None:
+            looks[text] = look
+    if details and look[2] is None:
+        look[2] = may_detail(text, look[0].lower, look[0].cjk)
+    return look
 
 
 def statements(text: str) -> list[Statement]:
@@ -563,12 +357,14 @@ def salient(text: str, threshold: float) -> list[Statement]:
 
 
 def passage_spans(
-    part: str, threshold: float, cues: bool
+    part: str, threshold: float, cues: bool, looks: Looks | None = None
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int, Statement]]]:
     """Where each sentence of `part` is (`items`), and `passages` with where each is in `part`
-    (start, end: the passage is that slice), from one split into sentences."""
+    (start, end: the passage is that slice), from one split into sentences. `looks` (one dict
+    per `cues`) keeps what scoring found in each sentence for `signals` of the same ones."""
     found = _items(part)
-    return [(start, end) for start, end, _ in found], _passage_spans(part, threshold, cues, found)
+    spans = [(start, end) for start, end, _ in found]
+    return spans, _passage_spans(part, threshold, cues, found, looks)
 
 
 def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
@@ -577,7 +373,11 @@ def _passages(text: str, threshold: float, cues: bool) -> list[Statement]:
 
 
 def _passage_spans(
-    text: str, threshold: float, cues: bool, found: list[tuple[int, int, bool]] | None = None
+    text: str,
+    threshold: float,
+    cues: bool,
+    found: list[tuple[int, int, bool]] | None = None,
+    looks: Looks | None = None,
 ) -> list[tuple[int, int, Statement]]:
     """`_passages` with their spans (`found`: the text's `_items`, when worked out already). A
     list under a salient lead-in ("A few ground rules before we start:") is one passage with
@@ -586,7 +386,7 @@ def _passage_spans(
     passage: list[tuple[int, int, Statement]] = []
     listing = False  # the passage is a salient lead-in and its list
     for start, end, item in _items(text) if found is None else found:
-        statement = _score(text[start:end], cues)
+        statement = _score(text[start:end], cues, looks)
         if passage and item and (listing or _leads_list(passage)):
             listing = True
             passage.append((start, end, statement))
@@ -619,7 +419,9 @@ def _carries_on(lead: Statement, statement: Statement, threshold: float) -> bool
     if statement.score >= threshold:
         return True
     text = statement.text
-    if _FILLER.match(text) or _REQUEST.match(text) or _is_question(text):
+    if _FILLER.match(text) or _REQUEST.match(text) or _REQUEST_JA.match(text):
+        return False
+    if _is_question(text):
         return False
     return _leads_in(lead.text) or _REFERS_BACK.match(text) is not None
 
@@ -628,7 +430,7 @@ def _leads_in(text: str) -> bool:
     """A sentence that only announces the next one: "Correction:", "Important.", "訂正します。"."""
     if text.endswith((":", "：")):
         return True
-    core = re.sub(r"\W", "", text)
+    core = _NON_WORD.sub("", text)
     return len(core) <= LEAD_IN_CJK if _has_cjk(core) else len(text.split()) <= LEAD_IN_WORDS
 
 
@@ -642,7 +444,7 @@ def _is_question(text: str) -> bool:
 
 
 def _has_cjk(text: str) -> bool:
-    return any("\u3040" <= ch <= "\u9fff" for ch in text)
+    return _CJK.search(text) is not None
 
 
 def normalised(text: str) -> str:

@@ -24,9 +24,10 @@ from policies import check, run_chain
 from policies.prose import prose_spans
 from policies.registry import DEFAULT_STEPS, build_policy
 from policies.salience import normalised, score
-from policies.steps.ledger import KIND, Ledger, LedgerConfig, block_room
+from policies.steps.ledger import KIND, Ledger, LedgerConfig
 from policies.steps.ledger_entries import Entry
 from policies.steps.ledger_rank import carried, rank
+from policies.steps.ledger_room import block_room
 from tests.conftest import GatewayStarter
 from tests.fake_upstream import FakeUpstream
 from tests.policy_strategies import budget, conv, env, msg

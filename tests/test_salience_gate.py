@@ -12,9 +12,10 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from policies import salience
+from policies import salience, salience_details
 from policies.conversation import content_text
-from policies.salience import _cue, _lowered, _seen, salient, score, sentences, statements
+from policies.salience import _cue, salient, score, sentences, statements
+from policies.salience_details import lowered, seen_of
 from tests.fidelity_sessions import LANGUAGES, SHAPES, session
 
 # Cues of every kind and details of every kind, in the three languages, some at a word's edge
@@ -76,7 +77,7 @@ def test_a_text_the_gate_passes_over_has_no_sentence_that_scores(text: str) -> N
     cues, may = salience._may_score(text)
     for sentence in sentences(text):
         if not cues:
-            assert _cue(_seen(sentence, _lowered(sentence))) is None, sentence
+            assert _cue(seen_of(sentence, lowered(sentence))) is None, sentence
         if not may:
             assert score(sentence).score == 0.0, sentence
 
@@ -84,9 +85,9 @@ def test_a_text_the_gate_passes_over_has_no_sentence_that_scores(text: str) -> N
 @settings(max_examples=1500, deadline=None)
 @given(texts)
 def test_a_text_the_detail_scans_pass_over_has_no_detail(text: str) -> None:
-    seen = _seen(text, _lowered(text))
-    if not salience._may_detail(text, seen.lower, seen.cjk):
-        assert salience._details(seen) == 0
+    seen = seen_of(text, lowered(text))
+    if not salience_details.may_detail(text, seen.lower, seen.cjk):
+        assert salience_details.detail_count(seen) == 0
 
 
 @settings(max_examples=1500, deadline=None)

@@ -13,7 +13,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import salience, salience_cues
+from policies import salience, salience_cues, salience_details
 from policies.salience import KIND_SCORES, sentences
 from tests.fidelity_sessions import LANGUAGES, SHAPES, session
 
@@ -93,8 +93,8 @@ def oracle(text: str) -> tuple[str | None, int]:
 
 
 def fast(text: str) -> tuple[str | None, int]:
-    seen = salience._seen(text, salience._lowered(text))
-    return salience._cue(seen), salience._details(seen)
+    seen = salience_details.seen_of(text, salience_details.lowered(text))
+    return salience._cue(seen), salience_details.detail_count(seen)
 
 
 @settings(max_examples=800, deadline=None)
@@ -143,7 +143,7 @@ texts = st.lists(
 @settings(max_examples=1500, deadline=None)
 @given(texts)
 def test_a_fact_is_stated_where_the_plain_pattern_says_so(text: str) -> None:
-    seen = salience._seen(text, salience._lowered(text))
+    seen = salience_details.seen_of(text, salience_details.lowered(text))
     assert salience._stated(seen) == (ORACLE_STATED.search(text) is not None)
 
 

@@ -21,6 +21,7 @@ note must survive) and the gateway's expansion results. Nothing is ever dropped.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,7 +30,7 @@ from ..budget import Budget
 from ..chunking import Kind, compress, detect
 from ..content import with_text
 from ..conversation import PROTECTED_ROLES, Conversation, Message
-from ..excerpts import is_excerpt
+from ..excerpts import NOTE_START, is_excerpt
 from ..memo import Memo
 from ..step import Env, StepConfig, StepResult
 from .tool_output_cache import EXPANSION_ID_PREFIX, EXPANSION_TOOLS, find_note, is_placeholder
@@ -44,6 +45,9 @@ MARK_KINDS: dict[str, Kind] = {
 
 # What one pass found for each (text, mark, lossy): a text repeated in a request, once.
 _Known = dict[tuple[str, Kind | None, bool], tuple[str, str] | None]
+_UNKNOWN = object()
+# A candidate of the scan: (index, memo key, (is a candidate, compressed form) when known).
+_Candidate = tuple[int, tuple[object, ...] | None, tuple[bool, tuple[str, str] | None] | None]
 
 
 class Ratios(BaseModel):
@@ -78,15 +82,11 @@ class ContentTypeChunking:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         messages = list(conversation.messages)
-        latest = conversation.latest_user_index()
         turn_start = [0] * len(messages)
         for turn in conversation.turns():
             turn_start[turn.start : turn.end] = [turn.start] * (turn.end - turn.start)
-        # candidates oldest first, looked at only when the scan gets to them
-        roles = conversation.roles()
-        pending = (
-            i for i, m in enumerate(conversation.messages) if i != latest and _eligible(m, roles[i])
-        )
+        memo = env.memo
+        pending = self._scan(conversation, memo)  # candidates, as the scan gets to them
         candidate = next(pending, None)
         changed: dict[int, str] = {}
         known: _Known = {}
@@ -96,12 +96,17 @@ class ContentTypeChunking:
             running += message.tokens
             if running <= trigger:
                 continue
-            while candidate is not None and candidate < turn_start[i]:
+            while candidate is not None and candidate[0] < turn_start[i]:
                 if running <= target:
                     break
-                index = candidate
+                index, key, found = candidate
                 candidate = next(pending, None)
-                new = self._compressed(messages[index], env.memo, known)
+                if found is not None:
+                    new = found[1]
+                else:
+                    new = self._compressed_text(messages[index], memo, known)
+                    if key is not None:
+                        memo.put(key, (True, new), len(new[0]) if new else 0)
                 if new is None:
                     continue
                 data = with_text(messages[index].data, new[0])
@@ -122,23 +127,34 @@ class ContentTypeChunking:
             detail={"compressed": kinds},
         )
 
-    def _compressed(self, message: Message, memo: Memo, known: _Known) -> tuple[str, str] | None:
-        """(compressed text, kind), or None when compressing does not change the text.
+    def _scan(self, conversation: Conversation, memo: Memo) -> Iterator[_Candidate]:
+        """The candidates, oldest first, each when the scan gets to it: (index, memo key, what
+        is remembered under it, None until its compressed form is worked out).
 
-        Both the type and the compressed form are functions of the text (and the marks and
-        config), worked out once per text through `memo`: the same history comes back on every
-        request. A message the gateway has seen (a uid: equal uids, equal data) is looked up by
-        its uid, which costs no hashing or comparing of its text. `known` holds what this pass
-        found for each text, so a text repeated within the request is looked up in `memo` once.
-        """
-        if message.uid is None:
-            return self._compressed_text(message, memo, known)
-        key = ("chunked", self._settings, message.uid, message.kind, message.priority)
-        found = memo.peek(key)
-        if found is None:
-            found = (self._compressed_text(message, memo, known),)
-            memo.put(key, found, len(found[0][0]) if found[0] else 0)
-        return found[0]  # type: ignore[index]
+        Whether a message is a candidate and its compressed form are functions of the message
+        alone (its data, marks and the config): for a message the gateway has seen (a uid:
+        equal uids, equal data) both are remembered under one key, which costs no hashing or
+        comparing of its text, so a resent message, or the next pass's, is one lookup. The
+        compressed form is worked out only for a candidate the scan takes (`apply`)."""
+        latest = conversation.latest_user_index()
+        roles = conversation.roles()
+        settings = self._settings
+        for i, m in enumerate(conversation.messages):
+            if i == latest:
+                continue
+            if m.uid is None:
+                if _eligible(m, roles[i]):
+                    yield i, None, None
+                continue
+            key = ("chunked", settings, m.uid, m.kind, m.priority, m.pin)
+            found = memo.peek(key)
+            if found is None:
+                if _eligible(m, roles[i]):
+                    yield i, key, None
+                else:
+                    memo.put(key, (False, None), 0)
+            elif found[0]:  # type: ignore[index]
+                yield i, key, found  # type: ignore[misc]
 
     def _compressed_text(
         self, message: Message, memo: Memo, known: _Known
@@ -151,14 +167,14 @@ class ContentTypeChunking:
         mark = MARK_KINDS.get(message.kind or "")
         lossy = message.priority != 1
         local = (text, mark, lossy)
-        if local in known:
-            return known[local]
-        found = known[local] = memo.get(
-            ("chunked-text", self._settings, text, mark, lossy),
-            lambda: self._compressed_as(text, mark, lossy),
-            2 * len(text),
-        )
-        return found
+        found = known.get(local, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = known[local] = memo.get(
+                ("chunked-text", self._settings, text, mark, lossy),
+                lambda: self._compressed_as(text, mark, lossy),
+                2 * len(text),
+            )
+        return found  # type: ignore[return-value]
 
     def _compressed_as(self, text: str, mark: Kind | None, lossy: bool) -> tuple[str, str] | None:
         kind = mark or detect(text)
@@ -186,6 +202,7 @@ def _eligible(message: Message, role: str) -> bool:
         text = message.text
         if find_note(text) is not None or is_placeholder(text):
             return False
-    if is_excerpt(message.text):  # an excerpt's head stays the client's bytes
+    text = message.text
+    if NOTE_START in text and is_excerpt(text):  # an excerpt's head stays the client's bytes
         return False
     return message.data.get("content") is not None

@@ -74,12 +74,13 @@ class Excerpts:
         roles = conversation.roles()
         protected = conversation.protected()
         expansion = expansion_call_ids(messages)
+        allowed, least = self.config.roles, self.config.min_tokens
         candidates = [
             i
             for i, m in enumerate(messages)
-            if roles[i] in self.config.roles
+            if roles[i] in allowed
             and not protected[i]
-            and m.tokens >= self.config.min_tokens
+            and m.tokens >= least
             and _excerptable(m, expansion)
         ]
         if not candidates:

@@ -36,19 +36,18 @@ from __future__ import annotations
 import functools
 import operator
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import Field
 
 from ..budget import Budget, stable_cut
 from ..conversation import Conversation, Message, inserted
-from ..placement import summary_indices
 from ..prose import prose_spans
 from ..salience import look, normalised
 from ..step import Env, StepConfig, StepResult
-from .fifo import droppable_sizes
 from .ledger_entries import BULLET, Entry, merged, parse
 from .ledger_rank import carried, line_rank
+from .ledger_room import Sizes, room
 from .ledger_said import Candidate, Collected
 
 KIND = "ledger"
@@ -80,18 +79,14 @@ class LedgerConfig(StepConfig):
     header: str = Field(HEADER, min_length=1)
 
 
-def block_room(conversation: Conversation, budget: Budget, at: int | None) -> int:
-    """The most the block may take: the limit less what no later step drops (the prompts,
-    pins, summaries and the last Turn, which fifo keeps whole), so that a request that fits
-    without the ledger still fits with it (design D5.3). Against the limit, not the target:
-    a pass that compacts harder lowers the target, and the block must not vanish for it."""
-    turns = conversation.turns()
-    if not turns:
-        return 0
-    sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
-    current = conversation.messages[at].tokens if at is not None else 0
-    fixed = conversation.tokens - sum(sizes) - current
-    return budget.limit - fixed - sizes[-1]
+class _Round(NamedTuple):
+    """A round of `_reached`: the reach tried, the entries before it, those the cap keeps, and
+    their block (None when none is kept)."""
+
+    reach: int
+    entries: list[Entry]
+    kept: list[Entry]
+    block: Message | None
 
 
 class Ledger:
@@ -102,20 +97,26 @@ class Ledger:
 
     def apply(self, conversation: Conversation, budget: Budget, env: Env) -> StepResult:
         at = _ledger_index(conversation)
-        cap = min(int(budget.limit * self.config.share), block_room(conversation, budget, at))
+        sizes = Sizes.of(conversation, at)
+        cap = min(int(budget.limit * self.config.share), room(budget, sizes))
         if cap <= 0 and at is None:
             return StepResult.unchanged(conversation, reason="no room")
         said = self._said(conversation, env)
-        reach = self._reach(conversation, budget, env, at, said, cap)
-        entries = self._entries(conversation, at, said.before(reach), env)
+        last: list[_Round] = []  # the last round, when worked out
+        reach = self._reach(conversation, budget, env, at, said, cap, sizes, last)
+        block: Message | None = None
+        if last and last[0].reach == reach:
+            entries, kept, block = last[0].entries, last[0].kept, last[0].block
+        else:
+            entries = self._entries(conversation, at, said.before(reach), env)
+            kept = self._bounded(entries, cap, env)
         said.remember()
-        kept = self._bounded(entries, cap, env)
         if at is not None:
             old = conversation.messages[at]
             if not kept:
                 messages = conversation.messages[:at] + conversation.messages[at + 1 :]
                 return StepResult(Conversation(messages), removed=1, detail={"entries": 0})
-            message = self._message(kept, env)
+            message = block if block is not None else self._message(kept, env)
             if message.data == old.data:
                 return StepResult.unchanged(conversation, reason="ledger unchanged")
             messages = (*conversation.messages[:at], message, *conversation.messages[at + 1 :])
@@ -127,7 +128,7 @@ class Ledger:
         if not kept:
             reason = "ledger full" if entries else "nothing to keep"
             return StepResult.unchanged(conversation, reason=reason, left_out=len(entries))
-        message = self._message(kept, env)
+        message = block if block is not None else self._message(kept, env)
         result = inserted(conversation, conversation.head_end(), [message])
         return StepResult(
             result,
@@ -143,6 +144,8 @@ class Ledger:
         at: int | None,
         said: Collected,
         cap: int,
+        sizes: Sizes | None,
+        last: list[_Round],
     ) -> int:
         """The index before which messages will go: the oldest Turns that a Turn-dropping step
         after this one (fifo's stable cut, keeping the last Turn) removes once the ledger holds
@@ -170,9 +173,11 @@ class Ledger:
                 ),
             )
             return env.memo.get(
-                key, lambda: self._reached(conversation, budget, env, said, cap, at), 8 * len(uids)
+                key,
+                lambda: self._reached(conversation, budget, env, said, cap, sizes, at, last),
+                8 * len(uids),
             )
-        return self._reached(conversation, budget, env, said, cap, at)
+        return self._reached(conversation, budget, env, said, cap, sizes, at, last)
 
     def _reached(
         self,
@@ -181,15 +186,16 @@ class Ledger:
         env: Env,
         said: Collected,
         cap: int,
+        droppable: Sizes | None,
         at: int | None = None,
+        last: list[_Round] | None = None,
     ) -> int:
-        """`_reach`, worked out."""
+        """`_reach`, worked out (`droppable`: the Turns' sizes; `last` is given the last
+        round's reach, entries, kept entries and block, which `apply` then needs again)."""
         turns = conversation.turns()
-        if len(turns) < 2:
+        if len(turns) < 2 or droppable is None:
             return 0
-        sizes = droppable_sizes(conversation, turns, summary_indices(conversation))
-        current = conversation.messages[at].tokens if at is not None else 0
-        fixed = conversation.tokens - sum(sizes) - current
+        sizes, fixed = droppable
         cut = 0
         while True:
             reach = turns[cut].start
@@ -197,11 +203,14 @@ class Ledger:
             kept = self._bounded(entries, cap, env)
             # the block's exact size: fifo will see this very block, so its cut is the one
             # worked out here (stable_cut is not monotone in what is kept: no estimate will do)
-            ledger = self._message(kept, env).tokens if kept else 0
+            block = self._message(kept, env) if kept else None
+            ledger = block.tokens if block is not None else 0
             moved = min(
                 stable_cut(sizes, fixed + ledger, budget.trigger, budget.target), len(turns) - 1
             )
             if moved <= cut:
+                if last is not None:
+                    last.append(_Round(reach, entries, kept, block))
                 return reach
             cut = moved
 
@@ -294,7 +303,7 @@ class Ledger:
         picked = [
             i
             for i, m in enumerate(messages)
-            if not protected[i] and m.origin >= 0 and m.role in roles
+            if m.role in roles and not protected[i] and m.origin >= 0  # (the role rules most out)
         ]
         uids = tuple([messages[i].uid for i in picked])
         find = functools.partial(self._candidates, env=env)
@@ -362,8 +371,13 @@ def _ledger_index(conversation: Conversation) -> int | None:
 
 def _line_tokens(text: str, env: Env) -> int:
     """Tokens of an entry's line in the block (remembered: worked out every pass)."""
-    line = BULLET + text + "\n"
-    return env.memo.get(("ledger-line", line), lambda: env.text_tokens(line), len(line))
+    key = ("ledger-line", text)  # (by the entry's text: its hash is worked out already)
+    found = env.memo.peek(key)
+    if found is None:
+        line = BULLET + text + "\n"
+        found = env.text_tokens(line)
+        env.memo.put(key, found, len(line))
+    return found  # type: ignore[return-value]
 
 
 def _score(text: str, threshold: float, plain: bool, env: Env) -> float:

@@ -53,6 +53,8 @@ def lines_of(statement: Statement, threshold: float, limit: int) -> list[str]:
 def texts_of(message: Message) -> tuple[str, ...]:
     """A message's texts: its content, or each text part of a content array."""
     content = message.data.get("content")
+    if type(content) is str:  # most messages (`Message.text` is then the content itself)
+        return (content,)
     if isinstance(content, list):
         return tuple(
             [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
@@ -65,10 +67,13 @@ def merged(entries: list[Entry], keys: list[str] | None = None) -> list[Entry]:
     said first); `keys`: their normalised texts, when worked out already."""
     if keys is None:
         keys = [normalised(e.text) for e in entries]
+    # All keys on one line each (a key has no line break: `normalised` collapses whitespace),
+    # so that a key found only once among them, which is most, is held by no other one.
+    joined = "\n".join(keys)
     out = []
     for k, entry in enumerate(entries):
         key = keys[k]
-        if any(
+        if joined.count(key) > 1 and any(
             key in other and (len(other) > len(key) or j < k)
             for j, other in enumerate(keys)
             if j != k

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from ..salience import Signals, Statement, items, passage_spans, score, signals, stated
+from ..salience import Looks, Signals, Statement, items, passage_spans, score, signals, stated
 from .ledger_entries import lines_of
 
 PLAIN = 0.2  # any other sentence
@@ -73,11 +73,25 @@ _ASK_JA = re.compile("てください|て下さい|てくれ|てもらえ|てい
 _ACTION_JA = re.compile("実行|修正|直して|追加|削除|消して|リネーム|リファクタ")
 
 
-def rank(sentence: str, threshold: float, cues: bool = True, details: bool = True) -> float:
+def rank(
+    sentence: str,
+    threshold: float,
+    cues: bool = True,
+    details: bool = True,
+    looks: Looks | None = None,
+) -> float:
     """A sentence's rank below `threshold` (0: never carried), as the module's rule says (told
-    whether the sentence may have a cue, and a detail, as `salience.look` tells)."""
-    found = signals(sentence, cues, details)
-    if found.filler or _acknowledgement(found) or _routine(found, sentence):
+    whether the sentence may have a cue, and a detail, as `salience.look` tells; `looks`: what
+    scoring found in it, as `salience.passage_spans` keeps it)."""
+    found = signals(sentence, cues, details, looks)
+    if found.filler:
+        return 0.0
+    # a CJK character in `rest`: looked for once, for both tests (each asks a sentence with no
+    # cue or concrete fact, and only such a sentence)
+    cjk = None
+    if found.kind is None and not found.facts:
+        cjk = _CJK.search(found.rest) is not None
+    if _acknowledgement(found, cjk) or _routine(found, sentence, cjk):
         return 0.0
     value = PLAIN + FACT_STEP * min(found.facts + found.name, 3) + (CODE if found.code else 0.0)
     if found.kind is not None or _FIRST_PERSON.search(found.rest):
@@ -104,7 +118,8 @@ def carried(
     with a colon and is not salient, introduces what follows the prose and is left out.
     `cues` and `may`: whether a sentence of the part may have a cue, may score at all
     (`salience.look`)."""
-    spans, salient = passage_spans(part, threshold, cues) if may else (items(part), [])
+    looks: Looks = {}  # what scoring a sentence found, for ranking it
+    spans, salient = passage_spans(part, threshold, cues, looks) if may else (items(part), [])
     if not plain:
         return [(line, s.score) for _, _, s in salient for line in lines_of(s, threshold, limit)]
     out: list[tuple[str, float]] = []
@@ -116,10 +131,12 @@ def carried(
         if at < len(salient) and salient[at][0] <= start:  # inside a salient passage
             _flush(part, run, limit, out)
             passage = salient[at][2]
-            if salient[at][0] == start and not _code_order(passage, salient[at][1] == end):
+            if salient[at][0] == start and not _code_order(
+                passage, salient[at][1] == end, looks if cues else None
+            ):
                 out += [(line, passage.score) for line in lines_of(passage, threshold, limit)]
             continue
-        value = rank(part[start:end], threshold, cues, may)
+        value = rank(part[start:end], threshold, cues, may, looks)
         if k == len(spans) - 1 and part[end - 1] in _COLONS:
             value = 0.0  # it introduces what follows the prose: a paste, a file
         if value > 0 or (run and _continues(part, run[-1][1], start)):
@@ -146,10 +163,15 @@ def _flush(
     run.clear()
 
 
-def _code_order(passage: Statement, one: bool) -> bool:
+def _code_order(passage: Statement, one: bool, looks: Looks | None) -> bool:
     """Whether a salient passage is a routine request all the same: one sentence, salient only
-    for the code it names (a fact by its identifiers or paths alone)."""
-    return one and passage.kind == "fact" and _routine(signals(passage.text), passage.text)
+    for the code it names (a fact by its identifiers or paths alone). `looks`: what scoring
+    found in its sentence, when it looked for cues."""
+    return (
+        one
+        and passage.kind == "fact"
+        and _routine(signals(passage.text, looks=looks), passage.text)
+    )
 
 
 def _continues(part: str, end: int, start: int) -> bool:
@@ -158,33 +180,40 @@ def _continues(part: str, end: int, start: int) -> bool:
     return not part[end - 1].isspace() and part[end - 1] not in _ENDS and part[start].islower()
 
 
-def _routine(found: Signals, sentence: str) -> bool:
+def _routine(found: Signals, sentence: str, cjk: bool | None = None) -> bool:
     """A short request for work on code: by its verb, not by the code it names ("Use the
-    existing logger in app/log.py, please" is a standing instruction)."""
-    if found.kind is not None or found.facts or _NEGATION.search(sentence):
-        return False  # a negation states a limit ("no print debugging left in commits")
+    existing logger in app/log.py, please" is a standing instruction). `cjk`: whether
+    `found.rest` has a CJK character, when known. (The negation, the slowest test, last.)"""
+    if found.kind is not None or found.facts:
+        return False
     rest = found.rest
-    if _CJK.search(rest):
+    if _CJK.search(rest) is not None if cjk is None else cjk:
         if _cjk_length(rest) > ROUTINE_CJK:
             return False
         if _ORDER_ZH.search(rest) is not None:  # Chinese asks with no mark: by its verb
-            return True
-        asked = found.request or found.question or _ASK_JA.search(rest) is not None
-        return asked and _ACTION_JA.search(rest) is not None
-    return len(rest.split()) <= ROUTINE_WORDS and _ACTION.match(rest) is not None
+            asked = True
+        else:
+            asked = found.request or found.question or _ASK_JA.search(rest) is not None
+            asked = asked and _ACTION_JA.search(rest) is not None
+    else:
+        asked = len(rest.split()) <= ROUTINE_WORDS and _ACTION.match(rest) is not None
+    # a negation states a limit ("no print debugging left in commits")
+    return asked and _NEGATION.search(sentence) is None
 
 
-def _acknowledgement(found: Signals) -> bool:
+def _acknowledgement(found: Signals, cjk: bool | None = None) -> bool:
+    """(`cjk`: whether `found.rest` has a CJK character, when known. The first person and a
+    negation, the slowest tests, last.)"""
     if found.kind is not None or found.facts or found.code or found.name:
         return False
     rest = found.rest
     if not _WORDISH.search(rest):  # nothing but filler words, marks and emoji
         return True
-    if _FIRST_PERSON.search(rest) or _NEGATION.search(rest):
-        return False
-    if _CJK.search(rest):
-        return _cjk_length(rest, kana=0.5) <= ACK_CJK
-    return len(rest.split()) <= ACK_WORDS and not stated(rest)
+    if _CJK.search(rest) is not None if cjk is None else cjk:
+        short = _cjk_length(rest, kana=0.5) <= ACK_CJK
+    else:
+        short = len(rest.split()) <= ACK_WORDS and not stated(rest)
+    return short and _FIRST_PERSON.search(rest) is None and _NEGATION.search(rest) is None
 
 
 def _cjk_length(text: str, kana: float = 1.0) -> float:

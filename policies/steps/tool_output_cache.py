@@ -315,8 +315,8 @@ def expansion_call_ids(messages: Sequence[Message]) -> set[str]:
     """Ids of the tool calls to the gateway's expansion tools (by `pinning.call_names`'s rule:
     the last call with an id names it)."""
     ids: set[str] = set()
-    for message in messages:
-        for call in message.data.get("tool_calls") or ():
+    for message in [m for m in messages if m.data.get("tool_calls")]:  # (most have none)
+        for call in message.data["tool_calls"]:
             if is_mapping(call) and is_mapping(function := call.get("function")):
                 if str(function.get("name", "")) in EXPANSION_TOOLS:
                     ids.add(str(call.get("id", "")))
