@@ -689,7 +689,9 @@ def mutate(draw: st.DrawFn, root: Any, path: tuple[Any, ...], kind: str) -> Any:
         if isinstance(value, str):
             parent[last] = "z" * size
         elif len(encode(value)) < 1000:  # a long list of it, never a huge body
-            parent[last] = [value] * (size // 1000)
+            # copies, not one object many times: a later "large" on a string inside would
+            # otherwise grow every item at once (300 x 300 kB, over the 40 MB frame limit)
+            parent[last] = [copy.deepcopy(value) for _ in range(size // 1000)]
     elif kind == "empty":
         parent[last] = type(value)() if isinstance(value, list | dict | str) else None
     elif kind == "repeat" and isinstance(value, list) and value:

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from gateway.summaries.transcript import SYSTEM_PROMPT
 from tests.asgi_socket import FINALS
@@ -388,6 +389,31 @@ async def test_a_role_that_is_a_list_on_the_websocket_gets_a_400_frame(
             assert frame["type"] == "error" and frame["status"] == 400, frame
             assert frame["error"]["param"] == "input[0].role", frame
     assert fake_upstream.requests() == []
+
+
+async def test_a_frame_over_the_body_limit_closes_its_socket_as_too_big_and_others_go_on(
+    gateway: GatewayProcess, fake_upstream: FakeUpstream
+) -> None:
+    """A frame larger than `server.max_body_bytes` closes that socket with 1009 (message too
+    big, the WebSocket's 413), nothing reaches the upstream, and a new socket is answered."""
+    fake_upstream.reset()
+    url = f"ws://127.0.0.1:{gateway.port}/v1/responses"
+    headers = {"authorization": "Bearer sk-fuzz"}
+    huge = encode({"type": "response.create", "model": "big", "input": "z" * (MAX_BODY + 1)})
+    async with connect(url, additional_headers=headers, max_size=None) as socket:
+        await socket.send(huge.decode())
+        with pytest.raises(ConnectionClosed) as closed:
+            await asyncio.wait_for(socket.recv(), 30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    assert fake_upstream.requests() == []
+    async with connect(url, additional_headers=headers) as socket:
+        await socket.send(
+            encode({"type": "response.create", "model": "big", "input": "hi"}).decode()
+        )
+        answer: list[dict[str, Any]] = []
+        while not answer or answer[-1].get("type") not in FINALS:
+            answer.append(json.loads(await asyncio.wait_for(socket.recv(), 30)))
+        assert answer[-1]["type"] == "response.completed"
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-summary", "tiny-tiktoken", "tiny-error"])
