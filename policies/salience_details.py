@@ -13,7 +13,7 @@ it. Pure and deterministic, like the rest of salience.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 # Letters a case-insensitive pattern takes for an ASCII letter that lower() keeps apart.
@@ -260,31 +260,30 @@ def may_detail(text: str, lower: str, cjk: bool) -> bool:
     )
 
 
-def detail_count(seen: Seen, enough: int = len(_DETAILS)) -> int:
-    """How many kinds of concrete detail a sentence has, counted up to `enough`."""
-    found: set[int] = set()
+def _found(seen: Seen) -> Iterator[int]:
+    """The kinds of concrete detail a sentence has, each once, found as they are asked for."""
     text = seen.text
+    found: set[int] = set()
     for kind, may, searches in _DETAIL_TABLE if seen.digit else _UNDIGITED:
         if kind in found or (may is not None and not may(seen)):
             continue
         for search in searches:
             if search(text) is not None:
                 found.add(kind)
-                if len(found) >= enough:
-                    return len(found)
+                yield kind
                 break
-    return len(found)
+
+
+def detail_count(seen: Seen, enough: int = len(_DETAILS)) -> int:
+    """How many kinds of concrete detail a sentence has, counted up to `enough`."""
+    count = 0
+    for _ in _found(seen):
+        count += 1
+        if count >= enough:
+            break
+    return count
 
 
 def detail_kinds(seen: Seen) -> frozenset[int]:
     """Which kinds of concrete detail a sentence has (all of them: `detail_count` counts)."""
-    found: set[int] = set()
-    text = seen.text
-    for kind, may, searches in _DETAIL_TABLE if seen.digit else _UNDIGITED:
-        if kind in found or (may is not None and not may(seen)):
-            continue
-        for search in searches:
-            if search(text) is not None:
-                found.add(kind)
-                break
-    return frozenset(found)
+    return frozenset(_found(seen))
