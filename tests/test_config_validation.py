@@ -160,3 +160,16 @@ def test_check_config_summarises_every_upstream_of_a_model(
     out = capsys.readouterr().out
     assert "https://user:***@a.internal/v1 (weight 2), http://b.internal/v1 (weight 1)" in out
     assert "upstream_key=gateway (***)" in out and "sk-secret" not in out and "pw@" not in out
+
+
+def test_check_config_says_each_policys_trigger_target_and_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator reads when each policy compacts, how far, and how long an event's result is
+    held before the next (design D3.3)."""
+    path = tmp_path / "good.yaml"
+    path.write_text("policies:\n  p: {trigger_ratio: 0.7, target_ratio: 0.5, hold_ratio: 0.9}\n")
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "trigger=0.7 target=0.5 hold=0.9 " in out
+    assert "trigger=0.8 target=0.6 hold=0.95 " in out  # the default policy

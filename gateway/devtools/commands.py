@@ -129,7 +129,7 @@ def summarise(config: Config, path: str) -> str:
         chain = " -> ".join(step.type for step in policy.steps)
         lines.append(
             f"  {name:<12} trigger={pc.trigger_ratio} target={pc.target_ratio} "
-            f"recovery={pc.recovery_mode}: {chain}"
+            f"hold={pc.hold_ratio} recovery={pc.recovery_mode}: {chain}"
         )
     if admin_token(config.server) is not None:
         admin = "token (***)"
