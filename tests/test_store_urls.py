@@ -82,9 +82,9 @@ def test_a_password_never_survives_masking(password: str) -> None:
         "redis-sentinel://a:1/m?sentinel_password={}",
     ):
         url = template.format(quote(password, safe=""))
-        masked = mask_store_url(url)
-        assert quote(password, safe="") not in masked.replace("***", "")
-        assert "***" in masked
+        # the password's place holds *** and nothing else changed (a password that is part of
+        # the scheme's name, "redi", is still in "redis://": searching for it proved nothing)
+        assert mask_store_url(url) == template.format("***")
 
 
 def test_check_config_prints_sentinel_and_cluster_urls_masked(tmp_path: Path) -> None:
