@@ -3,7 +3,8 @@
 Rule: a `Memo` only ever holds values of pure functions of their key, so a hit returns exactly
 what computing again would: passing a memo, sharing one between requests or passing a fresh one
 never changes an output, only how long it takes. Keys name the function first (`("detect",
-text)`), so two functions never share an entry.
+text)`), so two functions never share an entry, and a value made with the `Env`'s counting or
+refs carries `Env.scope` in its key (routes count differently, tenants' refs differ).
 
 Two kinds of entry hold more than their key determines, both a rolling summary's
 (`rollup.Rolling`). A `Checkpoint` holds the answers its links got from the summary source. It

@@ -8,7 +8,7 @@ in `policies/registry.py`; adding a step touches its own module and that table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -67,6 +67,10 @@ class Env:
     # Pure per-text results (content types, compressed forms); the gateway passes one that
     # lives across requests. Never changes an output, only how long it takes.
     memo: Memo = field(default_factory=Memo)
+    # What `count`, `count_text` and `ref_for` depend on (the gateway: its route, tokenizer and
+    # tenant): a memo entry whose value they made carries it in its key, so one memo serving
+    # routes that count differently, or tenants whose refs differ, never hands one another's.
+    scope: Hashable = None
 
     def text_tokens(self, text: str) -> int:
         if self.count_text is not None:

@@ -170,6 +170,7 @@ class Decision:
             ref_for=ref_for,
             count_text=route.counter.text,
             memo=self._memo,
+            scope=(route.name, route.counter.tokenizer.name, tenant),
         )
 
     async def decide(

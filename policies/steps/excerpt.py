@@ -176,7 +176,7 @@ class Excerpts:
         return {**message.data, "content": parts}, found.stored
 
     def _cut(self, text: str, keep: int, env: Env) -> Excerpt | None:
-        key = ("excerpt", self.config.floor_tokens, keep, text)
+        key = ("excerpt", env.scope, self.config.floor_tokens, keep, text)
         found = env.memo.peek(key)
         if found is None:
             try:

@@ -157,21 +157,10 @@ class Ledger:
         if at is not None:  # the block (the step's own message, no uid) counts by its text
             uids[at] = conversation.messages[at].text
         if None not in uids:  # a resent conversation: remembered by its uids
-            config = self.config
-            key = (
-                "ledger-reach",
-                tuple(uids),
-                budget.trigger,
-                budget.target,
-                cap,
-                (
-                    config.min_salience,
-                    config.carry_all,
-                    config.max_entry_chars,
-                    config.roles,
-                    config.header,
-                ),
-            )
+            c = self.config
+            settings = (c.min_salience, c.carry_all, c.max_entry_chars, c.roles, c.header)
+            scope = (env.scope, tuple(uids), budget.trigger, budget.target, cap)
+            key = ("ledger-reach", *scope, settings)
             return env.memo.get(
                 key,
                 lambda: self._reached(conversation, budget, env, said, cap, sizes, at, last),
@@ -371,7 +360,7 @@ def _ledger_index(conversation: Conversation) -> int | None:
 
 def _line_tokens(text: str, env: Env) -> int:
     """Tokens of an entry's line in the block (remembered: worked out every pass)."""
-    key = ("ledger-line", text)  # (by the entry's text: its hash is worked out already)
+    key = ("ledger-line", env.scope, text)  # (the text's hash is worked out already)
     found = env.memo.peek(key)
     if found is None:
         line = BULLET + text + "\n"
