@@ -230,6 +230,36 @@ def test_a_request_that_fits_without_the_ledger_fits_with_it(
         assert result.tokens_after <= plan.limit
 
 
+def test_a_pinned_tool_calls_results_are_not_room_for_the_block() -> None:
+    """A pinned tool call keeps its results (a group is never split), so neither fifo's cut nor
+    the block's room may count them as droppable. Found by hypothesis: the block took room the
+    results still held, and a request fifo alone fits came out one token over the limit."""
+    calls = [
+        {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "read_file", "arguments": "{}"},
+        }
+        for i in range(3)
+    ]
+    data = [
+        msg("user", ""),
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *(
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": text}
+            for i, text in enumerate(["alpha", "alpha", "alpha alpha alpha"])
+        ),
+        msg("user", "\n".join(f"{i} alpha 数据 数据" for i in range(11))),
+        msg("user", "alpha alpha alpha alpha alpha alpha alpha"),
+    ]
+    conversation = conv(data, pins=[1])
+    plan = budget(200, reserved=40)
+    assert run_chain(conversation, plan, FIFO_ONLY, env()).fits
+    result = run_chain(conversation, plan, DEFAULT, env())
+    assert result.fits and result.error is None, (result.tokens_after, plan.limit, result.error)
+    assert check(conversation, result.conversation) == []
+
+
 @settings(max_examples=80, deadline=None)
 @given(session=sessions(), fraction=st.floats(0.15, 0.6))
 def test_when_the_block_is_full_a_salient_statement_outranks_every_plain_one(

@@ -60,10 +60,11 @@ _TOKENS = operator.attrgetter("tokens")
 def droppable_sizes(
     conversation: Conversation, turns: Sequence[Turn], summaries: frozenset[int]
 ) -> list[int]:
-    """Tokens of every Turn without its protected messages and summaries.
+    """Tokens of every Turn without its protected messages, their tool groups and summaries.
 
     From running totals at the Turn bounds, less the few kept messages one by one: a request has
-    hundreds of messages and a handful of prompts, pins and summaries.
+    hundreds of messages and a handful of prompts, pins and summaries. A pinned tool call keeps
+    its results (`drop` never splits a group), so they are not counted as droppable either.
     """
     messages = conversation.messages
     before = list(itertools.accumulate(map(_TOKENS, messages), initial=0))
@@ -72,7 +73,13 @@ def droppable_sizes(
         return sizes
     starts = [t.start for t in turns]
     first, end = starts[0], turns[-1].end
-    kept = set(itertools.compress(range(len(messages)), conversation.protected()))
+    protected = conversation.protected()
+    kept = set(itertools.compress(range(len(messages)), protected))
+    roles = conversation.roles()
+    if any(roles[i] in ("assistant", "tool") for i in kept):  # a pinned call or result
+        for group in conversation.tool_groups():
+            if any(protected[i] for i in group):
+                kept.update(group)
     kept.update(summaries)
     for i in kept:
         if first <= i < end:
