@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from ..store.records import record
 from ..wire import WireRequest
 
 STORE_PREFIX = "agent-ready:"
@@ -41,7 +42,7 @@ class Template:
 
     @staticmethod
     def decode(value: bytes) -> Template | None:
-        data = _record(value)
+        data = record(value)
         if data is None:
             return None
         agent, fields, point = data.get("agent"), data.get("fields"), data.get("point")
@@ -65,23 +66,13 @@ class Shared:
 
     @staticmethod
     def decode(value: bytes) -> Shared | None:
-        data = _record(value)
+        data = record(value)
         if data is None:
             return None
         covers, digest, text = data.get("covers"), data.get("digest"), data.get("text")
         if not (isinstance(covers, int) and isinstance(digest, str) and isinstance(text, str)):
             return None
         return Shared(covers, digest, text)
-
-
-def _record(value: bytes) -> dict[str, Any] | None:
-    """A stored record of this format's version; None for anything else (another version, a
-    foreign value under our key), which the caller treats as absent."""
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) and data.get("v") == 1 else None
 
 
 def store_key(tenant: str, api: str, messages: Sequence[Any]) -> str:

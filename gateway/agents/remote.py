@@ -60,6 +60,7 @@ from ..errors import (
 )
 from ..routing import Route
 from ..store import SafeStore
+from ..store.records import record
 from ..summaries import SummaryService
 from ..wire.base import WireRequest
 from ..wire.fields import EXTENSION, serialise
@@ -143,14 +144,8 @@ class RemoteCompaction:
         return serialise({**payload, "input": replaced})
 
     async def _summary(self, tenant: str, ref_id: str) -> str | None:
-        value = await self._store.get(KEY_PREFIX + ref_id)
-        if value is None:
-            return None
-        try:
-            held = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(held, dict) or held.get("tenant") != _tenant_digest(tenant):
+        held = record(await self._store.get(KEY_PREFIX + ref_id))
+        if held is None or held.get("tenant") != _tenant_digest(tenant):
             return None
         text = held.get("text")
         return text if isinstance(text, str) else None

@@ -28,6 +28,7 @@ import orjson
 from ..ops.metrics import Metrics
 from ..routing import Route
 from ..store import SafeStore, Store
+from ..store.records import record
 
 log = logging.getLogger("compactgate")
 
@@ -150,13 +151,8 @@ def _encode(learned: int | None, served: int) -> bytes:
 
 def _decode(value: bytes | None) -> tuple[int | None, int]:
     """A stored record's (learned, served); (None, 0) for nothing or anything not ours."""
-    if value is None:
-        return None, 0
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None, 0
-    if not isinstance(data, dict) or data.get("v") != 1:
+    data = record(value)
+    if data is None:
         return None, 0
     return _positive(data.get("learned")), _positive(data.get("served")) or 0
 
